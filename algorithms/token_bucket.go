@@ -1,0 +1,90 @@
+package algorithms
+
+import "math/bits"
+
+// tokenBucket is the token bucket step function.
+//
+// Tokens are counted scaled by the window (tokens × Window ms), so that a
+// refill of Events per Window is exactly Events scaled units per millisecond
+// and every quantity stays an integer: the bucket holds at most
+// Capacity×Window units, a request costs cost×Window units, and the time a
+// deficit takes to refill is ceil(deficit / Events) milliseconds. After
+// waiting exactly RetryAfter the same request passes; one millisecond sooner
+// it does not.
+//
+// A changed limit applies at once to existing state: a lower capacity caps the
+// tokens held, and a changed window rescales them (the tokens held, not their
+// scaled units, carry over).
+func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
+	capacity := l.Capacity()
+	w := l.Window
+	full := capacity * w
+	rate := l.Events // scaled units refilled per millisecond
+
+	t, at := full, now
+	if !fresh && st.Scale > 0 {
+		t = st.Tokens
+		if st.Scale != w {
+			t = rescale(t, st.Scale, w, full)
+		}
+		t = min(max(t, 0), full)
+		at = st.At
+		if elapsed := now - at; elapsed > 0 {
+			if elapsed >= ceilDiv(full-t, rate) {
+				t = full
+			} else {
+				t += elapsed * rate
+			}
+			at = now
+		}
+		// A clock that stepped back (at > now) refills nothing until it
+		// catches up; the times below are counted from at, plus the lag.
+	}
+	lag := at - now
+
+	d := Decision{Limit: capacity}
+	if cost > capacity {
+		// Can never pass: refuse without touching the state, and tell the
+		// client to come back no sooner than a window from now.
+		d.Remaining = t / w
+		d.RetryAfter = ms(w)
+		d.ResetAfter = ms(lag + ceilDiv(full-t, rate))
+		return d, State{Tokens: t, At: at, Scale: w}, at + ceilDiv(full-t, rate)
+	}
+	need := cost * w
+	if t >= need {
+		t -= need
+		d.Allowed = true
+	} else {
+		d.RetryAfter = ms(lag + ceilDiv(need-t, rate))
+	}
+	refill := ceilDiv(full-t, rate)
+	d.Remaining = t / w
+	d.ResetAfter = ms(lag + refill)
+	return d, State{Tokens: t, At: at, Scale: w}, at + refill
+}
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+// rescale converts t units of scale from into units of scale to, computing
+// t×to/from without overflow and capping the result at limit.
+func rescale(t, from, to, limit int64) int64 {
+	if t <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(t), uint64(to))
+	if hi >= uint64(from) {
+		return limit // the quotient would not fit in 64 bits
+	}
+	q, _ := bits.Div64(hi, lo, uint64(from))
+	if q > uint64(limit) {
+		return limit
+	}
+	return int64(q)
+}

@@ -1,0 +1,488 @@
+package sluice
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterGlobalOption("rate_limit", parseGlobalOption)
+}
+
+// globalOptions is the value of the `rate_limit` global option: defaults for
+// every rate_limit directive of the Caddyfile.
+type globalOptions struct {
+	storeRaw []byte
+}
+
+// parseGlobalOption parses the global option:
+//
+//	{
+//	    rate_limit {
+//	        store <name> { ... }
+//	    }
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	opts, _ := existing.(*globalOptions)
+	if opts == nil {
+		opts = new(globalOptions)
+	}
+	d.Next() // the option's name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "store":
+			if opts.storeRaw != nil {
+				return nil, d.Err("rate_limit global option: duplicate store")
+			}
+			raw, err := parseStore(d)
+			if err != nil {
+				return nil, err
+			}
+			opts.storeRaw = raw
+		default:
+			return nil, d.Errf("rate_limit global option: unknown option %q (known: store)", d.Val())
+		}
+	}
+	return opts, nil
+}
+
+// zoneDecl is what the adapter remembers of a zone to check that a name
+// used in several places carries one limit.
+type zoneDecl struct {
+	limit string
+	place string
+}
+
+// stateKey is this directive's entry in the adapter's shared state.
+const stateKey = "sluice.zones"
+
+// parseCaddyfile sets up the handler from a rate_limit directive, applies
+// the global option's defaults, and checks that a zone name used elsewhere
+// in the Caddyfile carries the same limit.
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	handler := new(Handler)
+	places, err := handler.unmarshal(h.Dispenser)
+	if err != nil {
+		return nil, err
+	}
+	if handler.StoreRaw == nil {
+		if opts, ok := h.Option("rate_limit").(*globalOptions); ok && opts.storeRaw != nil {
+			handler.StoreRaw = opts.storeRaw
+		}
+	}
+	decls, _ := h.State[stateKey].(map[string]zoneDecl)
+	if decls == nil {
+		decls = map[string]zoneDecl{}
+		h.State[stateKey] = decls
+	}
+	for name, z := range handler.RateLimits {
+		limit := fmt.Sprintf("events %d window %s burst %d algorithm %q", z.MaxEvents, time.Duration(z.Window), z.Burst, z.Algorithm)
+		if z.Burst == 0 {
+			limit = fmt.Sprintf("events %d window %s algorithm %q", z.MaxEvents, time.Duration(z.Window), z.Algorithm)
+		}
+		if prev, ok := decls[name]; ok && prev.limit != limit {
+			return nil, fmt.Errorf("zone %s: defined at %s with %s and at %s with %s; a zone name is one shared bucket, so every use must carry the same limit (rename one of them)",
+				name, prev.place, prev.limit, places[name], limit)
+		}
+		decls[name] = zoneDecl{limit: limit, place: places[name]}
+	}
+	return handler, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	rate_limit [<matcher>] {
+//	    zone <name> {
+//	        key         <candidate>...
+//	        events      <n>
+//	        window      <duration>
+//	        burst       <n>
+//	        algorithm   token_bucket
+//	        match       { <matchers> }
+//	        ipv4_prefix <bits>
+//	        ipv6_prefix <bits>
+//	    }
+//	    store memory { max_keys <n>; sweep_interval <duration> }
+//	    headers  legacy|off
+//	    response handle_errors
+//	    response {
+//	        status       <code>
+//	        content_type <type>
+//	        body         <template>
+//	        header       <name> <value>
+//	    }
+//	    jitter   <fraction>
+//	    log_key
+//	    enabled  true|false
+//	}
+//
+// caddy-ratelimit's sweep_interval and disable_metrics are accepted;
+// its distributed and storage are refused with the Sluice equivalent.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	_, err := h.unmarshal(d)
+	return err
+}
+
+// unmarshal parses the directive and returns where each zone was defined.
+func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
+	places := map[string]string{}
+	d.Next() // the directive's name
+	if d.NextArg() {
+		return nil, d.Errf("rate_limit: unexpected argument %q (a matcher goes right after rate_limit; settings go in the block)", d.Val())
+	}
+	seen := map[string]bool{}
+	once := func(name string) error {
+		if seen[name] {
+			return d.Errf("rate_limit: duplicate %s", name)
+		}
+		seen[name] = true
+		return nil
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		field := d.Val()
+		switch field {
+		case "zone":
+			if !d.NextArg() {
+				return nil, d.Err("rate_limit: zone needs a name")
+			}
+			name := d.Val()
+			if err := validZoneName(name); err != nil {
+				return nil, d.Errf("rate_limit: %v", err)
+			}
+			if d.NextArg() {
+				return nil, d.Errf("zone %s: unexpected argument %q", name, d.Val())
+			}
+			if _, dup := h.RateLimits[name]; dup {
+				return nil, d.Errf("zone %s: defined twice in this rate_limit block", name)
+			}
+			places[name] = d.File() + ":" + strconv.Itoa(d.Line())
+			z, err := parseZone(d, name)
+			if err != nil {
+				return nil, err
+			}
+			if h.RateLimits == nil {
+				h.RateLimits = map[string]*Zone{}
+			}
+			h.RateLimits[name] = z
+
+		case "store":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			raw, err := parseStore(d)
+			if err != nil {
+				return nil, err
+			}
+			h.StoreRaw = raw
+
+		case "headers":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			v, err := oneArg(d, "rate_limit: headers")
+			if err != nil {
+				return nil, err
+			}
+			switch v {
+			case headersLegacy, headersOff:
+			default:
+				return nil, d.Errf("rate_limit: headers: unknown mode %q (known: legacy, off)", v)
+			}
+			h.Headers = v
+
+		case "response":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			r, err := parseResponse(d)
+			if err != nil {
+				return nil, err
+			}
+			h.Response = r
+
+		case "jitter":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			v, err := oneArg(d, "rate_limit: jitter")
+			if err != nil {
+				return nil, err
+			}
+			j, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+			if err == nil && strings.HasSuffix(v, "%") {
+				j /= 100
+			}
+			if err != nil || j < 0 || j > 1 {
+				return nil, d.Errf("rate_limit: jitter must be a fraction between 0 and 1 (or a percentage), got %q", v)
+			}
+			h.Jitter = j
+
+		case "log_key":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			if d.NextArg() {
+				return nil, d.Errf("rate_limit: log_key takes no argument, got %q", d.Val())
+			}
+			h.LogKey = true
+
+		case "enabled":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			v, err := oneArg(d, "rate_limit: enabled")
+			if err != nil {
+				return nil, err
+			}
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, d.Errf("rate_limit: enabled must be true or false, got %q", v)
+			}
+			h.Enabled = &b
+
+		case "sweep_interval":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			v, err := oneArg(d, "rate_limit: sweep_interval")
+			if err != nil {
+				return nil, err
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return nil, d.Errf("rate_limit: sweep_interval must be a positive duration, got %q", v)
+			}
+			h.SweepInterval = caddy.Duration(dur)
+
+		case "disable_metrics":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			if d.NextArg() {
+				return nil, d.Errf("rate_limit: disable_metrics takes no argument, got %q", d.Val())
+			}
+			h.DisableMetrics = true
+
+		case "distributed":
+			return nil, d.Err("rate_limit: distributed is not supported: Sluice shares exact state through a shared store instead of synchronising through Caddy storage; use `store redis { url ... }`")
+
+		case "storage":
+			return nil, d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
+
+		default:
+			return nil, d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, enabled, sweep_interval, disable_metrics)", field)
+		}
+	}
+	if len(h.RateLimits) == 0 {
+		return nil, d.Err("rate_limit: at least one zone is required")
+	}
+	if h.StoreRaw != nil && h.SweepInterval != 0 {
+		return nil, d.Err("rate_limit: sweep_interval configures the default memory store; with an explicit store, set it there (store memory { sweep_interval ... })")
+	}
+	return places, nil
+}
+
+// parseZone parses a zone block; the dispenser is on the zone's name.
+func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
+	z := new(Zone)
+	seen := map[string]bool{}
+	errf := func(format string, args ...any) error {
+		return d.Errf("zone %s: "+format, append([]any{name}, args...)...)
+	}
+	intArg := func(field string, min, max int64) (int64, error) {
+		v, err := oneArg(d, "zone "+name+": "+field)
+		if err != nil {
+			return 0, err
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, errf("%s must be an integer, got %q", field, v)
+		}
+		if n < min || n > max {
+			if max == 1<<62 {
+				return 0, errf("%s must be at least %d, got %d", field, min, n)
+			}
+			return 0, errf("%s must be between %d and %d, got %d", field, min, max, n)
+		}
+		return n, nil
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		field := d.Val()
+		if field != "match" {
+			if seen[field] {
+				return nil, errf("duplicate %s", field)
+			}
+			seen[field] = true
+		}
+		var err error
+		switch field {
+		case "key":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return nil, errf("key needs at least one candidate, e.g. key {http.auth.user.id} {client_ip}")
+			}
+			z.Key = args
+		case "events":
+			z.MaxEvents, err = intArg(field, 1, 1<<62)
+		case "burst":
+			z.Burst, err = intArg(field, 1, 1<<62)
+		case "window":
+			var v string
+			if v, err = oneArg(d, "zone "+name+": window"); err != nil {
+				return nil, err
+			}
+			dur, perr := caddy.ParseDuration(v)
+			if perr != nil {
+				return nil, errf("window: invalid duration %q: %v", v, perr)
+			}
+			if dur <= 0 {
+				return nil, errf("window must be positive, got %q", v)
+			}
+			z.Window = caddy.Duration(dur)
+		case "algorithm":
+			var v string
+			if v, err = oneArg(d, "zone "+name+": algorithm"); err != nil {
+				return nil, err
+			}
+			z.Algorithm = v
+		case "match":
+			if d.NextArg() {
+				return nil, errf("match takes a block of matchers, not %q", d.Val())
+			}
+			set, perr := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if perr != nil {
+				return nil, errf("match: %v", perr)
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		case "ipv4_prefix":
+			var n int64
+			n, err = intArg(field, 1, 32)
+			z.IPv4Prefix = int(n)
+		case "ipv6_prefix":
+			var n int64
+			n, err = intArg(field, 1, 128)
+			z.IPv6Prefix = int(n)
+		default:
+			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, match, ipv4_prefix, ipv6_prefix)", field)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if z.MaxEvents == 0 {
+		return nil, errf("events is required")
+	}
+	if z.Window == 0 {
+		return nil, errf("window is required")
+	}
+	if _, err := z.limit(); err != nil {
+		return nil, errf("%v", err)
+	}
+	return z, nil
+}
+
+// parseStore parses `store <name> { ... }` into the store module's JSON.
+func parseStore(d *caddyfile.Dispenser) ([]byte, error) {
+	if !d.NextArg() {
+		return nil, d.Err("store needs a name (memory)")
+	}
+	name := d.Val()
+	modID := "http.handlers.rate_limit.stores." + name
+	unm, err := caddyfile.UnmarshalModule(d, modID)
+	if err != nil {
+		return nil, d.Errf("store %s: %v", name, err)
+	}
+	return caddyconfig.JSONModuleObject(unm, "module", name, nil), nil
+}
+
+// parseResponse parses `response handle_errors` or a response block.
+func parseResponse(d *caddyfile.Dispenser) (*Response, error) {
+	r := new(Response)
+	if d.NextArg() {
+		if d.Val() != "handle_errors" {
+			return nil, d.Errf("rate_limit: response: unknown mode %q (use `response handle_errors` or a block)", d.Val())
+		}
+		if d.NextArg() {
+			return nil, d.ArgErr()
+		}
+		r.HandleErrors = true
+		if d.NextBlock(d.Nesting()) {
+			return nil, d.Err("rate_limit: response handle_errors takes no block: shape the response in handle_errors")
+		}
+		return r, nil
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		field := d.Val()
+		if field != "header" {
+			if seen[field] {
+				return nil, d.Errf("rate_limit: response: duplicate %s", field)
+			}
+			seen[field] = true
+		}
+		switch field {
+		case "status":
+			v, err := oneArg(d, "rate_limit: response: status")
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 400 || n > 599 {
+				return nil, d.Errf("rate_limit: response: status must be between 400 and 599, got %q", v)
+			}
+			r.StatusCode = n
+		case "content_type":
+			v, err := oneArg(d, "rate_limit: response: content_type")
+			if err != nil {
+				return nil, err
+			}
+			r.ContentType = v
+		case "body":
+			v, err := oneArg(d, "rate_limit: response: body")
+			if err != nil {
+				return nil, err
+			}
+			r.Body = v
+		case "header":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return nil, d.Err("rate_limit: response: header needs a name and a value")
+			}
+			if r.Headers == nil {
+				r.Headers = map[string][]string{}
+			}
+			r.Headers[args[0]] = append(r.Headers[args[0]], args[1])
+		default:
+			return nil, d.Errf("rate_limit: response: unknown option %q (known: status, content_type, body, header)", field)
+		}
+	}
+	if len(seen) == 0 && r.Headers == nil {
+		return nil, d.Err("rate_limit: response needs a block or handle_errors")
+	}
+	return r, nil
+}
+
+// oneArg reads exactly one argument for what.
+func oneArg(d *caddyfile.Dispenser, what string) (string, error) {
+	if !d.NextArg() {
+		return "", d.Errf("%s needs a value", what)
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s takes one value, got also %q", what, d.Val())
+	}
+	return v, nil
+}

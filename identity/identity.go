@@ -1,0 +1,300 @@
+// Package identity turns a zone's key candidates into a bounded, private
+// token: the first candidate whose placeholders are all non-empty wins; an
+// IP address is canonicalised (brackets, port and zone stripped,
+// IPv4-mapped IPv6 unmapped) and masked to the zone's prefix length; any
+// other value is hashed (SHA-256, truncated to 128 bits), so no store and no
+// log line ever holds a raw credential, and values of any length or bytes map
+// to distinct fixed-size tokens.
+//
+// Candidates are compiled once (at Provision); deriving a token per request
+// allocates nothing for the common single-placeholder candidates.
+package identity
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Size is the length of a Token.
+const Size = 18
+
+// Token is a derived identity: byte 0 is the index+1 of the candidate that
+// produced it (0 for the shared empty-key bucket), byte 1 its Kind, and the
+// remaining 16 bytes the masked address or the hash. Tokens from different
+// candidates or kinds never collide.
+type Token [Size]byte
+
+// Kind says how a Token was made.
+type Kind byte
+
+// Token kinds.
+const (
+	KindEmpty Kind = 'e' // every candidate was empty: the zone's shared bucket
+	KindIPv4  Kind = '4' // a masked IPv4 address (IPv4-mapped IPv6 included)
+	KindIPv6  Kind = '6' // a masked IPv6 address
+	KindHash  Kind = 'h' // any other value, hashed
+)
+
+// Kind returns how the token was made.
+func (t Token) Kind() Kind { return Kind(t[1]) }
+
+// String renders the token for logs and store keys: the kind, the candidate
+// number and the payload in hex; never the raw value of a hashed key.
+func (t Token) String() string {
+	return string(t.AppendText(make([]byte, 0, 2+2*(Size-2)+2)))
+}
+
+// AppendText appends the token's text form to b. The form uses only
+// [0-9a-z] and '-', so it is safe in any store key (including inside a Redis
+// Cluster hash tag) and in any log.
+func (t Token) AppendText(b []byte) []byte {
+	b = append(b, t[1])
+	b = strconv.AppendUint(b, uint64(t[0]), 10)
+	b = append(b, '-')
+	switch t.Kind() {
+	case KindEmpty:
+		return b
+	case KindIPv4:
+		return hex.AppendEncode(b, t[2:6])
+	}
+	return hex.AppendEncode(b, t[2:])
+}
+
+// Resolver reads a placeholder's value; *caddy.Replacer satisfies it.
+type Resolver interface {
+	Get(variable string) (any, bool)
+}
+
+// Candidate is one compiled key candidate.
+type Candidate struct {
+	raw   string
+	parts []part
+}
+
+type part struct {
+	lit string // literal text, when ph is empty
+	ph  string // placeholder name, without braces
+}
+
+// Compile parses a candidate such as "{http.vars.client_ip}" or
+// "tenant-{http.request.header.X-Tenant}".
+func Compile(s string) (Candidate, error) {
+	if s == "" {
+		return Candidate{}, errors.New("empty key candidate")
+	}
+	c := Candidate{raw: s}
+	for rest := s; rest != ""; {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			c.parts = append(c.parts, part{lit: rest})
+			break
+		}
+		if open > 0 {
+			c.parts = append(c.parts, part{lit: rest[:open]})
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return Candidate{}, fmt.Errorf("key candidate %q: unclosed placeholder", s)
+		}
+		name := rest[open+1 : open+end]
+		if name == "" || strings.ContainsAny(name, "{ ") {
+			return Candidate{}, fmt.Errorf("key candidate %q: malformed placeholder", s)
+		}
+		c.parts = append(c.parts, part{ph: name})
+		rest = rest[open+end+1:]
+	}
+	return c, nil
+}
+
+// String returns the candidate as configured.
+func (c Candidate) String() string { return c.raw }
+
+// Placeholders lists the placeholder names the candidate uses.
+func (c Candidate) Placeholders() []string {
+	var out []string
+	for _, p := range c.parts {
+		if p.ph != "" {
+			out = append(out, p.ph)
+		}
+	}
+	return out
+}
+
+// NeverEmpty reports whether the candidate always has a value: a literal, or
+// the connection's client address.
+func (c Candidate) NeverEmpty() bool {
+	for _, p := range c.parts {
+		switch p.ph {
+		case "", "http.vars.client_ip", "http.request.remote.host", "http.request.remote":
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// MaxCandidates bounds the key candidates of one zone.
+const MaxCandidates = 16
+
+// Deriver derives tokens for one zone.
+type Deriver struct {
+	cands  []Candidate
+	v4bits int
+	v6bits int
+}
+
+// NewDeriver compiles the zone's key derivation. v4bits and v6bits are the
+// prefix lengths IPv4 and IPv6 addresses are masked to.
+func NewDeriver(cands []Candidate, v4bits, v6bits int) (*Deriver, error) {
+	if len(cands) == 0 {
+		return nil, errors.New("no key candidate")
+	}
+	if len(cands) > MaxCandidates {
+		return nil, fmt.Errorf("%d key candidates; at most %d", len(cands), MaxCandidates)
+	}
+	if v4bits < 1 || v4bits > 32 {
+		return nil, fmt.Errorf("IPv4 prefix length %d out of range 1-32", v4bits)
+	}
+	if v6bits < 1 || v6bits > 128 {
+		return nil, fmt.Errorf("IPv6 prefix length %d out of range 1-128", v6bits)
+	}
+	return &Deriver{cands: cands, v4bits: v4bits, v6bits: v6bits}, nil
+}
+
+// Derive returns the token of the first non-empty candidate, or the empty
+// token when every candidate is empty. scratch is a buffer the caller may
+// reuse between calls; Derive returns it, possibly grown.
+func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
+	for i := range d.cands {
+		c := &d.cands[i]
+		if len(c.parts) == 1 && c.parts[0].ph != "" {
+			v := valueString(r, c.parts[0].ph)
+			if v == "" {
+				continue
+			}
+			if tok, ok := d.addrToken(i, v); ok {
+				return tok, scratch
+			}
+			scratch = append(scratch[:0], v...)
+			return hashToken(i, scratch), scratch
+		}
+		buf, ok := c.appendValue(r, scratch[:0])
+		scratch = buf
+		if !ok {
+			continue
+		}
+		return hashToken(i, buf), scratch
+	}
+	var t Token
+	t[1] = byte(KindEmpty)
+	return t, scratch
+}
+
+// Raw returns the raw value of the first non-empty candidate (for log_key).
+// It allocates; call it only when the value is logged.
+func (d *Deriver) Raw(r Resolver) string {
+	for i := range d.cands {
+		if buf, ok := d.cands[i].appendValue(r, nil); ok {
+			return string(buf)
+		}
+	}
+	return ""
+}
+
+// appendValue appends the candidate's value to b; ok is false when any of its
+// placeholders is empty or unknown (a candidate is only as present as all of
+// its parts).
+func (c *Candidate) appendValue(r Resolver, b []byte) ([]byte, bool) {
+	for _, p := range c.parts {
+		if p.ph == "" {
+			b = append(b, p.lit...)
+			continue
+		}
+		v := valueString(r, p.ph)
+		if v == "" {
+			return b, false
+		}
+		b = append(b, v...)
+	}
+	return b, true
+}
+
+// addrToken recognises an IP address, with or without brackets, port or zone,
+// and returns its masked token.
+func (d *Deriver) addrToken(i int, v string) (Token, bool) {
+	addr, ok := ParseAddr(v)
+	if !ok {
+		return Token{}, false
+	}
+	var t Token
+	t[0] = byte(i + 1)
+	if addr.Is4() {
+		p, _ := addr.Prefix(d.v4bits)
+		a := p.Addr().As4()
+		t[1] = byte(KindIPv4)
+		copy(t[2:], a[:])
+		return t, true
+	}
+	p, _ := addr.Prefix(d.v6bits)
+	a := p.Addr().As16()
+	t[1] = byte(KindIPv6)
+	copy(t[2:], a[:])
+	return t, true
+}
+
+// ParseAddr parses an IP address in any of the forms a client address takes
+// ("192.0.2.1", "192.0.2.1:443", "[2001:db8::1]:443", "fe80::1%eth0",
+// "::ffff:192.0.2.1") and returns it canonical: zone dropped, IPv4-mapped
+// IPv6 unmapped.
+func ParseAddr(v string) (netip.Addr, bool) {
+	if len(v) > 0 && v[0] == '[' {
+		end := strings.IndexByte(v, ']')
+		if end < 0 {
+			return netip.Addr{}, false
+		}
+		v = v[1:end]
+	} else if i := strings.IndexByte(v, ':'); i >= 0 && strings.LastIndexByte(v, ':') == i {
+		v = v[:i] // host:port with an IPv4 (or a name, which fails below)
+	}
+	if i := strings.IndexByte(v, '%'); i >= 0 {
+		v = v[:i]
+	}
+	addr, err := netip.ParseAddr(v)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	return addr.Unmap(), true
+}
+
+func hashToken(i int, v []byte) Token {
+	sum := sha256.Sum256(v)
+	var t Token
+	t[0] = byte(i + 1)
+	t[1] = byte(KindHash)
+	copy(t[2:], sum[:Size-2])
+	return t
+}
+
+// valueString returns a placeholder's value as a string, "" when unknown.
+func valueString(r Resolver, name string) string {
+	v, ok := r.Get(name)
+	if !ok || v == nil {
+		return ""
+	}
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case fmt.Stringer:
+		return v.String()
+	case []string:
+		return strings.Join(v, ",")
+	}
+	return fmt.Sprint(v)
+}

@@ -1,0 +1,158 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+func init() {
+	caddy.RegisterModule(Memory{})
+}
+
+// pool keeps stores alive across config reloads: a reload that keeps a
+// store's configuration keeps every counter in it.
+var pool = caddy.NewUsagePool()
+
+// Memory is the embedded store, the default: rate limit state in this Caddy
+// process's memory. Every rate_limit directive with the same memory store
+// configuration shares one store, and the store outlives config reloads
+// that keep that configuration.
+type Memory struct {
+	// MaxKeys bounds the number of keys (zone × client) held. When the
+	// store is full, a new key first displaces a key already back to full
+	// (which loses nothing); failing that, of a small sample of keys, the
+	// one closest to full. Default: 1000000.
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	// SweepInterval is how often keys that are back to full are dropped.
+	// Default: 1m.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	store   *Store
+	poolKey string
+}
+
+// CaddyModule returns the Caddy module information.
+func (Memory) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit.stores.memory",
+		New: func() caddy.Module { return new(Memory) },
+	}
+}
+
+// Provision sets defaults and attaches the shared store of this configuration.
+func (m *Memory) Provision(caddy.Context) error {
+	if m.MaxKeys == 0 {
+		m.MaxKeys = DefaultMaxKeys
+	}
+	if m.SweepInterval == 0 {
+		m.SweepInterval = caddy.Duration(DefaultSweepInterval)
+	}
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	m.poolKey = m.Key()
+	v, _, err := pool.LoadOrNew(m.poolKey, func() (caddy.Destructor, error) {
+		return New(Config{MaxKeys: m.MaxKeys, SweepInterval: time.Duration(m.SweepInterval)}), nil
+	})
+	if err != nil {
+		return err
+	}
+	m.store = v.(*Store)
+	return nil
+}
+
+// Validate checks the configuration.
+func (m *Memory) Validate() error {
+	if m.MaxKeys < 0 {
+		return fmt.Errorf("store memory: max_keys must be positive, got %d", m.MaxKeys)
+	}
+	if m.SweepInterval < 0 {
+		return fmt.Errorf("store memory: sweep_interval must be positive, got %s", time.Duration(m.SweepInterval))
+	}
+	return nil
+}
+
+// Key identifies the store's configuration: directives whose stores have
+// the same key share state.
+func (m *Memory) Key() string {
+	return "memory max_keys=" + strconv.Itoa(m.MaxKeys) + " sweep_interval=" + time.Duration(m.SweepInterval).String()
+}
+
+// Cleanup releases this configuration's hold on the shared store.
+func (m *Memory) Cleanup() error {
+	if m.poolKey == "" {
+		return nil
+	}
+	_, err := pool.Delete(m.poolKey)
+	return err
+}
+
+// Take implements the store contract (see Store.Take).
+func (m *Memory) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
+	return m.store.Take(ctx, reqs, out)
+}
+
+// Store returns the shared store (for tests and the admin API).
+func (m *Memory) Store() *Store { return m.store }
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
+//
+//	store memory {
+//	    max_keys       <n>
+//	    sweep_interval <duration>
+//	}
+func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the store's name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		field := d.Val()
+		if seen[field] {
+			return d.Errf("store memory: duplicate %s", field)
+		}
+		seen[field] = true
+		if !d.NextArg() {
+			return d.Errf("store memory: %s needs a value", field)
+		}
+		val := d.Val()
+		if d.NextArg() {
+			return d.Errf("store memory: %s takes one value", field)
+		}
+		switch field {
+		case "max_keys":
+			n, err := strconv.Atoi(val)
+			if err != nil || n <= 0 {
+				return d.Errf("store memory: max_keys must be a positive integer, got %q", val)
+			}
+			m.MaxKeys = n
+		case "sweep_interval":
+			dur, err := caddy.ParseDuration(val)
+			if err != nil || dur <= 0 {
+				return d.Errf("store memory: sweep_interval must be a positive duration, got %q", val)
+			}
+			m.SweepInterval = caddy.Duration(dur)
+		default:
+			return d.Errf("store memory: unknown option %q (known: max_keys, sweep_interval)", field)
+		}
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner     = (*Memory)(nil)
+	_ caddy.Validator       = (*Memory)(nil)
+	_ caddy.CleanerUpper    = (*Memory)(nil)
+	_ caddyfile.Unmarshaler = (*Memory)(nil)
+	_ caddy.Destructor      = (*Store)(nil)
+)

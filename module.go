@@ -1,0 +1,232 @@
+package sluice
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+		"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/memstore"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Handler is the rate_limit HTTP handler. Each request is checked against
+// every zone whose matchers it matches, all in one atomic call to the store:
+// if every zone allows, every zone is charged and the request goes on;
+// otherwise nothing is charged and the request is refused with a 429 (or
+// handed to the site's handle_errors routes). Every response carries the
+// X-RateLimit-* headers of the most constrained zone.
+//
+// JSON field names follow mholt/caddy-ratelimit where the concept is the
+// same, so its configurations carry over.
+type Handler struct {
+	// RateLimits are the zones, keyed by zone name. Zone names are global
+	// across the whole configuration: one name used in two places is one
+	// shared bucket (given the same store) and must carry the same limit.
+	// Names may use letters, digits, '_', '-' and '.'.
+	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
+
+	// StoreRaw is the state store, a module in the
+	// http.handlers.rate_limit.stores namespace. Default: the embedded
+	// memory store ("memory"), shared by every handler that uses the same
+	// store configuration and kept across config reloads.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.rate_limit.stores inline_key=module"`
+
+	// Headers selects the rate limit headers sent on every response:
+	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, for the most constrained zone) or "off".
+	// Retry-After is sent on every refusal regardless. Default: "legacy".
+	Headers string `json:"headers,omitempty"`
+
+	// Response shapes the refusal. Default: status 429 with a small JSON
+	// body.
+	Response *Response `json:"response,omitempty"`
+
+	// Jitter adds up to this fraction of random extra time to Retry-After
+	// (0.2 adds up to 20%), so refused clients do not all come back at
+	// once. Between 0 and 1. Default: 0.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// LogKey logs the raw key value (an IP address, an API key) in refusal
+	// log lines. Off by default: logs carry only the key's token, which
+	// never reveals a credential.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// Enabled is the off switch: false turns the handler into a
+	// pass-through (no decisions, no headers), flipped by a config reload.
+	// Default: true.
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// SweepInterval is accepted for compatibility with caddy-ratelimit: it
+	// sets how often the default memory store drops keys that are back to
+	// full (the same as `store memory { sweep_interval }`).
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// DisableMetrics is accepted for compatibility with caddy-ratelimit.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// Distributed is caddy-ratelimit's storage-synchronised mode. It is
+	// refused: Sluice shares state exactly through a shared store instead.
+	Distributed json.RawMessage `json:"distributed,omitempty"`
+
+	// StorageRaw is caddy-ratelimit's storage for distributed mode. It is
+	// refused for the same reason as Distributed.
+	StorageRaw json.RawMessage `json:"storage,omitempty"`
+
+	zones   []*zone
+	store   Store
+	headers bool
+	enabled bool
+	resp    compiledResponse
+	scope   any
+	events  *caddyevents.App
+	logger  *zap.Logger
+	ctx     caddy.Context
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Header modes.
+const (
+	headersLegacy = "legacy"
+	headersOff    = "off"
+)
+
+// Provision sets defaults, compiles the zones, loads the store and registers
+// the zone names for the config-wide consistency check.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
+	if err := h.checkCompat(); err != nil {
+		return err
+	}
+	if h.Headers == "" {
+		h.Headers = headersLegacy
+	}
+	h.headers = h.Headers == headersLegacy
+	h.enabled = h.Enabled == nil || *h.Enabled
+
+	if h.StoreRaw == nil {
+		mem := &memstore.Memory{SweepInterval: h.SweepInterval}
+		h.StoreRaw = caddyconfig.JSONModuleObject(mem, "module", "memory", nil)
+	}
+	mod, err := ctx.LoadModule(h, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading store: %w", err)
+	}
+	st, ok := mod.(Store)
+	if !ok {
+		return fmt.Errorf("store module %T does not implement the rate limit store contract", mod)
+	}
+	h.store = st
+
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		cfg := h.RateLimits[name]
+		if cfg == nil {
+			return fmt.Errorf("zone %q: empty configuration", name)
+		}
+		cfg.setDefaults()
+		z, err := cfg.compile(name)
+		if err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
+		if cfg.MatcherSetsRaw != nil {
+			mods, err := ctx.LoadModule(cfg, "MatcherSetsRaw")
+			if err != nil {
+				return fmt.Errorf("zone %q: match: %w", name, err)
+			}
+			if err := z.matchers.FromInterface(mods); err != nil {
+				return fmt.Errorf("zone %q: match: %w", name, err)
+			}
+		}
+		for _, w := range cfg.keyWarnings() {
+			h.logger.Warn(w, zap.String("zone", name))
+		}
+		h.zones = append(h.zones, z)
+	}
+
+	if err := h.Response.compile(&h.resp); err != nil {
+		return err
+	}
+
+	ev, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("loading events app: %w", err)
+	}
+	h.events = ev.(*caddyevents.App)
+
+	// Zone names are checked across the whole configuration being loaded.
+	h.scope = configScope(ctx)
+	return registerZones(h.scope, h.zones, storeKey(h.store))
+}
+
+// checkCompat refuses caddy-ratelimit settings that have no meaning here,
+// naming the Sluice equivalent.
+func (h *Handler) checkCompat() error {
+	if h.Distributed != nil {
+		return errors.New("distributed: Sluice does not synchronise instances through Caddy storage; share exact state through a shared store instead (store redis { url ... })")
+	}
+	if h.StorageRaw != nil {
+		return errors.New("storage: Sluice keeps rate limit state in its own store; use `store memory` (the default) or a shared store (store redis { url ... }) instead")
+	}
+	return nil
+}
+
+// Validate checks the handler's configuration.
+func (h *Handler) Validate() error {
+	if len(h.zones) == 0 {
+		return errors.New("at least one zone is required")
+	}
+	switch h.Headers {
+	case headersLegacy, headersOff:
+	default:
+		return fmt.Errorf("headers: unknown mode %q (known: legacy, off)", h.Headers)
+	}
+	if h.Jitter < 0 || h.Jitter > 1 {
+		return fmt.Errorf("jitter must be between 0 and 1, got %v", h.Jitter)
+	}
+	if h.SweepInterval < 0 {
+		return fmt.Errorf("sweep_interval must be positive, got %s", time.Duration(h.SweepInterval))
+	}
+	return h.Response.validate()
+}
+
+// Cleanup releases the zone names registered by Provision.
+func (h *Handler) Cleanup() error {
+	if h.scope != nil {
+		unregisterZones(h.scope, h.zones)
+		h.scope = nil
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler       = (*Handler)(nil)
+)

@@ -1,0 +1,206 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Response shapes the refusal, so that a 429 looks like the site's own
+// errors.
+type Response struct {
+	// HandleErrors hands the refusal to the site's handle_errors routes as
+	// a 429 error instead of writing a body here. The rate limit headers
+	// and Retry-After are already set on the response, and the
+	// {http.rate_limit.*} placeholders are available to those routes.
+	HandleErrors bool `json:"handle_errors,omitempty"`
+
+	// StatusCode is the refusal's status. Default: 429.
+	StatusCode int `json:"status_code,omitempty"`
+
+	// ContentType is the refusal body's Content-Type. Default:
+	// application/json for the default body; for a custom body,
+	// application/json when it starts with '{' or '[', text/html when it
+	// starts with '<', else text/plain; charset=utf-8.
+	ContentType string `json:"content_type,omitempty"`
+
+	// Body is the refusal body, a template with placeholders:
+	// {http.rate_limit.zone}, {http.rate_limit.retry_after} (seconds),
+	// {http.rate_limit.limit}, {http.rate_limit.remaining},
+	// {http.rate_limit.reset} (Unix seconds), and any other Caddy
+	// placeholder. Default: a small JSON object with the status, a message,
+	// the zone and retry_after.
+	Body string `json:"body,omitempty"`
+
+	// Headers are set on the refusal; values may use placeholders.
+	Headers http.Header `json:"headers,omitempty"`
+}
+
+// defaultBody is the refusal body when none is configured. Zone names are
+// restricted to characters that need no JSON escaping.
+const defaultBody = `{"status":429,"error":"rate limit exceeded","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
+
+type compiledResponse struct {
+	handleErrors bool
+	status       int
+	contentType  string
+	body         string
+	headers      http.Header
+}
+
+func (r *Response) validate() error {
+	if r == nil {
+		return nil
+	}
+	if r.StatusCode != 0 && (r.StatusCode < 400 || r.StatusCode > 599) {
+		return fmt.Errorf("response: status must be between 400 and 599, got %d", r.StatusCode)
+	}
+	if r.HandleErrors && (r.Body != "" || r.ContentType != "" || len(r.Headers) > 0) {
+		return errors.New("response: handle_errors hands the refusal to the site's handle_errors routes; body, content_type and header belong there")
+	}
+	return nil
+}
+
+func (r *Response) compile(c *compiledResponse) error {
+	if err := r.validate(); err != nil {
+		return err
+	}
+	*c = compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json", body: defaultBody}
+	if r == nil {
+		return nil
+	}
+	c.handleErrors = r.HandleErrors
+	if r.StatusCode != 0 {
+		c.status = r.StatusCode
+	}
+	if r.Body != "" {
+		c.body = r.Body
+		c.contentType = sniffContentType(r.Body)
+	}
+	if r.ContentType != "" {
+		c.contentType = r.ContentType
+	}
+	c.headers = r.Headers
+	return nil
+}
+
+func sniffContentType(body string) string {
+	switch t := strings.TrimSpace(body); {
+	case strings.HasPrefix(t, "{"), strings.HasPrefix(t, "["):
+		return "application/json"
+	case strings.HasPrefix(t, "<"):
+		return "text/html; charset=utf-8"
+	}
+	return "text/plain; charset=utf-8"
+}
+
+// Legacy header names, in canonical form (as net/http sends them).
+const (
+	hdrLimit     = "X-Ratelimit-Limit"
+	hdrRemaining = "X-Ratelimit-Remaining"
+	hdrReset     = "X-Ratelimit-Reset"
+)
+
+// setLegacyHeaders writes X-RateLimit-Limit, -Remaining and -Reset (Unix
+// seconds at which the key is back to full) for one decision.
+func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.Time) {
+	vals := make([]string, 3)
+	vals[0] = z.limitText
+	vals[1] = strconv.FormatInt(d.Remaining, 10)
+	vals[2] = strconv.FormatInt(resetUnix(now, d.ResetAfter), 10)
+	h[hdrLimit] = vals[0:1:1]
+	h[hdrRemaining] = vals[1:2:2]
+	h[hdrReset] = vals[2:3:3]
+}
+
+// resetUnix is the Unix second, rounded up, at which the key is back to full.
+func resetUnix(now time.Time, after time.Duration) int64 {
+	return ceilSeconds(time.Duration(now.UnixNano()) + after)
+}
+
+// ceilSeconds rounds a duration up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// retryAfterSeconds is Retry-After's value: whole seconds rounded up, never
+// 0, with the configured jitter added.
+func (h *Handler) retryAfterSeconds(d time.Duration) int64 {
+	if h.Jitter > 0 {
+		d += time.Duration(rand.Float64() * h.Jitter * float64(d))
+	}
+	return max(1, ceilSeconds(d))
+}
+
+// errRateLimited is the error handed to handle_errors routes.
+type errRateLimited struct{ zone string }
+
+func (e errRateLimited) Error() string { return "rate limit exceeded in zone " + e.zone }
+
+// refuse answers a refused request: Retry-After, Cache-Control: no-store,
+// the placeholders and the event, then either the configured body or a
+// Caddy error for the site's handle_errors routes. Headers set before
+// (CORS from a header directive, say) are kept.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now time.Time) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	retry := h.retryAfterSeconds(v.RetryAfter)
+	reset := resetUnix(now, v.ResetAfter)
+
+	hdr := w.Header()
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	hdr.Set("Cache-Control", "no-store")
+
+	repl.Set("http.rate_limit.zone", v.zone.name)
+	repl.Set("http.rate_limit.exceeded.name", v.zone.name)
+	repl.Set("http.rate_limit.retry_after", retry)
+	repl.Set("http.rate_limit.limit", v.Limit)
+	repl.Set("http.rate_limit.remaining", v.Remaining)
+	repl.Set("http.rate_limit.reset", reset)
+
+	h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+		"zone":        v.zone.name,
+		"key":         v.key.String(),
+		"retry_after": retry,
+	})
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
+		fields := []zap.Field{
+			zap.String("zone", v.zone.name),
+			zap.String("key", v.key.String()),
+			zap.Int64("retry_after", retry),
+		}
+		if h.LogKey {
+			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl)))
+		}
+		ce.Write(fields...)
+	}
+
+	if h.resp.handleErrors {
+		return caddyhttp.Error(h.resp.status, errRateLimited{zone: v.zone.name})
+	}
+	for name, vals := range h.resp.headers {
+		hdr.Del(name)
+		for _, val := range vals {
+			hdr.Add(name, repl.ReplaceKnown(val, ""))
+		}
+	}
+	body := repl.ReplaceKnown(h.resp.body, "")
+	hdr.Set("Content-Type", h.resp.contentType)
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(h.resp.status)
+	if r.Method != http.MethodHead {
+		_, _ = io.WriteString(w, body)
+	}
+	return nil
+}
+
