@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-		"slices"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"

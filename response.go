@@ -203,4 +203,3 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now
 	}
 	return nil
 }
-
