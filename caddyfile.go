@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 func init() {
@@ -62,7 +63,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 // zoneDecl is what the adapter remembers of a zone to check that a name
 // used in several places carries one limit.
 type zoneDecl struct {
-	limit string
+	limit algorithms.Limit
 	place string
 }
 
@@ -89,15 +90,15 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 		h.State[stateKey] = decls
 	}
 	for name, z := range handler.RateLimits {
-		limit := fmt.Sprintf("events %d window %s burst %d algorithm %q", z.MaxEvents, time.Duration(z.Window), z.Burst, z.Algorithm)
-		if z.Burst == 0 {
-			limit = fmt.Sprintf("events %d window %s algorithm %q", z.MaxEvents, time.Duration(z.Window), z.Algorithm)
+		l, err := z.limit()
+		if err != nil {
+			return nil, fmt.Errorf("zone %s (%s): %w", name, places[name], err)
 		}
-		if prev, ok := decls[name]; ok && prev.limit != limit {
+		if prev, ok := decls[name]; ok && prev.limit != l {
 			return nil, fmt.Errorf("zone %s: defined at %s with %s and at %s with %s; a zone name is one shared bucket, so every use must carry the same limit (rename one of them)",
-				name, prev.place, prev.limit, places[name], limit)
+				name, prev.place, describeLimit(prev.limit), places[name], describeLimit(l))
 		}
-		decls[name] = zoneDecl{limit: limit, place: places[name]}
+		decls[name] = zoneDecl{limit: l, place: places[name]}
 	}
 	return handler, nil
 }

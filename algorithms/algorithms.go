@@ -52,6 +52,10 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 // (2^53), the number type of Redis's Lua.
 const MaxScaled = 1 << 53
 
+// MaxRefill bounds how long a key may take to go from empty back to full
+// (and the window): 100 years, well inside what a time.Duration holds.
+const MaxRefill = 100 * 365 * 24 * int64(time.Hour/time.Millisecond)
+
 // Limit is a compiled rate limit: Events per Window, with a bucket of Burst.
 type Limit struct {
 	// Algorithm decides how events are counted.
@@ -84,6 +88,8 @@ var (
 	ErrWindow  = errors.New("window must be at least 1ms")
 	ErrBurst   = errors.New("burst must not be negative")
 	ErrTooWide = errors.New("capacity × window (in milliseconds) exceeds 2^53; shorten the window or lower the capacity")
+	ErrTooMany = errors.New("events must not exceed 2^53")
+	ErrTooSlow = errors.New("window, or the time to refill the whole capacity, exceeds 100 years; raise events or lower the burst")
 )
 
 // Validate reports whether the limit can be enforced exactly.
@@ -95,8 +101,12 @@ func (l Limit) Validate() error {
 		return ErrWindow
 	case l.Burst < 0:
 		return ErrBurst
+	case l.Events > MaxScaled || l.Burst > MaxScaled:
+		return ErrTooMany
 	case l.Capacity() > MaxScaled/l.Window:
 		return ErrTooWide
+	case l.Window > MaxRefill || ceilDiv(l.Capacity()*l.Window, l.Events) > MaxRefill:
+		return ErrTooSlow
 	}
 	return nil
 }

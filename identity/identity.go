@@ -12,6 +12,7 @@ package identity
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -183,7 +184,7 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 			scratch = append(scratch[:0], v...)
 			return hashToken(i, scratch), scratch
 		}
-		buf, ok := c.appendValue(r, scratch[:0])
+		buf, ok := c.appendValue(r, scratch[:0], true)
 		scratch = buf
 		if !ok {
 			continue
@@ -199,7 +200,7 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 // It allocates; call it only when the value is logged.
 func (d *Deriver) Raw(r Resolver) string {
 	for i := range d.cands {
-		if buf, ok := d.cands[i].appendValue(r, nil); ok {
+		if buf, ok := d.cands[i].appendValue(r, nil, false); ok {
 			return string(buf)
 		}
 	}
@@ -208,8 +209,9 @@ func (d *Deriver) Raw(r Resolver) string {
 
 // appendValue appends the candidate's value to b; ok is false when any of its
 // placeholders is empty or unknown (a candidate is only as present as all of
-// its parts).
-func (c *Candidate) appendValue(r Resolver, b []byte) ([]byte, bool) {
+// its parts). framed prefixes each placeholder's value with its length, so
+// that "{a}{b}" with ("ab", "c") and ("a", "bc") hash differently.
+func (c *Candidate) appendValue(r Resolver, b []byte, framed bool) ([]byte, bool) {
 	for _, p := range c.parts {
 		if p.ph == "" {
 			b = append(b, p.lit...)
@@ -218,6 +220,9 @@ func (c *Candidate) appendValue(r Resolver, b []byte) ([]byte, bool) {
 		v := valueString(r, p.ph)
 		if v == "" {
 			return b, false
+		}
+		if framed {
+			b = binary.AppendUvarint(b, uint64(len(v)))
 		}
 		b = append(b, v...)
 	}
@@ -254,21 +259,60 @@ func (d *Deriver) addrToken(i int, v string) (Token, bool) {
 func ParseAddr(v string) (netip.Addr, bool) {
 	if len(v) > 0 && v[0] == '[' {
 		end := strings.IndexByte(v, ']')
-		if end < 0 {
+		if end < 0 || !validPort(v[end+1:], true) {
 			return netip.Addr{}, false
 		}
 		v = v[1:end]
 	} else if i := strings.IndexByte(v, ':'); i >= 0 && strings.LastIndexByte(v, ':') == i {
-		v = v[:i] // host:port with an IPv4 (or a name, which fails below)
+		// host:port with an IPv4 (or a name, which fails below)
+		if !validPort(v[i:], false) {
+			return netip.Addr{}, false
+		}
+		v = v[:i]
 	}
 	if i := strings.IndexByte(v, '%'); i >= 0 {
+		if strings.IndexByte(v[:i], ':') < 0 {
+			return netip.Addr{}, false // only IPv6 addresses have zones
+		}
 		v = v[:i]
+	}
+	// netip.ParseAddr allocates its error: rule out the values that cannot
+	// be an address (API keys, account ids) before asking it.
+	sep := false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '.' || c == ':':
+			sep = true
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
+		default:
+			return netip.Addr{}, false
+		}
+	}
+	if !sep {
+		return netip.Addr{}, false
 	}
 	addr, err := netip.ParseAddr(v)
 	if err != nil {
 		return netip.Addr{}, false
 	}
 	return addr.Unmap(), true
+}
+
+// validPort reports whether s is empty (when allowed) or ":" followed by a
+// decimal port number.
+func validPort(s string, emptyOK bool) bool {
+	if s == "" {
+		return emptyOK
+	}
+	if s[0] != ':' || len(s) < 2 || len(s) > 6 {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func hashToken(i int, v []byte) Token {

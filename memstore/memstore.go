@@ -10,6 +10,7 @@ package memstore
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,10 +54,15 @@ type Store struct {
 }
 
 type shard struct {
-	mu sync.Mutex
-	m  map[mapKey]entry
-	_  [40]byte // keep neighbouring shards' locks off one cache line
+	mu        sync.Mutex
+	m         map[mapKey]entry
+	lastSweep int64    // Unix ms of the last sweep done to make room
+	_         [32]byte // keep neighbouring shards' locks off one cache line
 }
+
+// roomSweepEvery is how often, at most, a full shard sweeps itself to make
+// room before it displaces a key that still holds state.
+const roomSweepEvery = 1000 // ms
 
 type mapKey struct {
 	zone string
@@ -126,7 +132,7 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	e, ok := sh.m[k]
 	d, next, fullAt := algorithms.Step(e.st, !ok, r.Limit, now, r.Cost)
 	if d.Allowed {
-		s.put(sh, k, ok, entry{st: next, fullAt: fullAt}, now)
+		s.put(sh, k, ok, entry{st: next, fullAt: fullAt}, now, nil)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -164,7 +170,7 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	}
 	for i := range reqs {
 		if allowed {
-			s.put(&s.shards[idx[i]], keys[i], present[i], pend[i], now)
+			s.put(&s.shards[idx[i]], keys[i], present[i], pend[i], now, keys)
 		} else if out[i].Allowed {
 			// Vetoed by another zone: report this zone's uncharged state.
 			e := s.shards[idx[i]].m[keys[i]]
@@ -177,20 +183,33 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	return nil
 }
 
-// put stores e under k, evicting another key first when the shard is full.
-// The caller holds sh.mu.
-func (s *Store) put(sh *shard, k mapKey, exists bool, e entry, now int64) {
+// put stores e under k, making room first when the shard is full. keep
+// lists keys that must not be displaced (the other zones of the request
+// being committed). The caller holds sh.mu.
+func (s *Store) put(sh *shard, k mapKey, exists bool, e entry, now int64, keep []mapKey) {
 	if !exists && len(sh.m) >= s.perShard {
-		evict(sh, now)
+		makeRoom(sh, s.perShard, now, keep)
 	}
 	sh.m[k] = e
 }
 
-// evict drops one key from a full shard: the first key found already back to
-// full (forgetting it loses nothing), else, of a sample of keys, the one
-// closest to full (forgetting it hands its owner the least).
-func evict(sh *shard, now int64) {
+// makeRoom frees a place in a full shard. First it drops the shard's keys
+// already back to full (forgetting them loses nothing), at most once every
+// roomSweepEvery so that a flood of new keys cannot turn every insertion
+// into a scan. Failing that, of a sample of evictionSample keys, it drops
+// the one closest to full (forgetting it hands its owner the least). If the
+// sample holds only keys in keep, nothing is dropped and the shard exceeds
+// its share by one (only possible with a tiny max_keys).
+func makeRoom(sh *shard, limit int, now int64, keep []mapKey) {
+	if now-sh.lastSweep >= roomSweepEvery {
+		sh.lastSweep = now
+		sweepShard(sh, now)
+		if len(sh.m) < limit {
+			return
+		}
+	}
 	var victim mapKey
+	found := false
 	best := int64(1<<63 - 1)
 	n := 0
 	for k, e := range sh.m {
@@ -198,14 +217,16 @@ func evict(sh *shard, now int64) {
 			delete(sh.m, k)
 			return
 		}
-		if e.fullAt < best {
-			best, victim = e.fullAt, k
+		if e.fullAt < best && !slices.Contains(keep, k) {
+			best, victim, found = e.fullAt, k, true
 		}
 		if n++; n == evictionSample {
 			break
 		}
 	}
-	delete(sh.m, victim)
+	if found {
+		delete(sh.m, victim)
+	}
 }
 
 // Sweep drops every key that is back to full. The background sweeper calls
@@ -214,13 +235,18 @@ func (s *Store) Sweep() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		now := s.now()
-		for k, e := range sh.m {
-			if e.fullAt <= now {
-				delete(sh.m, k)
-			}
-		}
+		sweepShard(sh, s.now())
 		sh.mu.Unlock()
+	}
+}
+
+// sweepShard drops the shard's keys that are back to full. The caller holds
+// sh.mu.
+func sweepShard(sh *shard, now int64) {
+	for k, e := range sh.m {
+		if e.fullAt <= now {
+			delete(sh.m, k)
+		}
 	}
 }
 

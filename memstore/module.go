@@ -25,10 +25,15 @@ var pool = caddy.NewUsagePool()
 // configuration shares one store, and the store outlives config reloads
 // that keep that configuration.
 type Memory struct {
-	// MaxKeys bounds the number of keys (zone × client) held. When the
-	// store is full, a new key first displaces a key already back to full
-	// (which loses nothing); failing that, of a small sample of keys, the
-	// one closest to full. Default: 1000000.
+	// MaxKeys bounds the number of keys (zone × client) held. The store is
+	// split in 64 shards of ⌈max_keys/64⌉ keys each, so the bound is
+	// max_keys rounded up to a multiple of 64. When a shard is full, a new
+	// key first makes room by dropping the shard's keys already back to
+	// full (which loses nothing; at most once a second per shard); failing
+	// that, it displaces, of a sample of 8 keys, the one closest to full
+	// (which hands its owner the least). A flood of new keys therefore
+	// costs old clients their state only once the store is full of keys
+	// that are all still refilling. Default: 1000000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// SweepInterval is how often keys that are back to full are dropped.
