@@ -115,10 +115,17 @@ const (
 // setLegacyHeaders writes X-RateLimit-Limit, -Remaining and -Reset (Unix
 // seconds at which the key is back to full) for one decision.
 func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.Time) {
+	// Both numbers are formatted into one string and sliced out of it, and
+	// the three values share one backing array: two allocations in all.
+	var buf [40]byte
+	b := strconv.AppendInt(buf[:0], d.Remaining, 10)
+	split := len(b)
+	b = strconv.AppendInt(b, resetUnix(now, d.ResetAfter), 10)
+	nums := string(b)
 	vals := make([]string, 3)
 	vals[0] = z.limitText
-	vals[1] = strconv.FormatInt(d.Remaining, 10)
-	vals[2] = strconv.FormatInt(resetUnix(now, d.ResetAfter), 10)
+	vals[1] = nums[:split]
+	vals[2] = nums[split:]
 	h[hdrLimit] = vals[0:1:1]
 	h[hdrRemaining] = vals[1:2:2]
 	h[hdrReset] = vals[2:3:3]
