@@ -178,8 +178,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = ev.(*caddyevents.App)
 
 	// Zone names are checked across the whole configuration being loaded.
-	h.scope = configScope(ctx)
-	return registerZones(h.scope, h.zones, storeKey(h.store))
+	// registerZones undoes its own partial work on failure, so the scope is
+	// kept (for Cleanup to release) only once every zone is registered.
+	scope := configScope(ctx)
+	if err := registerZones(scope, h.zones, storeKey(h.store)); err != nil {
+		return err
+	}
+	h.scope = scope
+	return nil
 }
 
 // checkCompat refuses caddy-ratelimit settings that have no meaning here,

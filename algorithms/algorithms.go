@@ -145,13 +145,16 @@ type Decision struct {
 	ResetAfter time.Duration
 }
 
-// State is one key's stored state. For the token bucket, Tokens is the
-// number of tokens scaled by Scale (tokens × Scale, an exact integer) and At
-// is the instant, in Unix milliseconds, they were counted.
+// State is one key's stored state. For the token bucket, Debt is what the
+// key has spent and not yet got back, in tokens scaled by Scale (tokens ×
+// Scale, an exact integer), counted at At (Unix milliseconds). Keeping the
+// debt rather than the tokens left makes a changed limit apply at once and
+// fairly: raising the capacity from 3 to 10 gives a client who spent 3 its 7
+// at once; lowering it from 10 to 3 after 4 were spent refuses it.
 type State struct {
-	Tokens int64
-	At     int64
-	Scale  int64
+	Debt  int64
+	At    int64
+	Scale int64
 }
 
 // Step runs one decision of the limit's algorithm. fresh reports that the key

@@ -12,28 +12,30 @@ import "math/bits"
 // waiting exactly RetryAfter the same request passes; one millisecond sooner
 // it does not.
 //
-// A changed limit applies at once to existing state: a lower capacity caps the
-// tokens held, and a changed window rescales them (the tokens held, not their
-// scaled units, carry over).
+// The state is the debt (what was spent and not yet refilled), so a changed
+// limit applies at once to existing keys: the tokens left are the new
+// capacity minus the debt, a debt above the new capacity counts as an empty
+// bucket, and a changed window rescales the debt (the tokens owed carry
+// over, not their scaled units).
 func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
 	capacity := l.Capacity()
 	w := l.Window
 	full := capacity * w
 	rate := l.Events // scaled units refilled per millisecond
 
-	t, at := full, now
+	debt, at := int64(0), now
 	if !fresh && st.Scale > 0 {
-		t = st.Tokens
+		debt = st.Debt
 		if st.Scale != w {
-			t = rescale(t, st.Scale, w, full)
+			debt = rescale(debt, st.Scale, w, full)
 		}
-		t = min(max(t, 0), full)
+		debt = min(max(debt, 0), full)
 		at = st.At
 		if elapsed := now - at; elapsed > 0 {
-			if elapsed >= ceilDiv(full-t, rate) {
-				t = full
+			if elapsed >= ceilDiv(debt, rate) {
+				debt = 0
 			} else {
-				t += elapsed * rate
+				debt -= elapsed * rate
 			}
 			at = now
 		}
@@ -41,6 +43,7 @@ func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, Stat
 		// catches up; the times below are counted from at, plus the lag.
 	}
 	lag := at - now
+	t := full - debt
 
 	d := Decision{Limit: capacity}
 	if cost > capacity {
@@ -48,20 +51,21 @@ func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, Stat
 		// client to come back no sooner than a window from now.
 		d.Remaining = t / w
 		d.RetryAfter = ms(w)
-		d.ResetAfter = ms(lag + ceilDiv(full-t, rate))
-		return d, State{Tokens: t, At: at, Scale: w}, at + ceilDiv(full-t, rate)
+		d.ResetAfter = ms(lag + ceilDiv(debt, rate))
+		return d, State{Debt: debt, At: at, Scale: w}, at + ceilDiv(debt, rate)
 	}
 	need := cost * w
 	if t >= need {
 		t -= need
+		debt += need
 		d.Allowed = true
 	} else {
 		d.RetryAfter = ms(lag + ceilDiv(need-t, rate))
 	}
-	refill := ceilDiv(full-t, rate)
+	refill := ceilDiv(debt, rate)
 	d.Remaining = t / w
 	d.ResetAfter = ms(lag + refill)
-	return d, State{Tokens: t, At: at, Scale: w}, at + refill
+	return d, State{Debt: debt, At: at, Scale: w}, at + refill
 }
 
 // ceilDiv returns ⌈a/b⌉ for a ≥ 0, b > 0.
