@@ -47,9 +47,9 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 	return 0, fmt.Errorf("unknown algorithm %q (known: token_bucket)", name)
 }
 
-// MaxScaled bounds Capacity×Window (in milliseconds) so that every quantity a
-// step function computes is an integer exactly representable as a float64
-// (2^53), the number type of Redis's Lua.
+// MaxScaled bounds Capacity×Window (in milliseconds) + Events so that every
+// quantity a step function computes is an integer exactly representable as a
+// float64 (2^53), the number type of Redis's Lua.
 const MaxScaled = 1 << 53
 
 // MaxRefill bounds how long a key may take to go from empty back to full
@@ -87,7 +87,7 @@ var (
 	ErrEvents  = errors.New("events must be a positive integer")
 	ErrWindow  = errors.New("window must be at least 1ms")
 	ErrBurst   = errors.New("burst must not be negative")
-	ErrTooWide = errors.New("capacity × window (in milliseconds) exceeds 2^53; shorten the window or lower the capacity")
+	ErrTooWide = errors.New("capacity × window (in milliseconds) + events exceeds 2^53; shorten the window or lower the capacity")
 	ErrTooMany = errors.New("events must not exceed 2^53")
 	ErrTooSlow = errors.New("window, or the time to refill the whole capacity, exceeds 100 years; raise events or lower the burst")
 )
@@ -103,7 +103,9 @@ func (l Limit) Validate() error {
 		return ErrBurst
 	case l.Events > MaxScaled || l.Burst > MaxScaled:
 		return ErrTooMany
-	case l.Capacity() > MaxScaled/l.Window:
+	case l.Capacity() > (MaxScaled-l.Events)/l.Window:
+		// full + rate ≤ 2^53 keeps every intermediate (a refill of up to
+		// full, a ceiling division's a+b-1) exact in Lua's doubles.
 		return ErrTooWide
 	case l.Window > MaxRefill || ceilDiv(l.Capacity()*l.Window, l.Events) > MaxRefill:
 		return ErrTooSlow

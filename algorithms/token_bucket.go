@@ -77,7 +77,9 @@ func ceilDiv(a, b int64) int64 {
 }
 
 // rescale converts t units of scale from into units of scale to, computing
-// t×to/from without overflow and capping the result at limit.
+// ⌈t×to/from⌉ without overflow and capping the result at limit. It rounds up
+// because t is a debt: rounding down would hand the client a fraction of a
+// token it never got back on every window change.
 func rescale(t, from, to, limit int64) int64 {
 	if t <= 0 {
 		return 0
@@ -86,7 +88,10 @@ func rescale(t, from, to, limit int64) int64 {
 	if hi >= uint64(from) {
 		return limit // the quotient would not fit in 64 bits
 	}
-	q, _ := bits.Div64(hi, lo, uint64(from))
+	q, rem := bits.Div64(hi, lo, uint64(from))
+	if rem != 0 {
+		q++
+	}
 	if q > uint64(limit) {
 		return limit
 	}

@@ -154,65 +154,152 @@ func TestRetryAfterExactAtRandomInstants(t *testing.T) {
 	}
 }
 
+// ceilMsRat is ⌈x / rate⌉ in whole milliseconds (0 for x ≤ 0).
+func ceilMsRat(x, rate *big.Rat) int64 {
+	if x.Sign() <= 0 {
+		return 0
+	}
+	q := new(big.Rat).Quo(x, rate)
+	n := new(big.Int).Quo(q.Num(), q.Denom())
+	if new(big.Rat).SetInt(n).Cmp(q) < 0 {
+		n.Add(n, big.NewInt(1))
+	}
+	return n.Int64()
+}
+
+// debtModel is the continuous token bucket in rationals, kept as the debt
+// (tokens spent and not yet refilled): it refills at Events/Window tokens per
+// ms down to 0 owed, and a key owing d has Capacity − d tokens left.
+type debtModel struct {
+	debt *big.Rat // tokens owed
+	last int64
+}
+
+// step runs one request against the model under l at now and returns the
+// expected decision and the debt to compare with the stored state. The model
+// keeps the new debt only when commit is true and the request was allowed.
+func (m *debtModel) step(l Limit, now, cost int64, commit bool) (Decision, *big.Rat) {
+	capR := new(big.Rat).SetInt64(l.Capacity())
+	rate := big.NewRat(l.Events, l.Window) // tokens per ms
+	debt := new(big.Rat).Set(m.debt)
+	if debt.Cmp(capR) > 0 { // a debt above the capacity is an empty bucket
+		debt.Set(capR)
+	}
+	if now > m.last {
+		el := new(big.Rat).SetInt64(now - m.last)
+		debt.Sub(debt, el.Mul(el, rate))
+		if debt.Sign() < 0 {
+			debt.SetInt64(0)
+		}
+	}
+	costR := new(big.Rat).SetInt64(cost)
+	left := new(big.Rat).Sub(capR, debt)
+	d := Decision{Limit: l.Capacity(), Allowed: cost <= l.Capacity() && left.Cmp(costR) >= 0}
+	if d.Allowed {
+		debt.Add(debt, costR)
+		left.Sub(left, costR)
+	} else if cost > l.Capacity() {
+		d.RetryAfter = msDur(l.Window)
+	} else {
+		d.RetryAfter = msDur(ceilMsRat(new(big.Rat).Sub(costR, left), rate))
+	}
+	d.Remaining = new(big.Int).Quo(left.Num(), left.Denom()).Int64()
+	d.ResetAfter = msDur(ceilMsRat(debt, rate))
+	if commit && d.Allowed {
+		m.debt, m.last = debt, max(now, m.last)
+	}
+	return d, debt
+}
+
+// checkStoredDebt fails unless next holds exactly debt tokens on l's scale.
+func checkStoredDebt(t *testing.T, what string, l Limit, next State, debt *big.Rat) {
+	t.Helper()
+	want := new(big.Rat).Mul(debt, new(big.Rat).SetInt64(l.Window))
+	if next.Scale != l.Window || !want.IsInt() || want.Num().Int64() != next.Debt {
+		t.Fatalf("%s: stored %+v, want Debt %s on scale %d", what, next, want.RatString(), l.Window)
+	}
+}
+
 // The integer model agrees exactly with a continuous model in rationals:
-// tokens refill at Events/Window per ms, capped at Capacity.
+// tokens refill at Events/Window per ms, the debt never goes below 0 nor the
+// tokens left above Capacity, and the stored Debt is exactly the debt owed,
+// scaled by the window.
 func TestMatchesRationalModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, l := range testLimits {
-		capR := new(big.Rat).SetInt64(l.Capacity())
-		rate := big.NewRat(l.Events, l.Window) // tokens per ms
-		tokens := new(big.Rat).Set(capR)
-		last := t0
+		m := debtModel{debt: new(big.Rat), last: t0}
 		var st State
 		fresh := true
 		now := t0
+		refusals := 0
 		for i := 0; i < 2000; i++ {
 			now += rng.Int64N(2*l.Window/max(l.Events, 1) + 2)
 			cost := 1 + rng.Int64N(l.Capacity())
-			// model refill
-			el := new(big.Rat).SetInt64(now - last)
-			tokens.Add(tokens, el.Mul(el, rate))
-			if tokens.Cmp(capR) > 0 {
-				tokens.Set(capR)
-			}
-			last = now
-			costR := new(big.Rat).SetInt64(cost)
-			wantAllowed := tokens.Cmp(costR) >= 0
-			if wantAllowed {
-				tokens.Sub(tokens, costR)
-			}
-			// ceil(x / rate) in ms
-			ceilMs := func(x *big.Rat) int64 {
-				if x.Sign() <= 0 {
-					return 0
-				}
-				q := new(big.Rat).Quo(x, rate)
-				n := new(big.Int).Quo(q.Num(), q.Denom())
-				if new(big.Rat).SetInt(n).Cmp(q) < 0 {
-					n.Add(n, big.NewInt(1))
-				}
-				return n.Int64()
-			}
-			floorTok := new(big.Int).Quo(tokens.Num(), tokens.Denom()).Int64()
-			wantReset := ceilMs(new(big.Rat).Sub(capR, tokens))
-			var wantRA int64
-			if !wantAllowed {
-				wantRA = ceilMs(new(big.Rat).Sub(costR, tokens))
-			}
+			want, debt := m.step(l, now, cost, true)
 
 			d, next, fullAt := Step(st, fresh, l, now, cost)
-			if d.Allowed != wantAllowed || d.Remaining != floorTok ||
-				d.RetryAfter != msDur(wantRA) || d.ResetAfter != msDur(wantReset) {
-				t.Fatalf("%+v step %d at +%dms cost %d: got %+v, want allowed=%v remaining=%d retry=%dms reset=%dms",
-					l, i, now-t0, cost, d, wantAllowed, floorTok, wantRA, wantReset)
+			what := fmt.Sprintf("%+v step %d at +%dms cost %d", l, i, now-t0, cost)
+			if d != want {
+				t.Fatalf("%s: got %+v, want %+v", what, d, want)
 			}
-			if fullAt != now+wantReset {
-				t.Fatalf("fullAt = %d, want %d", fullAt, now+wantReset)
+			if fullAt != now+want.ResetAfter.Milliseconds() {
+				t.Fatalf("%s: fullAt = %d, want %d", what, fullAt, now+want.ResetAfter.Milliseconds())
 			}
+			checkStoredDebt(t, what, l, next, debt)
 			if d.Allowed {
 				st, fresh = next, false
+			} else {
+				refusals++
 			}
 		}
+		if refusals == 0 {
+			t.Fatalf("%+v: the sequence never refused; the test checked little", l)
+		}
+	}
+}
+
+// The same model with the limit changing between requests: the debt carries
+// over to the new limit (capped at its capacity), so the tokens left are the
+// new capacity minus what was spent. The limits share the window, so every
+// quantity stays exact and the integer code must agree bit for bit.
+func TestChangingLimitMatchesRationalModel(t *testing.T) {
+	limits := []Limit{
+		{Events: 1, Window: 1000},
+		{Events: 7, Window: 1000},
+		{Events: 10, Window: 1000},
+		{Events: 5, Window: 1000, Burst: 20},
+		{Events: 20, Window: 1000, Burst: 3},
+		{Events: 3, Window: 1000, Burst: 11},
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	m := debtModel{debt: new(big.Rat), last: t0}
+	var st State
+	fresh := true
+	now := t0
+	refusals := 0
+	for i := 0; i < 20000; i++ {
+		l := limits[rng.IntN(len(limits))]
+		now += rng.Int64N(300)
+		cost := rng.Int64N(l.Capacity() + 2) // 0 .. capacity+1
+		want, debt := m.step(l, now, cost, true)
+
+		d, next, fullAt := Step(st, fresh, l, now, cost)
+		what := fmt.Sprintf("%+v step %d at +%dms cost %d", l, i, now-t0, cost)
+		if d != want {
+			t.Fatalf("%s: got %+v, want %+v", what, d, want)
+		}
+		if fullAt != now+want.ResetAfter.Milliseconds() {
+			t.Fatalf("%s: fullAt = %d, want %d", what, fullAt, now+want.ResetAfter.Milliseconds())
+		}
+		checkStoredDebt(t, what, l, next, debt)
+		if d.Allowed {
+			st, fresh = next, false
+		} else {
+			refusals++
+		}
+	}
+	if refusals < 100 {
+		t.Fatalf("only %d refusals; the test checked little", refusals)
 	}
 }
 
@@ -253,8 +340,13 @@ func TestNeverExceedsCapacityAfterIdle(t *testing.T) {
 			if d.Remaining > capacity-1 || d.Remaining < 0 {
 				t.Fatalf("%+v gap %d: Remaining %d out of [0, %d]", l, gap, d.Remaining, capacity-1)
 			}
-			if next.Tokens > capacity*l.Window || next.Tokens < 0 {
-				t.Fatalf("%+v gap %d: stored tokens %d out of [0, %d]", l, gap, next.Tokens, capacity*l.Window)
+			if next.Debt > capacity*l.Window || next.Debt < 0 {
+				t.Fatalf("%+v gap %d: stored debt %d out of [0, %d]", l, gap, next.Debt, capacity*l.Window)
+			}
+			// The stored debt is what is owed after this request: exactly
+			// one token if the bucket was full, and never less.
+			if next.Debt < l.Window || (wantTok == capacity && next.Debt != l.Window) {
+				t.Fatalf("%+v gap %d: stored debt %d, want %d (one token) or more when not full", l, gap, next.Debt, l.Window)
 			}
 			if d.ResetAfter < 0 || d.ResetAfter > msDur(ceilDivTest(capacity*l.Window, l.Events)) {
 				t.Fatalf("%+v gap %d: ResetAfter %v", l, gap, d.ResetAfter)
@@ -263,18 +355,31 @@ func TestNeverExceedsCapacityAfterIdle(t *testing.T) {
 				t.Fatalf("%+v gap %d: fullAt %d before now %d (overflow?)", l, gap, fullAt, now)
 			}
 		}
-		// A full bucket stays exactly full however long it idles.
-		full := State{Tokens: capacity * l.Window, At: t0, Scale: l.Window}
+		// A full bucket (nothing owed) stays exactly full however long it idles.
+		full := State{Debt: 0, At: t0, Scale: l.Window}
 		for _, gap := range gaps {
 			d, next, _ := Step(full, false, l, t0+gap, 0)
-			if d.Remaining != capacity || next.Tokens != capacity*l.Window || d.ResetAfter != 0 {
+			if d.Remaining != capacity || next.Debt != 0 || d.ResetAfter != 0 {
 				t.Fatalf("%+v idle %d: full bucket became %+v / %+v", l, gap, d, next)
 			}
 		}
-		// A stored state claiming more than the capacity is capped.
-		over := State{Tokens: math.MaxInt64, At: t0, Scale: l.Window}
+		// A stored state claiming a debt above the capacity counts as an
+		// empty bucket (not a deeper one): it is back to full one full
+		// refill later, not after paying the absurd debt off.
+		over := State{Debt: math.MaxInt64, At: t0, Scale: l.Window}
+		if d, next, _ := Step(over, false, l, t0, 0); d.Remaining != 0 || next.Debt != capacity*l.Window {
+			t.Fatalf("%+v: corrupt state gave Remaining %d / Debt %d, want 0 / %d", l, d.Remaining, next.Debt, capacity*l.Window)
+		}
+		if d, _, _ := Step(over, false, l, t0+ceilDivTest(capacity*l.Window, l.Events), 0); d.Remaining != capacity {
+			t.Fatalf("%+v: corrupt state gave Remaining %d one full refill later, want %d", l, d.Remaining, capacity)
+		}
 		if d, _, _ := Step(over, false, l, t0+year, 0); d.Remaining != capacity {
 			t.Fatalf("%+v: corrupt state gave Remaining %d, want %d", l, d.Remaining, capacity)
+		}
+		// A negative debt is nothing owed: the capacity, and not more.
+		under := State{Debt: math.MinInt64, At: t0, Scale: l.Window}
+		if d, next, _ := Step(under, false, l, t0, 0); d.Remaining != capacity || next.Debt != 0 {
+			t.Fatalf("%+v: negative debt gave %+v / %+v, want Remaining %d and Debt 0", l, d, next, capacity)
 		}
 	}
 }
@@ -358,7 +463,7 @@ func TestKnownSequences(t *testing.T) {
 	}
 }
 
-// A refusal consumes nothing: the state it returns holds exactly the tokens
+// A refusal consumes nothing: the state it returns holds exactly the debt
 // the key had, and a later request sees the same thing whether or not the
 // refusal's state was stored.
 func TestRefusalDoesNotChangeState(t *testing.T) {
@@ -382,7 +487,7 @@ func TestRefusalDoesNotChangeState(t *testing.T) {
 			if d.Allowed {
 				continue
 			}
-			if next.Tokens != refilled.Tokens || next.At != refilled.At || next.Scale != refilled.Scale {
+			if next.Debt != refilled.Debt || next.At != refilled.At || next.Scale != refilled.Scale {
 				t.Fatalf("%+v cost %d: refusal returned %+v, want the unchanged %+v", l, cost, next, refilled)
 			}
 			// Same instant, state already counted at now: bit-for-bit unchanged.
@@ -413,7 +518,7 @@ func TestCostAboveCapacity(t *testing.T) {
 			if d.Allowed || d.RetryAfter != msDur(l.Window) || d.Remaining != capacity || d.ResetAfter != 0 {
 				t.Fatalf("%+v cost %d fresh: %+v", l, cost, d)
 			}
-			if next.Tokens != capacity*l.Window {
+			if next.Debt != 0 {
 				t.Fatalf("%+v cost %d: consumed from a fresh key: %+v", l, cost, next)
 			}
 			// Partly spent key.
@@ -445,7 +550,7 @@ func TestClockSteppingBackwards(t *testing.T) {
 		}
 		st, fresh = next, false
 	}
-	if st.Tokens != 0 || st.At != at {
+	if st.Debt != 10*1000 || st.At != at { // all 10 tokens owed
 		t.Fatalf("drained state %+v", st)
 	}
 	// 500ms in the past: nothing refilled, and Retry-After counts the lag.
@@ -456,7 +561,7 @@ func TestClockSteppingBackwards(t *testing.T) {
 	if d.RetryAfter != 600*time.Millisecond || d.ResetAfter != 1500*time.Millisecond {
 		t.Fatalf("backwards clock: RetryAfter %v (want 600ms), ResetAfter %v (want 1.5s)", d.RetryAfter, d.ResetAfter)
 	}
-	if next.At != at || next.Tokens != 0 || fullAt != at+1000 {
+	if next.At != at || next.Debt != 10*1000 || fullAt != at+1000 {
 		t.Fatalf("backwards clock moved the state: %+v fullAt %d", next, fullAt)
 	}
 	if d, _, _ := Step(st, false, l, at-500+599, 1); d.Allowed {
@@ -468,7 +573,7 @@ func TestClockSteppingBackwards(t *testing.T) {
 	// Far in the past, even negative and extreme instants: no refill, no panic.
 	for _, now := range []int64{at - 1, at - year, 0, -1, -year} {
 		d, next, _ := Step(st, false, l, now, 1)
-		if d.Allowed || d.Remaining != 0 || next.Tokens != 0 || next.At != at {
+		if d.Allowed || d.Remaining != 0 || next.Debt != 10*1000 || next.At != at {
 			t.Fatalf("now=%d: %+v %+v", now, d, next)
 		}
 		if d.RetryAfter <= 0 || d.ResetAfter <= 0 {
@@ -476,66 +581,219 @@ func TestClockSteppingBackwards(t *testing.T) {
 		}
 	}
 	// With tokens left, a backwards clock may spend them but never adds any.
-	half := State{Tokens: 5000, At: at, Scale: 1000}
+	half := State{Debt: 5000, At: at, Scale: 1000} // 5 of 10 owed
 	d, next, _ = Step(half, false, l, at-10_000, 1)
-	if !d.Allowed || d.Remaining != 4 || next.Tokens != 4000 || next.At != at {
+	if !d.Allowed || d.Remaining != 4 || next.Debt != 6000 || next.At != at {
 		t.Fatalf("spend under a backwards clock: %+v %+v", d, next)
 	}
 }
 
+// spend drains cost tokens from a fresh key under l at t0 and returns the
+// state, checking that the key now owes exactly cost tokens.
+func spend(t *testing.T, l Limit, cost int64) State {
+	t.Helper()
+	d, st, _ := Step(State{}, true, l, t0, cost)
+	if !d.Allowed || st != (State{Debt: cost * l.Window, At: t0, Scale: l.Window}) {
+		t.Fatalf("spending %d under %+v: %+v %+v", cost, l, d, st)
+	}
+	return st
+}
+
+// The state is the debt, so a changed limit applies at once to what the key
+// has spent: the tokens left are the new capacity minus the debt (a debt
+// above the new capacity is an empty bucket), and a changed window carries
+// the tokens owed over, not their scaled units.
 func TestChangedLimitAppliesToExistingState(t *testing.T) {
 	base := Limit{Events: 10, Window: 1000}
-	// Full bucket of 10, then a lower burst caps it.
-	_, st, _ := Step(State{}, true, base, t0, 0)
-	lower := Limit{Events: 10, Window: 1000, Burst: 4}
-	d, next, _ := Step(st, false, lower, t0, 1)
-	if !d.Allowed || d.Remaining != 3 || d.Limit != 4 || next.Tokens != 3000 {
-		t.Fatalf("lower burst: %+v %+v", d, next)
+	type want struct {
+		allowed          bool
+		rem, retry, rest int64 // tokens, ms, ms
+		debt, scale      int64 // the state returned
 	}
-	// 2 tokens left; a higher burst does not hand out tokens.
-	two := State{Tokens: 2000, At: t0, Scale: 1000}
-	higher := Limit{Events: 10, Window: 1000, Burst: 50}
-	d, _, _ = Step(two, false, higher, t0, 0)
-	if d.Remaining != 2 || d.Limit != 50 {
-		t.Fatalf("higher burst: %+v", d)
+	check := func(name string, st State, l Limit, now, cost int64, w want) {
+		t.Helper()
+		d, next, fullAt := Step(st, false, l, now, cost)
+		wd := Decision{Allowed: w.allowed, Limit: l.Capacity(), Remaining: w.rem,
+			RetryAfter: msDur(w.retry), ResetAfter: msDur(w.rest)}
+		if d != wd {
+			t.Errorf("%s: got %+v, want %+v", name, d, wd)
+		}
+		if ws := (State{Debt: w.debt, At: now, Scale: w.scale}); next != ws {
+			t.Errorf("%s: stored %+v, want %+v", name, next, ws)
+		}
+		if fullAt != now+w.rest {
+			t.Errorf("%s: fullAt now%+d, want now%+d", name, fullAt-now, w.rest)
+		}
 	}
-	// 6 tokens held on a 1000ms scale; a 2000ms window keeps 6 tokens.
-	six := State{Tokens: 6000, At: t0, Scale: 1000}
+
+	// A full bucket of 10 (nothing owed), then a lower burst of 4: 4 left.
+	_, full, _ := Step(State{}, true, base, t0, 0)
+	if full.Debt != 0 {
+		t.Fatalf("full bucket owes %d", full.Debt)
+	}
+	check("full, burst lowered to 4", full, Limit{Events: 10, Window: 1000, Burst: 4}, t0, 1,
+		want{true, 3, 0, 100, 1000, 1000})
+
+	// Raise 3 -> 10 after 3 spent: the 7 not spent are there at once.
+	three := Limit{Events: 3, Window: 1000}
+	spent3 := spend(t, three, 3)
+	if d, _, _ := Step(spent3, false, three, t0, 1); d.Allowed || d.Remaining != 0 {
+		t.Fatalf("3 of 3 spent but not empty: %+v", d)
+	}
+	check("3 spent, raised to 10, cost 0", spent3, base, t0, 0,
+		want{true, 7, 0, 300, 3000, 1000})
+	check("3 spent, raised to 10, cost 1", spent3, base, t0, 1,
+		want{true, 6, 0, 400, 4000, 1000})
+	check("3 spent, raised to 10, cost 7", spent3, base, t0, 7,
+		want{true, 0, 0, 1000, 10000, 1000})
+	check("3 spent, raised to 10, cost 8", spent3, base, t0, 8,
+		want{false, 7, 100, 300, 3000, 1000})
+	// ... the same through the burst: 3/s with a bucket of 10.
+	check("3 spent, burst raised to 10, cost 1", spent3, Limit{Events: 3, Window: 1000, Burst: 10}, t0, 1,
+		want{true, 6, 0, 1334, 4000, 1000}) // 4000/3 = 1333.3
+	// 2 tokens left of 10 (8 owed); a burst of 50 leaves 42.
+	two := State{Debt: 8000, At: t0, Scale: 1000}
+	check("8 owed, burst raised to 50", two, Limit{Events: 10, Window: 1000, Burst: 50}, t0, 0,
+		want{true, 42, 0, 800, 8000, 1000})
+
+	// Lower 10 -> 3 after 4 spent: the debt is capped at the new capacity
+	// (an empty bucket), and the client waits for one token at the new rate.
+	spent4 := spend(t, base, 4)
+	check("4 spent, lowered to 3/s", spent4, three, t0, 1,
+		want{false, 0, 334, 1000, 3000, 1000}) // 1000/3 = 333.3; 3000/3
+	if d, _, _ := Step(spent4, false, three, t0+333, 1); d.Allowed {
+		t.Errorf("4 spent, lowered to 3/s: allowed 1ms before Retry-After: %+v", d)
+	}
+	check("4 spent, lowered to 3/s, after Retry-After", spent4, three, t0+334, 1,
+		want{true, 0, 0, 1000, 2998, 1000}) // 3000-1002 owed +1000 = 2998, /3 = 999.3
+	// ... and through the burst: still 10/s, so one token is 100ms.
+	burst3 := Limit{Events: 10, Window: 1000, Burst: 3}
+	check("4 spent, burst lowered to 3", spent4, burst3, t0, 1,
+		want{false, 0, 100, 300, 3000, 1000})
+	check("4 spent, burst lowered to 3, 100ms later", spent4, burst3, t0+100, 1,
+		want{true, 0, 0, 300, 3000, 1000})
+	// The cap applies before the refill: 4 owed of 3 is 3 owed, so a
+	// second later under 3/s the key is full again, not still 1 short.
+	check("4 spent, lowered to 3/s, 1s later", spent4, three, t0+1000, 0,
+		want{true, 3, 0, 0, 0, 1000})
+
+	// Lower 10 -> 3 after 2 spent: 1 left.
+	spent2 := spend(t, base, 2)
+	check("2 spent, lowered to 3/s, cost 0", spent2, three, t0, 0,
+		want{true, 1, 0, 667, 2000, 1000}) // 2000/3 = 666.7
+	check("2 spent, lowered to 3/s, cost 1", spent2, three, t0, 1,
+		want{true, 0, 0, 1000, 3000, 1000})
+	check("2 spent, lowered to 3/s, cost 2", spent2, three, t0, 2,
+		want{false, 1, 334, 667, 2000, 1000}) // 1 token short: 1000/3 = 333.3
+
+	// A changed window carries the tokens owed over: 2.5 owed on a 1000ms
+	// scale are 2.5 owed on a 2000ms one (5000 units), 7.5 left.
+	owe25 := State{Debt: 2500, At: t0, Scale: 1000}
 	slower := Limit{Events: 10, Window: 2000}
-	d, next, _ = Step(six, false, slower, t0, 1)
-	if !d.Allowed || d.Remaining != 5 || next.Scale != 2000 || next.Tokens != 10000 {
-		t.Fatalf("longer window: %+v %+v", d, next)
+	check("2.5 owed, window 1000 -> 2000", owe25, slower, t0, 0,
+		want{true, 7, 0, 500, 5000, 2000}) // 5000 units at 10/ms
+	check("2.5 owed, window 1000 -> 2000, cost 7", owe25, slower, t0, 7,
+		want{true, 0, 0, 1900, 19000, 2000})
+	check("2.5 owed, window 1000 -> 2000, cost 8", owe25, slower, t0, 8,
+		want{false, 7, 100, 500, 5000, 2000}) // 0.5 token short = 1000 units at 10/ms
+	// ... and back: 5000 units on a 2000ms scale are 2500 on a 1000ms one.
+	check("2.5 owed, window 2000 -> 1000", State{Debt: 5000, At: t0, Scale: 2000}, base, t0, 0,
+		want{true, 7, 0, 250, 2500, 1000})
+	// 6 tokens left of 10 (4 owed) on a 1000ms scale; a 2000ms window
+	// keeps 6 left, and so does a 500ms one.
+	six := State{Debt: 4000, At: t0, Scale: 1000}
+	check("4 owed, window 1000 -> 2000", six, slower, t0, 1,
+		want{true, 5, 0, 1000, 10000, 2000}) // 5 owed at 10 per 2s
+	check("4 owed, window 1000 -> 500", six, Limit{Events: 10, Window: 500}, t0, 1,
+		want{true, 5, 0, 250, 2500, 500})
+	// A window change that also lowers the capacity caps after rescaling:
+	// 7 owed (scale 1000) -> 14000 units on 2000ms, capped at 3×2000.
+	check("7 owed, window 1000 -> 2000 and capacity 3", State{Debt: 7000, At: t0, Scale: 1000},
+		Limit{Events: 3, Window: 2000}, t0, 0,
+		want{true, 0, 0, 2000, 6000, 2000})
+
+	// Rescaling a debt whose scaled value exceeds the new full capacity
+	// caps it at the new full capacity (an empty bucket) ...
+	bigDebt := State{Debt: 10 * (1 << 40), At: t0, Scale: 1 << 40} // 10 owed
+	check("10 owed, rescaled to 3 per 1ms", bigDebt, Limit{Events: 3, Window: 1}, t0, 0,
+		want{true, 0, 0, 1, 3, 1})
+	// ... while a debt that fits carries over: 1 owed of 3.
+	check("1 owed, rescaled to 3 per 1ms", State{Debt: 1 << 40, At: t0, Scale: 1 << 40},
+		Limit{Events: 3, Window: 1}, t0, 0,
+		want{true, 2, 0, 1, 1, 1})
+	// An extreme rescale (the product would overflow 64 bits) caps rather
+	// than wraps.
+	huge := State{Debt: math.MaxInt64 / 2, At: t0, Scale: 1}
+	hugeL := Limit{Events: 1, Window: 1 << 40, Burst: 5}
+	check("overflowing rescale", huge, hugeL, t0, 0,
+		want{true, 0, 0, 5 << 40, 5 << 40, 1 << 40})
+	check("overflowing rescale, cost 1", huge, hugeL, t0, 1,
+		want{false, 0, 1 << 40, 5 << 40, 5 << 40, 1 << 40})
+
+	// An absurd stored debt is clamped to [0, full] without panic, on the
+	// limit's own scale and through a rescale.
+	for _, c := range []struct {
+		debt, scale int64
+		l           Limit
+		left        int64 // tokens left
+	}{
+		{math.MaxInt64, 1000, base, 0},
+		{math.MaxInt64, 1, base, 0},
+		{math.MaxInt64, 2, base, 0},
+		{math.MaxInt64, math.MaxInt64, base, 9}, // exactly 1 token owed: not absurd, and rescaled exactly
+		{math.MaxInt64, 7, Limit{Events: 3, Window: 7, Burst: 11}, 0},
+		{-1, 1000, base, 10},
+		{math.MinInt64, 1000, base, 10},
+		{math.MinInt64, 1, base, 10},
+		{math.MinInt64, math.MaxInt64, Limit{Events: 3, Window: 7, Burst: 11}, 11},
+	} {
+		name := fmt.Sprintf("absurd debt %d on scale %d", c.debt, c.scale)
+		owed := (c.l.Capacity() - c.left) * c.l.Window
+		check(name, State{Debt: c.debt, At: t0, Scale: c.scale}, c.l, t0, 0,
+			want{true, c.left, 0, ceilDivTest(owed, c.l.Events), owed, c.l.Window})
+		// The clamped debt then refills normally.
+		if d, _, _ := Step(State{Debt: c.debt, At: t0, Scale: c.scale}, false, c.l, t0+year, 1); !d.Allowed || d.Remaining != c.l.Capacity()-1 {
+			t.Errorf("%s: a year later %+v, want Remaining %d", name, d, c.l.Capacity()-1)
+		}
 	}
-	if d.ResetAfter != time.Second { // 5 tokens at 10 per 2s
-		t.Fatalf("longer window ResetAfter %v, want 1s", d.ResetAfter)
+}
+
+// A window change rescales the debt to a new unit; when it does not divide
+// exactly, the rounding must not favour the client: the tokens left after the
+// change are never more than the tokens left before it (for the same
+// capacity). Before the debt change this was "fractional tokens round down,
+// never up" (2.5 tokens left on a 1000ms scale became 7 units on a 3ms one).
+func TestWindowChangeNeverRoundsInTheClientsFavour(t *testing.T) {
+	// 2.5 left of 10 (7.5 owed) on a 1000ms scale -> 10 per 3ms: 7.5 owed
+	// are 22.5 units, which must count as 23 owed (7 left, 2.33 tokens),
+	// not 22 (8 left, 2.67 tokens: a sixth of a token never spent back).
+	frac := State{Debt: 7500, At: t0, Scale: 1000}
+	d, next, _ := Step(frac, false, Limit{Events: 10, Window: 3}, t0, 0)
+	if d.Remaining != 2 || next.Debt != 23 {
+		t.Errorf("fractional rescale: %+v %+v, want Remaining 2 and Debt 23 (2500*3/1000 = 7.5 -> 7 units left)", d, next)
 	}
-	// ... and a 500ms window keeps 6 tokens too.
-	faster := Limit{Events: 10, Window: 500}
-	d, next, _ = Step(six, false, faster, t0, 1)
-	if !d.Allowed || d.Remaining != 5 || next.Scale != 500 || next.Tokens != 2500 {
-		t.Fatalf("shorter window: %+v %+v", d, next)
+	// Observable: 2.001 owed (7.999 left) on a 1000ms scale must not pay for
+	// 8 tokens on a 3ms scale (6.003 units owed; 6 would leave exactly 24).
+	d, next, _ = Step(State{Debt: 2001, At: t0, Scale: 1000}, false, Limit{Events: 10, Window: 3}, t0, 8)
+	if d.Allowed {
+		t.Errorf("7.999 tokens left paid for 8 after a window change: %+v %+v", d, next)
 	}
-	if d.ResetAfter != 250*time.Millisecond {
-		t.Fatalf("shorter window ResetAfter %v, want 250ms", d.ResetAfter)
-	}
-	// Rescaling to a window whose scaled capacity is smaller than the held
-	// units caps at the new capacity.
-	big := State{Tokens: 10 * (1 << 40), At: t0, Scale: 1 << 40}
-	d, _, _ = Step(big, false, Limit{Events: 3, Window: 1}, t0, 0)
-	if d.Remaining != 3 {
-		t.Fatalf("rescale cap: %+v", d)
-	}
-	// Fractional tokens round down, never up.
-	frac := State{Tokens: 2500, At: t0, Scale: 1000} // 2.5 tokens
-	d, next, _ = Step(frac, false, Limit{Events: 10, Window: 3}, t0, 0)
-	if d.Remaining != 2 || next.Tokens != 7 { // 2500*3/1000 = 7.5 -> 7 units = 2.33 tokens
-		t.Fatalf("fractional rescale: %+v %+v", d, next)
-	}
-	// Extreme rescale (would overflow 64 bits) caps rather than wraps.
-	huge := State{Tokens: math.MaxInt64 / 2, At: t0, Scale: 1}
-	d, _, _ = Step(huge, false, Limit{Events: 1, Window: 1 << 40, Burst: 5}, t0, 0)
-	if d.Remaining != 5 {
-		t.Fatalf("overflowing rescale: %+v", d)
+	// Property: for random debts and windows, the tokens left after the
+	// change (full − stored debt, in tokens) never exceed those before.
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 10000; i++ {
+		capacity := 1 + rng.Int64N(50)
+		from, to := 1+rng.Int64N(5000), 1+rng.Int64N(5000)
+		debt := rng.Int64N(capacity*from + 1)
+		l := Limit{Events: 1 + rng.Int64N(20), Window: to, Burst: capacity}
+		_, next, _ := Step(State{Debt: debt, At: t0, Scale: from}, false, l, t0, 0)
+		// left after / to <= left before / from, cross-multiplied.
+		before := new(big.Int).Mul(big.NewInt(capacity*from-debt), big.NewInt(to))
+		after := new(big.Int).Mul(big.NewInt(capacity*to-next.Debt), big.NewInt(from))
+		if after.Cmp(before) > 0 {
+			t.Fatalf("debt %d on scale %d -> %d on scale %d (capacity %d): %d/%d tokens left became %d/%d",
+				debt, from, next.Debt, to, capacity, capacity*from-debt, from, capacity*to-next.Debt, to)
+		}
 	}
 }
 
@@ -552,19 +810,22 @@ func TestValidate(t *testing.T) {
 		{Limit{Events: 1, Window: 0}, ErrWindow},
 		{Limit{Events: 1, Window: -1000}, ErrWindow},
 		{Limit{Events: 1, Window: 1000, Burst: -1}, ErrBurst},
-		// capacity × window == 2^53 is the largest allowed.
-		{Limit{Events: 1 << 33, Window: 1 << 20}, nil},
-		{Limit{Events: 1<<33 + 1, Window: 1 << 20}, ErrTooWide},
-		{Limit{Events: 1 << 13, Window: 1 << 20, Burst: 1 << 33}, nil},
+		// capacity × window + events == 2^53 is the largest allowed.
+		{Limit{Events: 1 << 20, Window: 1<<33 - 1, Burst: 1 << 20}, nil},
+		{Limit{Events: 1<<20 + 1, Window: 1<<33 - 1, Burst: 1 << 20}, ErrTooWide},
+		{Limit{Events: 1 << 33, Window: 1 << 20}, ErrTooWide}, // capacity × window alone is 2^53
+		{Limit{Events: 1 << 13, Window: 1 << 20, Burst: 1<<33 - 1}, nil},
+		{Limit{Events: 1 << 13, Window: 1 << 20, Burst: 1 << 33}, ErrTooWide},
 		// A full refill longer than MaxRefill (100 years) is refused.
-		{Limit{Events: 1, Window: 1 << 20, Burst: 1 << 33}, ErrTooSlow},
+		{Limit{Events: 1, Window: 1 << 20, Burst: 1<<33 - 1}, ErrTooSlow},
 		{Limit{Events: 1, Window: 1 << 20, Burst: 1<<33 + 1}, ErrTooWide},
 		{Limit{Events: 1, Window: MaxRefill}, nil},
 		{Limit{Events: 1, Window: MaxRefill + 1}, ErrTooSlow},
 		{Limit{Events: 1, Window: 1<<53 + 1}, ErrTooWide},
 		{Limit{Events: 3, Window: (1<<53)/3 + 1}, ErrTooWide}, // 3×w = 2^53+2 (not divisible)
-		{Limit{Events: 3 << 20, Window: (1 << 53) / (3 << 20)}, nil},
-		{Limit{Events: 1 << 53, Window: 1}, nil},
+		{Limit{Events: 3 << 20, Window: (1<<53)/(3<<20) - 1}, nil},
+		{Limit{Events: 1 << 52, Window: 1}, nil},
+		{Limit{Events: 1 << 53, Window: 1}, ErrTooWide},
 		{Limit{Events: 1<<53 + 1, Window: 1}, ErrTooMany},
 		{Limit{Events: math.MaxInt64, Window: math.MaxInt64}, ErrTooMany},
 		{Limit{Events: 1, Window: 1000, Burst: math.MaxInt64}, ErrTooMany},
@@ -621,10 +882,10 @@ func checkSane(t *testing.T, l Limit) {
 // Limits at the edges of what Validate accepts stay within the contract.
 func TestValidatedExtremesStaySane(t *testing.T) {
 	for _, l := range []Limit{
-		{Events: 1 << 53, Window: 1},
-		{Events: 1 << 33, Window: 1 << 20},
-		{Events: 1 << 13, Window: 1 << 20, Burst: 1 << 33},
-		{Events: 1 << 53, Window: 1, Burst: 2},
+		{Events: 1 << 52, Window: 1},
+		{Events: 1 << 20, Window: 1<<33 - 1, Burst: 1 << 20},
+		{Events: 1 << 13, Window: 1 << 20, Burst: 1<<33 - 1},
+		{Events: 1<<53 - 2, Window: 1, Burst: 2},
 		{Events: 1, Window: MaxRefill},
 		{Events: 1, Window: 24 * hour, Burst: 1000},
 		{Events: 10, Window: 99 * year, Burst: 10},
@@ -646,7 +907,7 @@ func TestHugeEventsAreRefused(t *testing.T) {
 			t.Errorf("%+v: Validate() = %v, want ErrTooMany", l, err)
 		}
 	}
-	checkSane(t, Limit{Events: 1 << 53, Window: 1, Burst: 2})
+	checkSane(t, Limit{Events: 1<<53 - 2, Window: 1, Burst: 2})
 }
 
 // Decisions carry time.Duration (at most ~292 years), so Validate refuses a
@@ -699,7 +960,7 @@ func TestParseAlgorithm(t *testing.T) {
 
 func TestStepDoesNotAllocate(t *testing.T) {
 	l := Limit{Events: 7, Window: 1000, Burst: 3}
-	st := State{Tokens: 1000, At: t0, Scale: 1000}
+	st := State{Debt: 2000, At: t0, Scale: 1000} // 1 of 3 tokens left
 	now := t0
 	var sink Decision
 	allocs := testing.AllocsPerRun(1000, func() {
