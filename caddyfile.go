@@ -115,8 +115,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        match       { <matchers> }
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
+//	        fail        open|closed|local
 //	    }
 //	    store memory { max_keys <n>; sweep_interval <duration> }
+//	    store redis [<url>] { url; cluster <addr>...; username; password; tls; timeout; key_prefix; pool_size }
 //	    headers  legacy|off
 //	    response handle_errors
 //	    response {
@@ -359,6 +361,17 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, err
 			}
 			z.Algorithm = v
+		case "fail":
+			var v string
+			if v, err = oneArg(d, "zone "+name+": fail"); err != nil {
+				return nil, err
+			}
+			switch v {
+			case failOpenPolicy, failClosedPolicy, failLocalPolicy:
+			default:
+				return nil, errf("fail: unknown policy %q (known: open, closed, local)", v)
+			}
+			z.Fail = v
 		case "match":
 			if d.NextArg() {
 				return nil, errf("match takes a block of matchers, not %q", d.Val())
@@ -377,7 +390,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			n, err = intArg(field, 1, 128)
 			z.IPv6Prefix = int(n)
 		default:
-			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, match, ipv4_prefix, ipv6_prefix)", field)
+			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, match, ipv4_prefix, ipv6_prefix, fail)", field)
 		}
 		if err != nil {
 			return nil, err
@@ -398,7 +411,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 // parseStore parses `store <name> { ... }` into the store module's JSON.
 func parseStore(d *caddyfile.Dispenser) ([]byte, error) {
 	if !d.NextArg() {
-		return nil, d.Err("store needs a name (memory)")
+		return nil, d.Err("store needs a name (memory or redis)")
 	}
 	name := d.Val()
 	modID := "http.handlers.rate_limit.stores." + name

@@ -5,6 +5,7 @@
 package sluice
 
 import (
-	// The embedded store is the default and is always registered.
+	// The stores: the embedded default and the shared Redis store.
 	_ "github.com/sluicehq/caddy-sluice/memstore"
+	_ "github.com/sluicehq/caddy-sluice/redisstore"
 )

@@ -3,6 +3,7 @@ package sluice
 import (
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -39,6 +40,25 @@ func (s *scratch) release() {
 	scratchPool.Put(s)
 }
 
+// sizeDecs makes s.decs as long as s.reqs.
+func (s *scratch) sizeDecs() {
+	if n := len(s.reqs); cap(s.decs) < n {
+		s.decs = make([]algorithms.Decision, n)
+	} else {
+		s.decs = s.decs[:n]
+	}
+}
+
+// outcome is what a request's decision came to.
+type outcome uint8
+
+const (
+	pass       outcome = iota // no zone applies, or the store failed open
+	allow                     // allowed: headers from the verdict
+	refuse                    // refused with 429
+	failClosed                // the store failed and a fail-closed zone refuses: 503
+)
+
 // verdict is what ServeHTTP keeps of a decision once the scratch is released.
 type verdict struct {
 	zone *zone
@@ -52,29 +72,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.enabled {
 		return next.ServeHTTP(w, r)
 	}
-	v, refused, ok, err := h.decide(r)
+	v, out, err := h.decide(r)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if out == pass {
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
-	if h.headers {
+	if h.headers && out != failClosed {
 		setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
 	}
-	if !refused {
+	if out == allow {
 		return next.ServeHTTP(w, r)
 	}
-	return h.refuse(w, r, &v, now)
+	return h.refuse(w, r, &v, out == failClosed, now)
 }
 
-// decide runs the zones that match r through the store in one call. It
-// returns the verdict to report (the refusing zone with the longest
-// Retry-After, else the zone with the least remaining), whether the request
-// is refused, and ok=false when no zone applies or the store failed (the
-// request passes: fail open).
-func (h *Handler) decide(r *http.Request) (v verdict, refused, ok bool, err error) {
+// decide runs the zones that match r through the store in one call and
+// returns the verdict to report: the refusing zone with the longest
+// Retry-After, else the zone with the least remaining.
+func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
@@ -83,7 +101,7 @@ func (h *Handler) decide(r *http.Request) (v verdict, refused, ok bool, err erro
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return v, false, false, err
+				return verdict{}, pass, err
 			}
 			if !match {
 				continue
@@ -95,34 +113,88 @@ func (h *Handler) decide(r *http.Request) (v verdict, refused, ok bool, err erro
 		s.zones = append(s.zones, z)
 	}
 	if len(s.reqs) == 0 {
-		return v, false, false, nil
+		return verdict{}, pass, nil
 	}
-	if n := len(s.reqs); cap(s.decs) < n {
-		s.decs = make([]algorithms.Decision, n)
-	} else {
-		s.decs = s.decs[:n]
-	}
+	s.sizeDecs()
 	if err := h.store.Take(r.Context(), s.reqs, s.decs); err != nil {
-		// Only remote stores fail; the failure policy arrives with them.
-		// Until then a failed decision lets the request through.
-		h.logger.Error("rate limit store failed; allowing the request", zap.Error(err))
-		return v, false, false, nil
+		h.storeErrors.log(h.logger, err)
+		return h.failover(r, s)
 	}
+	return pick(s)
+}
 
-	pick := -1
+// pick chooses the verdict among s's decisions.
+func pick(s *scratch) (verdict, outcome, error) {
+	best, refused := -1, false
 	for i := range s.decs {
 		d := &s.decs[i]
 		switch {
 		case !d.Allowed:
-			if !refused || d.RetryAfter > s.decs[pick].RetryAfter {
-				pick = i
+			if !refused || d.RetryAfter > s.decs[best].RetryAfter {
+				best = i
 			}
 			refused = true
 		case refused:
-		case pick < 0 || d.Remaining < s.decs[pick].Remaining ||
-			d.Remaining == s.decs[pick].Remaining && d.ResetAfter > s.decs[pick].ResetAfter:
-			pick = i
+		case best < 0 || d.Remaining < s.decs[best].Remaining ||
+			d.Remaining == s.decs[best].Remaining && d.ResetAfter > s.decs[best].ResetAfter:
+			best = i
 		}
 	}
-	return verdict{zone: s.zones[pick], key: identity.Token(s.reqs[pick].Key), Decision: s.decs[pick]}, refused, true, nil
+	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best]}
+	if refused {
+		return v, refuse, nil
+	}
+	return v, allow, nil
+}
+
+// failover applies each zone's fail policy when the store could not decide:
+// a fail-closed zone refuses with 503; fail-local zones are decided by this
+// instance's memory store (all-or-nothing among them); fail-open zones let
+// the request through unmetered.
+func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error) {
+	n := 0
+	for i, z := range s.zones {
+		switch z.fail {
+		case failClosedPolicy:
+			return verdict{zone: z, key: identity.Token(s.reqs[i].Key),
+				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}, failClosed, nil
+		case failLocalPolicy:
+			s.reqs[n], s.zones[n] = s.reqs[i], z
+			n++
+		}
+	}
+	if n == 0 || h.local == nil {
+		return verdict{}, pass, nil
+	}
+	s.reqs, s.zones = s.reqs[:n], s.zones[:n]
+	s.sizeDecs()
+	if err := h.local.Take(r.Context(), s.reqs, s.decs); err != nil {
+		h.storeErrors.log(h.logger, err)
+		return verdict{}, pass, nil
+	}
+	return pick(s)
+}
+
+// failClosedRetry is Retry-After on a fail-closed 503: the store is
+// unavailable, so the client is asked to come back soon, not at a reset.
+const failClosedRetry = time.Second
+
+// errorLog logs store errors at most once per interval, counting the rest,
+// so that an outage cannot flood the log.
+type errorLog struct {
+	last       atomic.Int64 // Unix nanoseconds of the last line
+	suppressed atomic.Int64
+}
+
+const errorLogInterval = 5 * time.Second
+
+func (e *errorLog) log(logger *zap.Logger, err error) {
+	now := time.Now().UnixNano()
+	last := e.last.Load()
+	if now-last < int64(errorLogInterval) || !e.last.CompareAndSwap(last, now) {
+		e.suppressed.Add(1)
+		return
+	}
+	logger.Error("rate limit store failed; applying each zone's fail policy",
+		zap.Error(err), zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))
 }

@@ -84,15 +84,17 @@ type Handler struct {
 	// refused for the same reason as Distributed.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
-	zones   []*zone
-	store   Store
-	headers bool
-	enabled bool
-	resp    compiledResponse
-	scope   any
-	events  *caddyevents.App
-	logger  *zap.Logger
-	ctx     caddy.Context
+	zones       []*zone
+	store       Store
+	local       Store
+	storeErrors *errorLog
+	headers     bool
+	enabled     bool
+	resp        compiledResponse
+	scope       any
+	events      *caddyevents.App
+	logger      *zap.Logger
+	ctx         caddy.Context
 }
 
 // CaddyModule returns the Caddy module information.
@@ -114,6 +116,7 @@ const (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.storeErrors = new(errorLog)
 	if err := h.checkCompat(); err != nil {
 		return err
 	}
@@ -165,6 +168,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.logger.Warn(w, zap.String("zone", name))
 		}
 		h.zones = append(h.zones, z)
+	}
+
+	for _, z := range h.zones {
+		if z.fail == failLocalPolicy && h.local == nil {
+			// The fail-local fallback: this instance's default memory store.
+			mod, err := ctx.LoadModuleByID("http.handlers.rate_limit.stores.memory", json.RawMessage(`{}`))
+			if err != nil {
+				return fmt.Errorf("zone %q: fail local: loading the memory store: %w", z.name, err)
+			}
+			h.local = mod.(Store)
+		}
 	}
 
 	if err := h.Response.compile(&h.resp); err != nil {

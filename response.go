@@ -49,7 +49,7 @@ type Response struct {
 
 // defaultBody is the refusal body when none is configured. Zone names are
 // restricted to characters that need no JSON escaping.
-const defaultBody = `{"status":429,"error":"rate limit exceeded","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
+const defaultBody = `{"status":{http.rate_limit.status},"error":"{http.rate_limit.error}","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
 
 type compiledResponse struct {
 	handleErrors bool
@@ -150,17 +150,28 @@ func (h *Handler) retryAfterSeconds(d time.Duration) int64 {
 	return max(1, ceilSeconds(d))
 }
 
-// errRateLimited is the error handed to handle_errors routes.
-type errRateLimited struct{ zone string }
+// Refusal messages, in {http.rate_limit.error} and handle_errors' error.
+const (
+	msgExceeded    = "rate limit exceeded"
+	msgUnavailable = "rate limiter unavailable"
+)
 
-func (e errRateLimited) Error() string { return "rate limit exceeded in zone " + e.zone }
+// errRefused is the error handed to handle_errors routes.
+type errRefused struct{ msg, zone string }
+
+func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
 
 // refuse answers a refused request: Retry-After, Cache-Control: no-store,
 // the placeholders and the event, then either the configured body or a
 // Caddy error for the site's handle_errors routes. Headers set before
-// (CORS from a header directive, say) are kept.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now time.Time) error {
+// (CORS from a header directive, say) are kept. unavailable marks the
+// fail-closed refusal: 503, same shape, for a store that could not decide.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	status, msg := h.resp.status, msgExceeded
+	if unavailable {
+		status, msg = http.StatusServiceUnavailable, msgUnavailable
+	}
 	retry := h.retryAfterSeconds(v.RetryAfter)
 	reset := resetUnix(now, v.ResetAfter)
 
@@ -174,13 +185,17 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now
 	repl.Set("http.rate_limit.limit", v.Limit)
 	repl.Set("http.rate_limit.remaining", v.Remaining)
 	repl.Set("http.rate_limit.reset", reset)
+	repl.Set("http.rate_limit.status", status)
+	repl.Set("http.rate_limit.error", msg)
 
-	h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
-		"zone":        v.zone.name,
-		"key":         v.key.String(),
-		"retry_after": retry,
-	})
-	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
+	if !unavailable {
+		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+			"zone":        v.zone.name,
+			"key":         v.key.String(),
+			"retry_after": retry,
+		})
+	}
+	if ce := h.logger.Check(zap.DebugLevel, msg); ce != nil {
 		fields := []zap.Field{
 			zap.String("zone", v.zone.name),
 			zap.String("key", v.key.String()),
@@ -193,7 +208,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now
 	}
 
 	if h.resp.handleErrors {
-		return caddyhttp.Error(h.resp.status, errRateLimited{zone: v.zone.name})
+		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})
 	}
 	for name, vals := range h.resp.headers {
 		hdr.Del(name)
@@ -204,7 +219,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, now
 	body := repl.ReplaceKnown(h.resp.body, "")
 	hdr.Set("Content-Type", h.resp.contentType)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(h.resp.status)
+	w.WriteHeader(status)
 	if r.Method != http.MethodHead {
 		_, _ = io.WriteString(w, body)
 	}

@@ -55,7 +55,22 @@ type Zone struct {
 	// IPv6Prefix is the prefix length an IPv6 key is masked to, so that one
 	// client cannot rotate through its /64 for fresh buckets. Default: 64.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// Fail is what the zone does when a shared store cannot answer in time
+	// (unreachable, slow, or erroring): "open" lets the request through
+	// unmetered (logged and counted), "closed" refuses it with 503 and
+	// Retry-After, "local" enforces the zone in this instance's memory
+	// until the store answers again (so N instances admit up to N times
+	// the limit meanwhile). The memory store never fails. Default: "open".
+	Fail string `json:"fail,omitempty"`
 }
+
+// Fail policies.
+const (
+	failOpenPolicy   = "open"
+	failClosedPolicy = "closed"
+	failLocalPolicy  = "local"
+)
 
 // KeyCandidates is a list of key candidates; in JSON, a single string is
 // accepted for compatibility with caddy-ratelimit.
@@ -99,6 +114,7 @@ type zone struct {
 	cost     int64
 	matchers caddyhttp.MatcherSets
 	deriver  *identity.Deriver
+	fail     string
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
 }
@@ -131,6 +147,9 @@ func (z *Zone) setDefaults() {
 	}
 	if z.IPv6Prefix == 0 {
 		z.IPv6Prefix = defaultIPv6Prefix
+	}
+	if z.Fail == "" {
+		z.Fail = failOpenPolicy
 	}
 }
 
@@ -174,6 +193,11 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if z.IPv6Prefix < 1 || z.IPv6Prefix > 128 {
 		return nil, fmt.Errorf("ipv6_prefix must be between 1 and 128, got %d", z.IPv6Prefix)
 	}
+	switch z.Fail {
+	case failOpenPolicy, failClosedPolicy, failLocalPolicy:
+	default:
+		return nil, fmt.Errorf("fail: unknown policy %q (known: open, closed, local)", z.Fail)
+	}
 	cands := make([]identity.Candidate, 0, len(z.Key))
 	for _, k := range z.Key {
 		c, err := identity.Compile(k)
@@ -191,6 +215,7 @@ func (z *Zone) compile(name string) (*zone, error) {
 		limit:     l,
 		cost:      1,
 		deriver:   der,
+		fail:      z.Fail,
 		limitText: strconv.FormatInt(l.Capacity(), 10),
 	}, nil
 }

@@ -1,0 +1,22 @@
+package redisstore
+
+// slotCount is the number of Redis Cluster hash slots.
+const slotCount = 16384
+
+// slot returns the Cluster hash slot of a key whose hash tag is tag (the
+// text between the first '{' and the next '}'): CRC16/XMODEM of the tag,
+// modulo 16384, as Redis computes it.
+func slot(tag []byte) uint16 {
+	var crc uint16
+	for _, b := range tag {
+		crc ^= uint16(b) << 8
+		for i := 0; i < 8; i++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % slotCount
+}
