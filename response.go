@@ -150,6 +150,10 @@ func (h *Handler) retryAfterSeconds(d time.Duration) int64 {
 	return max(1, ceilSeconds(d))
 }
 
+// eventExceeded is the Caddy event emitted on every refusal (the name
+// caddy-ratelimit uses).
+const eventExceeded = "rate_limit_exceeded"
+
 // Refusal messages, in {http.rate_limit.error} and handle_errors' error.
 const (
 	msgExceeded    = "rate limit exceeded"
@@ -188,8 +192,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	repl.Set("http.rate_limit.status", status)
 	repl.Set("http.rate_limit.error", msg)
 
-	if !unavailable {
-		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+	// Building the event costs allocations; skip it when nothing listens.
+	if !unavailable && h.events.ShouldEmit(eventExceeded) {
+		h.events.Emit(h.ctx, eventExceeded, map[string]any{
 			"zone":        v.zone.name,
 			"key":         v.key.String(),
 			"retry_after": retry,
