@@ -1,0 +1,52 @@
+# Sluice — build and test entry points. GNU make.
+#
+#   make test          everything CI runs: vet, the race-enabled test suite,
+#                      then the xcaddy build check
+#   make run           the demo of Caddyfile.example on localhost:8080
+#   make build         bin/caddy: stock Caddy plus this plugin
+#   make xcaddy-check  build with xcaddy as users do and check the binary
+#   make fmt | vet     gofmt the tree | go vet ./...
+
+GO        ?= go
+TESTFLAGS ?= -race -count=1 -timeout 20m
+PKGS      ?= ./...
+CADDYFILE ?= Caddyfile.example
+
+.DEFAULT_GOAL := test
+# Steps run in the order written, even under make -j.
+.NOTPARALLEL:
+.PHONY: test test-deps go-test run build xcaddy-check fmt fmt-check vet clean
+
+# test is the README's test command and what .ci/run calls.
+test: vet test-deps go-test xcaddy-check
+
+# test-deps prepares what the tests need outside Go (scripts/test-deps.sh:
+# redis-server, redis-cli and redis-sentinel, installed with apt-get when
+# missing and root; the tests start their own servers on free ports).
+test-deps:
+	bash scripts/test-deps.sh
+
+go-test:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+run:
+	$(GO) run ./cmd/caddy run --config $(CADDYFILE)
+
+build:
+	$(GO) build -o bin/caddy ./cmd/caddy
+
+xcaddy-check:
+	bash scripts/xcaddy-check.sh
+
+fmt:
+	gofmt -s -w .
+
+# fmt-check fails when a file is not gofmt-clean (not part of test yet).
+fmt-check:
+	@out="$$(gofmt -s -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# test-deps: prepare what the test suite needs outside Go, before `go test`.
+# Called by `make test` (target test-deps); add new set-up steps here.
+#
+# - Redis: the Redis store's tests (internal/redistest and the packages that
+#   use it) start their own redis-server, Cluster and Sentinel processes on
+#   free loopback ports. ensure-redis.sh makes sure the binaries are on PATH,
+#   installing them with apt-get when they are missing and we are root, and
+#   otherwise fails saying what to install.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+bash "$here/ensure-redis.sh" </dev/null
