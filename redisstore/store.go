@@ -110,6 +110,9 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 // concurrent request may see those zones charged: the only window in which a
 // multi-zone decision is not atomic.
 func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) error {
+	// out may hold a previous request's decisions (callers reuse it), and
+	// zones in slots never reached must not report them.
+	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
 	for i, k := range keys {

@@ -35,14 +35,20 @@ local function ceildiv(a, b)
 end
 
 -- rescale converts a debt of x units of scale `from` into units of scale
--- `to`, rounded up (in the limiter's favour) and capped at limit. (Only a
--- changed window gets here; the product may exceed 2^53, so this is the one
--- step that can differ from the Go twin, by a unit.)
+-- `to`, rounded up (in the limiter's favour) and capped at limit, exactly
+-- as the Go twin does while x * to stays below 2^53. (Only a changed window
+-- gets here; beyond 2^53 the product is approximated, and the twins may
+-- differ by a unit.)
 local function rescale(x, from, to, limit)
   if x <= 0 then
     return 0
   end
-  local v = math.ceil(x / from * to)
+  local v
+  if x * to < 9007199254740992 then
+    v = ceildiv(x * to, from)
+  else
+    v = math.ceil(x / from * to)
+  end
   if v > limit then
     v = limit
   end

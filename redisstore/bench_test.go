@@ -1,0 +1,89 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// benchZones returns n requests of one identity (one script call), with a
+// limit no benchmark exhausts.
+func benchZones(b testing.TB, key algorithms.Key, n int) []algorithms.Request {
+	l := limit(b, 1_000_000_000, time.Hour, 0)
+	zones := []string{"api", "login", "search"}
+	reqs := make([]algorithms.Request, n)
+	for i := range reqs {
+		reqs[i] = algorithms.Request{Zone: zones[i], Key: key, Limit: l, Cost: 1}
+	}
+	return reqs
+}
+
+func benchmarkTake(b *testing.B, zones int) {
+	srv := redistest.Start(b)
+	s := newTestStore(b, srv.URL(), "", testTimeout, 0)
+	var seq atomic.Int64
+	var failed atomic.Int64
+	take(b, s, benchZones(b, keyOf(b, "warm"), zones)...) // loads the script
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		// One identity per goroutine: no hot key.
+		reqs := benchZones(b, keyOf(b, "bench-"+string(rune('a'+seq.Add(1)%26))+time.Now().String()), zones)
+		out := make([]algorithms.Decision, zones)
+		ctx := context.Background()
+		for pb.Next() {
+			if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+				failed.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d Takes failed or were refused", n)
+	}
+}
+
+func BenchmarkTakeOneZone(b *testing.B)    { benchmarkTake(b, 1) }
+func BenchmarkTakeThreeZones(b *testing.B) { benchmarkTake(b, 3) }
+
+// TestReportTakeLatency measures the decision latency of sequential Takes of
+// one zone against a local Redis, with the production default timeout, and
+// prints p50/p99.
+func TestReportTakeLatency(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newTestStore(t, srv.URL(), "", DefaultTimeout, 0)
+	for _, zones := range []int{1, 3} {
+		reqs := benchZones(t, freshKey(t), zones)
+		out := make([]algorithms.Decision, zones)
+		ctx := context.Background()
+		for range 100 { // warm: script loaded, connection pooled
+			_ = s.Take(ctx, reqs, out)
+		}
+		const n = 2000
+		durs := make([]time.Duration, 0, n)
+		errs := 0
+		for range n {
+			start := time.Now()
+			err := s.Take(ctx, reqs, out)
+			durs = append(durs, time.Since(start))
+			if err != nil || !out[0].Allowed {
+				errs++
+			}
+		}
+		slices.Sort(durs)
+		p50, p99, p999, worst := durs[n/2], durs[n*99/100], durs[n*999/1000], durs[n-1]
+		t.Logf("Take, %d zone(s), %d sequential, timeout %v: p50 %v, p99 %v, p99.9 %v, max %v, %d errors",
+			zones, n, DefaultTimeout, p50, p99, p999, worst, errs)
+		if errs != 0 {
+			t.Errorf("%d of %d Takes failed with the default timeout %v on a healthy local Redis", errs, n, DefaultTimeout)
+		}
+		if p50 >= DefaultTimeout {
+			t.Errorf("p50 %v is not below the timeout %v", p50, DefaultTimeout)
+		}
+	}
+}
