@@ -49,7 +49,7 @@ var pool = caddy.NewUsagePool()
 
 // Defaults.
 const (
-	DefaultTimeout   = 20 * time.Millisecond
+	DefaultTimeout   = 100 * time.Millisecond
 	DefaultKeyPrefix = "sluice:v1:"
 )
 
@@ -78,7 +78,8 @@ type Redis struct {
 
 	// Timeout bounds each decision end to end: waiting for a pooled
 	// connection, connecting, the script and its NOSCRIPT retry. When it
-	// passes, the zones' fail policy decides. Default: 20ms.
+	// passes, the zones' fail policy decides. Default: 100ms (measured:
+	// see the README's Redis store section).
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".

@@ -269,7 +269,7 @@ func TestConcurrentTakesExact(t *testing.T) {
 		}
 	}
 
-	// With the default 20ms timeout, a Take may give up after Redis charged
+	// With the default timeout, a Take may give up after Redis charged
 	// it, but never admits more than the capacity.
 	fast := newTestStore(t, srv.URL(), "", DefaultTimeout, 0)
 	totalErrs := 0
