@@ -112,6 +112,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        window      <duration>
 //	        burst       <n>
 //	        algorithm   token_bucket
+//	        cost        <n>|<placeholder>
 //	        match       { <matchers> }
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
@@ -119,7 +120,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    store memory { max_keys <n>; sweep_interval <duration> }
 //	    store redis [<url>] { url; cluster <addr>...; username; password; tls; timeout; key_prefix; pool_size }
-//	    headers  legacy|off
+//	    headers  legacy|draft|both|off
 //	    response handle_errors
 //	    response {
 //	        status       <code>
@@ -200,9 +201,9 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 				return nil, err
 			}
 			switch v {
-			case headersLegacy, headersOff:
+			case headersLegacy, headersDraft, headersBoth, headersOff:
 			default:
-				return nil, d.Errf("rate_limit: headers: unknown mode %q (known: legacy, off)", v)
+				return nil, d.Errf("rate_limit: headers: unknown mode %q (known: legacy, draft, both, off)", v)
 			}
 			h.Headers = v
 
@@ -361,6 +362,12 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, err
 			}
 			z.Algorithm = v
+		case "cost":
+			var v string
+			if v, err = oneArg(d, "zone "+name+": cost"); err != nil {
+				return nil, err
+			}
+			z.Cost = caddyhttp.WeakString(v)
 		case "fail":
 			var v string
 			if v, err = oneArg(d, "zone "+name+": fail"); err != nil {
@@ -390,7 +397,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			n, err = intArg(field, 1, 128)
 			z.IPv6Prefix = int(n)
 		default:
-			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, match, ipv4_prefix, ipv6_prefix, fail)", field)
+			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
@@ -64,6 +65,9 @@ type verdict struct {
 	zone *zone
 	key  identity.Token
 	algorithms.Decision
+	// policy and state are the RateLimit-Policy and RateLimit field values
+	// (headers draft or both), covering every zone decided.
+	policy, state string
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -80,8 +84,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
-	if h.headers && out != failClosed {
-		setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+	if out != failClosed {
+		if h.legacy {
+			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+		}
+		if v.policy != "" {
+			hdr := w.Header()
+			hdr[hdrPolicy] = []string{v.policy}
+			hdr[hdrState] = []string{v.state}
+		}
 	}
 	if out == allow {
 		return next.ServeHTTP(w, r)
@@ -108,8 +119,10 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			}
 		}
 		var tok identity.Token
+		var cost int64
 		tok, s.buf = z.deriver.Derive(repl, s.buf)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: z.cost})
+		cost, s.buf = z.costOf(repl, s.buf, h.logger)
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: cost})
 		s.zones = append(s.zones, z)
 	}
 	if len(s.reqs) == 0 {
@@ -120,11 +133,11 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		h.storeErrors.log(h.logger, err)
 		return h.failover(r, s)
 	}
-	return pick(s)
+	return h.pick(s)
 }
 
 // pick chooses the verdict among s's decisions.
-func pick(s *scratch) (verdict, outcome, error) {
+func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 	best, refused := -1, false
 	for i := range s.decs {
 		d := &s.decs[i]
@@ -141,6 +154,9 @@ func pick(s *scratch) (verdict, outcome, error) {
 		}
 	}
 	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best]}
+	if h.draft {
+		v.policy, v.state = draftFields(s)
+	}
 	if refused {
 		return v, refuse, nil
 	}
@@ -172,29 +188,44 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		h.storeErrors.log(h.logger, err)
 		return verdict{}, pass, nil
 	}
-	return pick(s)
+	return h.pick(s)
 }
 
 // failClosedRetry is Retry-After on a fail-closed 503: the store is
 // unavailable, so the client is asked to come back soon, not at a reset.
 const failClosedRetry = time.Second
 
-// errorLog logs store errors at most once per interval, counting the rest,
-// so that an outage cannot flood the log.
+// errorLog writes a log line at most once per interval, counting the ones
+// it drops, so that an outage or a flood of bad input cannot flood the log.
 type errorLog struct {
 	last       atomic.Int64 // Unix nanoseconds of the last line
 	suppressed atomic.Int64
 }
 
-const errorLogInterval = 5 * time.Second
+// Intervals of the rate-limited log lines.
+const (
+	storeErrorInterval = 5 * time.Second
+	badCostInterval    = time.Minute
+)
 
+// log reports a store error.
 func (e *errorLog) log(logger *zap.Logger, err error) {
+	e.write(logger, zap.ErrorLevel, storeErrorInterval, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
+}
+
+// logf reports unusable input (a cost that is not a positive integer).
+func (e *errorLog) logf(logger *zap.Logger, msg string, fields ...zap.Field) {
+	e.write(logger, zap.WarnLevel, badCostInterval, msg, fields...)
+}
+
+func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
 	now := time.Now().UnixNano()
 	last := e.last.Load()
-	if now-last < int64(errorLogInterval) || !e.last.CompareAndSwap(last, now) {
+	if now-last < int64(every) || !e.last.CompareAndSwap(last, now) {
 		e.suppressed.Add(1)
 		return
 	}
-	logger.Error("rate limit store failed; applying each zone's fail policy",
-		zap.Error(err), zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))
+	if ce := logger.Check(lvl, msg); ce != nil {
+		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
+	}
 }

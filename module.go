@@ -45,7 +45,9 @@ type Handler struct {
 
 	// Headers selects the rate limit headers sent on every response:
 	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset, for the most constrained zone) or "off".
+	// X-RateLimit-Reset, for the most constrained zone), "draft" (the IETF
+	// draft-ietf-httpapi-ratelimit-headers RateLimit-Policy and RateLimit
+	// fields, one list member per zone decided), "both", or "off".
 	// Retry-After is sent on every refusal regardless. Default: "legacy".
 	Headers string `json:"headers,omitempty"`
 
@@ -88,7 +90,8 @@ type Handler struct {
 	store       Store
 	local       Store
 	storeErrors *errorLog
-	headers     bool
+	legacy      bool
+	draft       bool
 	enabled     bool
 	resp        compiledResponse
 	scope       any
@@ -108,6 +111,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Header modes.
 const (
 	headersLegacy = "legacy"
+	headersDraft  = "draft"
+	headersBoth   = "both"
 	headersOff    = "off"
 )
 
@@ -123,7 +128,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Headers == "" {
 		h.Headers = headersLegacy
 	}
-	h.headers = h.Headers == headersLegacy
+	h.legacy = h.Headers == headersLegacy || h.Headers == headersBoth
+	h.draft = h.Headers == headersDraft || h.Headers == headersBoth
 	h.enabled = h.Enabled == nil || *h.Enabled
 
 	if h.StoreRaw == nil {
@@ -220,9 +226,9 @@ func (h *Handler) Validate() error {
 		return errors.New("at least one zone is required")
 	}
 	switch h.Headers {
-	case headersLegacy, headersOff:
+	case headersLegacy, headersDraft, headersBoth, headersOff:
 	default:
-		return fmt.Errorf("headers: unknown mode %q (known: legacy, off)", h.Headers)
+		return fmt.Errorf("headers: unknown mode %q (known: legacy, draft, both, off)", h.Headers)
 	}
 	if h.Jitter < 0 || h.Jitter > 1 {
 		return fmt.Errorf("jitter must be between 0 and 1, got %v", h.Jitter)

@@ -131,6 +131,46 @@ func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.T
 	h[hdrReset] = vals[2:3:3]
 }
 
+// IETF draft header names (draft-ietf-httpapi-ratelimit-headers), in
+// canonical form.
+const (
+	hdrPolicy = "Ratelimit-Policy"
+	hdrState  = "Ratelimit"
+)
+
+// policyItem is a zone's RateLimit-Policy list member: its name, quota
+// (q, events) and window (w, whole seconds; a window under a second, or not
+// a whole number of seconds, is rounded up, which understates the rate).
+func policyItem(name string, l algorithms.Limit) string {
+	w := (l.Window + 999) / 1000
+	return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + ";w=" + strconv.FormatInt(w, 10)
+}
+
+// draftFields formats RateLimit-Policy and RateLimit for every zone decided:
+// one list member per zone, with the remaining quota (r) and the seconds
+// until the key is back to full (t). Zone names need no escaping: they are
+// restricted to characters that sf-strings carry as they are.
+func draftFields(s *scratch) (policy, state string) {
+	var pb, sb []byte
+	var pbuf, sbuf [256]byte
+	pb, sb = pbuf[:0], sbuf[:0]
+	for i, z := range s.zones {
+		if i > 0 {
+			pb = append(pb, ", "...)
+			sb = append(sb, ", "...)
+		}
+		pb = append(pb, z.policyItem...)
+		d := &s.decs[i]
+		sb = append(sb, '"')
+		sb = append(sb, z.name...)
+		sb = append(sb, `";r=`...)
+		sb = strconv.AppendInt(sb, max(d.Remaining, 0), 10)
+		sb = append(sb, ";t="...)
+		sb = strconv.AppendInt(sb, ceilSeconds(d.ResetAfter), 10)
+	}
+	return string(pb), string(sb)
+}
+
 // resetUnix is the Unix second, rounded up, at which the key is back to full.
 func resetUnix(now time.Time, after time.Duration) int64 {
 	return ceilSeconds(time.Duration(now.UnixNano()) + after)

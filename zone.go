@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
@@ -55,6 +56,15 @@ type Zone struct {
 	// IPv6Prefix is the prefix length an IPv6 key is masked to, so that one
 	// client cannot rotate through its /64 for fresh buckets. Default: 64.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	// Cost is what one request spends: an integer (default 1), or a
+	// placeholder resolved per request, such as {http.vars.cost} set by a
+	// map, or {http.request.header.X-Cost}. A static cost larger than the
+	// zone's capacity is a config error; a per-request cost larger than
+	// the capacity is refused (it could never pass). A per-request value
+	// that is not a positive integer counts as 1 and is logged (at most
+	// once a minute per zone).
+	Cost caddyhttp.WeakString `json:"cost,omitempty"`
 
 	// Fail is what the zone does when a shared store cannot answer in time
 	// (unreachable, slow, or erroring): "open" lets the request through
@@ -115,6 +125,12 @@ type zone struct {
 	matchers caddyhttp.MatcherSets
 	deriver  *identity.Deriver
 	fail     string
+	// costExpr is the per-request cost placeholder, or nil for a static
+	// cost; badCost rate-limits the log line about unusable values.
+	costExpr *identity.Candidate
+	badCost  *errorLog
+	// policyItem is this zone's RateLimit-Policy list member, formatted once.
+	policyItem string
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
 }
@@ -210,14 +226,61 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
-	return &zone{
-		name:      name,
-		limit:     l,
-		cost:      1,
-		deriver:   der,
-		fail:      z.Fail,
-		limitText: strconv.FormatInt(l.Capacity(), 10),
-	}, nil
+	zn := &zone{
+		name:       name,
+		limit:      l,
+		cost:       1,
+		deriver:    der,
+		fail:       z.Fail,
+		limitText:  strconv.FormatInt(l.Capacity(), 10),
+		policyItem: policyItem(name, l),
+	}
+	if err := zn.compileCost(string(z.Cost)); err != nil {
+		return nil, err
+	}
+	return zn, nil
+}
+
+// compileCost sets the zone's static cost or its per-request placeholder.
+func (z *zone) compileCost(raw string) error {
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return nil
+	}
+	if !strings.Contains(raw, "{") {
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || n < 1 {
+			return fmt.Errorf("cost must be a positive integer or a placeholder, got %q", raw)
+		}
+		if n > z.limit.Capacity() {
+			return fmt.Errorf("cost %d exceeds the zone's capacity %d: no request could ever pass", n, z.limit.Capacity())
+		}
+		z.cost = n
+		return nil
+	}
+	c, err := identity.Compile(raw)
+	if err != nil {
+		return fmt.Errorf("cost: %w", err)
+	}
+	z.costExpr = &c
+	z.badCost = new(errorLog)
+	return nil
+}
+
+// costOf returns what request r spends in this zone: the static cost, or the
+// placeholder's value when it is a positive integer, else 1 (logged).
+func (z *zone) costOf(repl *caddy.Replacer, scratch []byte, logger *zap.Logger) (int64, []byte) {
+	if z.costExpr == nil {
+		return z.cost, scratch
+	}
+	v, ok := z.costExpr.AppendValue(repl, scratch[:0])
+	n, err := strconv.ParseInt(string(v), 10, 64) // no allocation: the conversion does not escape
+	if !ok || err != nil || n < 1 {
+		z.badCost.logf(logger, "rate limit cost is not a positive integer; counting 1", zap.String("zone", z.name),
+			zap.String("cost", z.costExpr.String()), zap.ByteString("value", v))
+		return 1, v
+	}
+	return n, v
 }
 
 // keyWarnings explains, once at Provision, keys that limit the wrong client

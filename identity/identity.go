@@ -207,6 +207,12 @@ func (d *Deriver) Raw(r Resolver) string {
 	return ""
 }
 
+// AppendValue appends the candidate's plain value to b; ok is false when any
+// of its placeholders is empty or unknown.
+func (c *Candidate) AppendValue(r Resolver, b []byte) ([]byte, bool) {
+	return c.appendValue(r, b, false)
+}
+
 // appendValue appends the candidate's value to b; ok is false when any of its
 // placeholders is empty or unknown (a candidate is only as present as all of
 // its parts). framed prefixes each placeholder's value with its length, so
