@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -283,6 +284,17 @@ func (z *zone) costOf(repl *caddy.Replacer, scratch []byte, logger *zap.Logger) 
 	return n, v
 }
 
+// clientIPHeaders are request headers that carry a client address set by a
+// proxy or CDN, and by anyone who reaches Caddy directly.
+var clientIPHeaders = []string{"x-forwarded-for", "x-real-ip", "forwarded", "cf-connecting-ip",
+	"true-client-ip", "x-client-ip", "fastly-client-ip", "x-cluster-client-ip", "x-original-forwarded-for"}
+
+// spoofableHeader reports whether a placeholder reads one of clientIPHeaders.
+func spoofableHeader(ph string) bool {
+	name, ok := strings.CutPrefix(strings.ToLower(ph), "http.request.header.")
+	return ok && slices.Contains(clientIPHeaders, name)
+}
+
 // keyWarnings explains, once at Provision, keys that limit the wrong client
 // or merge clients silently.
 func (z *Zone) keyWarnings() []string {
@@ -298,9 +310,7 @@ func (z *Zone) keyWarnings() []string {
 			switch {
 			case ph == "http.request.remote.host" || ph == "http.request.remote":
 				out = append(out, "key uses {"+ph+"}, the TCP peer: behind a proxy or CDN every client shares the proxy's bucket; use {client_ip} with the trusted_proxies server option")
-			case strings.HasPrefix(strings.ToLower(ph), "http.request.header.x-forwarded-for"),
-				strings.HasPrefix(strings.ToLower(ph), "http.request.header.x-real-ip"),
-				strings.HasPrefix(strings.ToLower(ph), "http.request.header.forwarded"):
+			case spoofableHeader(ph):
 				out = append(out, "key uses {"+ph+"}, which any client can set to get a fresh bucket per request; use {client_ip} with the trusted_proxies server option")
 			}
 		}

@@ -184,7 +184,7 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 			scratch = append(scratch[:0], v...)
 			return hashToken(i, scratch), scratch
 		}
-		buf, ok := c.appendValue(r, scratch[:0], true)
+		buf, ok := c.appendValue(r, scratch[:0], d)
 		scratch = buf
 		if !ok {
 			continue
@@ -200,7 +200,7 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 // It allocates; call it only when the value is logged.
 func (d *Deriver) Raw(r Resolver) string {
 	for i := range d.cands {
-		if buf, ok := d.cands[i].appendValue(r, nil, false); ok {
+		if buf, ok := d.cands[i].appendValue(r, nil, nil); ok {
 			return string(buf)
 		}
 	}
@@ -210,14 +210,17 @@ func (d *Deriver) Raw(r Resolver) string {
 // AppendValue appends the candidate's plain value to b; ok is false when any
 // of its placeholders is empty or unknown.
 func (c *Candidate) AppendValue(r Resolver, b []byte) ([]byte, bool) {
-	return c.appendValue(r, b, false)
+	return c.appendValue(r, b, nil)
 }
 
 // appendValue appends the candidate's value to b; ok is false when any of its
 // placeholders is empty or unknown (a candidate is only as present as all of
-// its parts). framed prefixes each placeholder's value with its length, so
-// that "{a}{b}" with ("ab", "c") and ("a", "bc") hash differently.
-func (c *Candidate) appendValue(r Resolver, b []byte, framed bool) ([]byte, bool) {
+// its parts). With a Deriver (the hashing path), each placeholder's value is
+// framed by its length, so that "{a}{b}" with ("ab", "c") and ("a", "bc")
+// hash differently, and a value that is an IP address is replaced by its
+// canonical masked form, so that "{host}-{client_ip}" still gives one
+// bucket per /64 and not one per address.
+func (c *Candidate) appendValue(r Resolver, b []byte, d *Deriver) ([]byte, bool) {
 	for _, p := range c.parts {
 		if p.ph == "" {
 			b = append(b, p.lit...)
@@ -227,12 +230,31 @@ func (c *Candidate) appendValue(r Resolver, b []byte, framed bool) ([]byte, bool
 		if v == "" {
 			return b, false
 		}
-		if framed {
-			b = binary.AppendUvarint(b, uint64(len(v)))
+		if d == nil {
+			b = append(b, v...)
+			continue
 		}
+		if addr, ok := ParseAddr(v); ok {
+			var txt [64]byte
+			m := d.mask(addr).AppendTo(txt[:0])
+			b = binary.AppendUvarint(b, uint64(len(m)))
+			b = append(b, m...)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
 	return b, true
+}
+
+// mask returns addr masked to the zone's prefix length for its family.
+func (d *Deriver) mask(addr netip.Addr) netip.Addr {
+	bits := d.v6bits
+	if addr.Is4() {
+		bits = d.v4bits
+	}
+	p, _ := addr.Prefix(bits)
+	return p.Addr()
 }
 
 // addrToken recognises an IP address, with or without brackets, port or zone,
@@ -244,15 +266,14 @@ func (d *Deriver) addrToken(i int, v string) (Token, bool) {
 	}
 	var t Token
 	t[0] = byte(i + 1)
-	if addr.Is4() {
-		p, _ := addr.Prefix(d.v4bits)
-		a := p.Addr().As4()
+	masked := d.mask(addr)
+	if masked.Is4() {
+		a := masked.As4()
 		t[1] = byte(KindIPv4)
 		copy(t[2:], a[:])
 		return t, true
 	}
-	p, _ := addr.Prefix(d.v6bits)
-	a := p.Addr().As16()
+	a := masked.As16()
 	t[1] = byte(KindIPv6)
 	copy(t[2:], a[:])
 	return t, true

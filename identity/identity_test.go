@@ -520,3 +520,22 @@ func TestParseAddrStrict(t *testing.T) {
 		t.Errorf("1.2.3.4:junk: kind %c, want hash", tok.Kind())
 	}
 }
+
+// An address inside a multi-part candidate is masked before hashing, so the
+// prefix rule holds there too.
+func TestMultiPartMasksAddresses(t *testing.T) {
+	d := mustDeriver(t, 24, 64, "{h}-{ip}")
+	tok := func(ip string) Token {
+		tk, _ := d.Derive(mapResolver{"h": "example.com", "ip": ip}, nil)
+		return tk
+	}
+	if tok("2001:db8::1") != tok("[2001:db8::2]:443") || tok("2001:db8::1") == tok("2001:db8:0:1::1") {
+		t.Errorf("IPv6 inside a multi-part key is not masked to /64")
+	}
+	if tok("192.0.2.1") != tok("::ffff:192.0.2.200") || tok("192.0.2.1") == tok("192.0.3.1") {
+		t.Errorf("IPv4 inside a multi-part key is not masked to /24")
+	}
+	if tok("192.0.2.1").Kind() != KindHash {
+		t.Errorf("a multi-part key must be hashed")
+	}
+}
