@@ -2,8 +2,18 @@
 // stores (Limit, Request, Decision) and the rate limiting algorithms as pure
 // step functions: given a key's state, a limit, the current time and a cost,
 // they return the decision and the key's next state. They never read a clock
-// and never allocate, so a store can run them under its own lock and the
-// same vectors can check every implementation.
+// and never allocate (the sliding log excepted: it appends to its key's
+// log), so a store can run them under its own lock and the same vectors
+// (testdata/*.json, loaded by package vectortest) can check every
+// implementation: Step, the memory store, and the Lua twin in Redis.
+//
+// Each algorithm's file documents its semantics, its precision, where its
+// Retry-After is exact, and what a changed limit does to existing state.
+// Common to all: a refusal never consumes; a cost above the capacity is
+// refused with RetryAfter = Window (it can never pass: that RetryAfter is
+// a back-off hint, the one case where waiting it out does not help); and
+// after waiting exactly RetryAfter, the same request passes if nobody else
+// spent, and one millisecond sooner it does not (exact for all five).
 //
 // Time is measured in whole milliseconds everywhere in this package: it is
 // the resolution of every Retry-After and reset instant Sluice reports, and it
@@ -22,17 +32,43 @@ import (
 // Algorithm names a rate limiting algorithm.
 type Algorithm uint8
 
+// The algorithms. Their numeric values travel to the Lua twin (see
+// AppendLuaArgs) and must not change.
 const (
 	// TokenBucket refills Capacity tokens continuously at Events per Window;
 	// a request costing c passes when at least c tokens are left.
 	TokenBucket Algorithm = iota
+	// GCRA is the generic cell rate algorithm: the token bucket's admission
+	// behaviour (capacity Burst, or Events; rate Events per Window) kept as
+	// one instant, the theoretical arrival time.
+	GCRA
+	// SlidingWindow is the sliding window counter: the previous and the
+	// current aligned window's counts, the previous one weighted by how much
+	// of it the sliding window still covers. No burst.
+	SlidingWindow
+	// FixedWindow counts events in windows aligned to multiples of Window
+	// since the Unix epoch; at most Events per window. No burst.
+	FixedWindow
+	// SlidingLog keeps every admitted event (time, cost) of the last Window:
+	// at most Events in any window of that length, exactly. No burst; Events
+	// is bounded by MaxLogEvents.
+	SlidingLog
+
+	numAlgorithms
 )
+
+var algorithmNames = [numAlgorithms]string{
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+	SlidingWindow: "sliding_window",
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+}
 
 // String returns the algorithm's configuration name.
 func (a Algorithm) String() string {
-	switch a {
-	case TokenBucket:
-		return "token_bucket"
+	if a < numAlgorithms {
+		return algorithmNames[a]
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
@@ -40,12 +76,20 @@ func (a Algorithm) String() string {
 // ParseAlgorithm returns the algorithm with the given configuration name. The
 // empty name is the default, TokenBucket.
 func ParseAlgorithm(name string) (Algorithm, error) {
-	switch name {
-	case "", "token_bucket":
+	if name == "" {
 		return TokenBucket, nil
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (known: token_bucket)", name)
+	for a, n := range algorithmNames {
+		if n == name {
+			return Algorithm(a), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (known: token_bucket, gcra, sliding_window, fixed_window, sliding_log)", name)
 }
+
+// AllowsBurst reports whether the algorithm has a capacity distinct from
+// Events (a burst): the token bucket and GCRA.
+func (a Algorithm) AllowsBurst() bool { return a == TokenBucket || a == GCRA }
 
 // MaxScaled bounds Capacity×Window (in milliseconds) + Events so that every
 // quantity a step function computes is an integer exactly representable as a
@@ -82,35 +126,89 @@ func (l Limit) Capacity() int64 {
 	return l.Events
 }
 
+// MaxLogEvents bounds Events for the sliding log: its memory per key is
+// one entry per admitted request still in the window, at most Events.
+const MaxLogEvents = 10_000
+
+// MaxGCRAUnit bounds GCRA's time unit: GCRA counts time in 1/u ms, u =
+// Events / gcd(Events, Window), so that the emission interval Window/Events
+// is a whole number of units; rescaling a stored fraction on a changed limit
+// multiplies two such u, which must stay below 2^53.
+const MaxGCRAUnit = 1 << 26
+
 // Errors returned by Limit.Validate; wrap them with the zone and field.
 var (
-	ErrEvents  = errors.New("events must be a positive integer")
-	ErrWindow  = errors.New("window must be at least 1ms")
-	ErrBurst   = errors.New("burst must not be negative")
-	ErrTooWide = errors.New("capacity × window (in milliseconds) + events exceeds 2^53; shorten the window or lower the capacity")
-	ErrTooMany = errors.New("events must not exceed 2^53")
-	ErrTooSlow = errors.New("window, or the time to refill the whole capacity, exceeds 100 years; raise events or lower the burst")
+	ErrEvents    = errors.New("events must be a positive integer")
+	ErrWindow    = errors.New("window must be at least 1ms")
+	ErrBurst     = errors.New("burst must not be negative")
+	ErrTooWide   = errors.New("capacity × window (in milliseconds) + events exceeds 2^53; shorten the window or lower the capacity")
+	ErrTooMany   = errors.New("events must not exceed 2^53")
+	ErrTooSlow   = errors.New("window, or the time to refill the whole capacity, exceeds 100 years; raise events or lower the burst")
+	ErrAlgorithm = errors.New("unknown algorithm")
+	// ErrBurstNotAllowed: fixed_window, sliding_window and sliding_log admit
+	// at most events per window; they have no separate capacity.
+	ErrBurstNotAllowed = errors.New("burst is not allowed with this algorithm: it admits at most events per window (remove burst, or use token_bucket or gcra)")
+	// ErrLogTooLong: the sliding log keeps one entry per admitted event.
+	ErrLogTooLong = fmt.Errorf("events must not exceed %d with sliding_log: it stores every admitted event of the window (use sliding_window for larger limits)", MaxLogEvents)
+	// ErrGCRAUnit: see MaxGCRAUnit.
+	ErrGCRAUnit = fmt.Errorf("with gcra, events / gcd(events, window in ms) must not exceed %d (choose a window that shares factors with events, or use token_bucket: same behaviour)", MaxGCRAUnit)
 )
 
-// Validate reports whether the limit can be enforced exactly.
+// Validate reports whether the limit can be enforced exactly. Errors name
+// the field at fault and the algorithm when it matters.
 func (l Limit) Validate() error {
 	switch {
+	case l.Algorithm >= numAlgorithms:
+		return ErrAlgorithm
 	case l.Events <= 0:
 		return ErrEvents
 	case l.Window < 1:
 		return ErrWindow
 	case l.Burst < 0:
 		return ErrBurst
+	case l.Burst > 0 && !l.Algorithm.AllowsBurst():
+		return fmt.Errorf("%s: %w", l.Algorithm, ErrBurstNotAllowed)
 	case l.Events > MaxScaled || l.Burst > MaxScaled:
 		return ErrTooMany
-	case l.Capacity() > (MaxScaled-l.Events)/l.Window:
+	}
+	switch l.Algorithm {
+	case TokenBucket, GCRA, SlidingWindow:
 		// full + rate ≤ 2^53 keeps every intermediate (a refill of up to
-		// full, a ceiling division's a+b-1) exact in Lua's doubles.
-		return ErrTooWide
-	case l.Window > MaxRefill || ceilDiv(l.Capacity()*l.Window, l.Events) > MaxRefill:
+		// full, a ceiling division's a+b-1, the sliding window's weighted
+		// count) exact in Lua's doubles.
+		if l.Capacity() > (MaxScaled-l.Events)/l.Window {
+			return ErrTooWide
+		}
+		if l.Window > MaxRefill {
+			return ErrTooSlow
+		}
+		if l.Algorithm != SlidingWindow && ceilDiv(l.Capacity()*l.Window, l.Events) > MaxRefill {
+			return ErrTooSlow
+		}
+		if l.Algorithm == GCRA && l.Events/gcd(l.Events, l.Window) > MaxGCRAUnit {
+			return fmt.Errorf("%s: %w", l.Algorithm, ErrGCRAUnit)
+		}
+	case FixedWindow:
+		// count + cost ≤ 2 × events stays exact.
+		if l.Events > MaxScaled/2 {
+			return ErrTooMany
+		}
+	case SlidingLog:
+		if l.Events > MaxLogEvents {
+			return fmt.Errorf("%s: %w", l.Algorithm, ErrLogTooLong)
+		}
+	}
+	if l.Window > MaxRefill {
 		return ErrTooSlow
 	}
 	return nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // Request asks a store to charge Cost to one key of one zone.
@@ -147,24 +245,74 @@ type Decision struct {
 	ResetAfter time.Duration
 }
 
-// State is one key's stored state. For the token bucket, Debt is what the
-// key has spent and not yet got back, in tokens scaled by Scale (tokens ×
-// Scale, an exact integer), counted at At (Unix milliseconds). Keeping the
-// debt rather than the tokens left makes a changed limit apply at once and
-// fairly: raising the capacity from 3 to 10 gives a client who spent 3 its 7
-// at once; lowering it from 10 to 3 after 4 were spent refuses it.
+// State is one key's stored state. Alg says which algorithm wrote it; a
+// state written by another algorithm (the zone's algorithm was changed)
+// counts as none. The numeric fields mean, per algorithm:
+//
+//   - token bucket: Debt is what the key has spent and not yet got back, in
+//     tokens scaled by Scale (tokens × Scale, an exact integer), counted at
+//     At (Unix milliseconds). Keeping the debt rather than the tokens left
+//     makes a changed limit apply at once and fairly: raising the capacity
+//     from 3 to 10 gives a client who spent 3 its 7 at once; lowering it
+//     from 10 to 3 after 4 were spent refuses it.
+//   - gcra: the theoretical arrival time At + Debt/Scale ms (whole
+//     milliseconds plus a fraction in units of 1/Scale ms).
+//   - fixed_window: Debt events counted in the window [At, At+Scale).
+//   - sliding_window: Debt events in the current aligned window [At,
+//     At+Scale), Prev in the one before.
+//   - sliding_log: Log, the admitted events of the last window.
+//
+// State is small and stored by value; only the sliding log points to
+// memory of its own (bounded by Events entries).
 type State struct {
 	Debt  int64
 	At    int64
 	Scale int64
+	Prev  int64
+	Log   *Log
+	Alg   Algorithm
+}
+
+// Log is the sliding log's state: admitted events, oldest first.
+//
+// Step never writes to the entries of the Log it is given (within their
+// length); a Log it returns may share their backing array and append past
+// them. So a caller may keep one state derived from a given state, or
+// discard them all, but must not keep two (memstore keeps the committed
+// one).
+type Log struct {
+	Entries []LogEntry
+}
+
+// LogEntry is one admitted event of a sliding log.
+type LogEntry struct {
+	At   int64 // Unix ms
+	Cost int64
 }
 
 // Step runs one decision of the limit's algorithm. fresh reports that the key
 // has no state (never seen, or expired), which every algorithm treats as a
 // full allowance. It returns the decision, the state to store, and the Unix
 // millisecond at which the state is back to full and may be forgotten.
+//
+// Every algorithm obeys the same contract: a refusal never consumes (the
+// state returned with a refusal is the given state, advanced to now); a cost
+// above the capacity is refused with RetryAfter = Window; cost 0 returns the
+// key's view without charging. Step never allocates, except for the sliding
+// log (a new Log header, and its entries' growth).
 func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
+	if !fresh && st.Alg != l.Algorithm {
+		fresh = true // written by another algorithm: start afresh
+	}
 	switch l.Algorithm {
+	case GCRA:
+		return gcra(st, fresh, l, now, cost)
+	case SlidingWindow:
+		return slidingWindow(st, fresh, l, now, cost)
+	case FixedWindow:
+		return fixedWindow(st, fresh, l, now, cost)
+	case SlidingLog:
+		return slidingLog(st, fresh, l, now, cost)
 	default: // TokenBucket; Validate admits no other.
 		return tokenBucket(st, fresh, l, now, cost)
 	}

@@ -5,8 +5,27 @@ import (
 	"strconv"
 )
 
-//go:embed lua/take.lua
-var luaTake string
+// The Lua twins, one file per algorithm, and the script's main body.
+var (
+	//go:embed lua/common.lua
+	luaCommon string
+	//go:embed lua/token_bucket.lua
+	luaTokenBucket string
+	//go:embed lua/gcra.lua
+	luaGCRA string
+	//go:embed lua/sliding_window.lua
+	luaSlidingWindow string
+	//go:embed lua/fixed_window.lua
+	luaFixedWindow string
+	//go:embed lua/sliding_log.lua
+	luaSlidingLog string
+	//go:embed lua/take.lua
+	luaTake string
+)
+
+// luaBody is the script after its entry point: the helpers, every
+// algorithm, then the main body that dispatches on each zone's algorithm.
+var luaBody = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
 
 // LuaScript is the production decision script: the Lua twin of Step for a
 // whole request (see lua/take.lua for its KEYS/ARGV layout). It reads the
@@ -14,13 +33,13 @@ var luaTake string
 var LuaScript = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local argbase = 0
-` + luaTake
+` + luaBody
 
 // LuaTestScript is the same script for tests: ARGV[1] is the current time
 // in Unix milliseconds, so the Lua twin runs the same vectors as Step.
 var LuaTestScript = `local now = tonumber(ARGV[1])
 local argbase = 1
-` + luaTake
+` + luaBody
 
 // LuaArgsPerZone is the number of ARGV entries per zone.
 const LuaArgsPerZone = 6

@@ -2,12 +2,14 @@ package memstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -52,8 +54,27 @@ func (Memory) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// keysGauge reports the keys held by every memory store of the process,
+// created once and registered in each configuration's metrics registry.
+var keysGauge = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	Namespace: "caddy", Subsystem: "rate_limit", Name: "memory_keys",
+	Help: "Keys (zone × client) held by the rate limit memory stores.",
+}, func() float64 {
+	n := 0
+	pool.Range(func(_, v any) bool {
+		n += v.(*Store).Len()
+		return true
+	})
+	return float64(n)
+})
+
 // Provision sets defaults and attaches the shared store of this configuration.
-func (m *Memory) Provision(caddy.Context) error {
+func (m *Memory) Provision(ctx caddy.Context) error {
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := reg.Register(keysGauge); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return fmt.Errorf("store memory: registering metrics: %w", err)
+		}
+	}
 	if m.MaxKeys == 0 {
 		m.MaxKeys = DefaultMaxKeys
 	}

@@ -65,12 +65,37 @@ func goView(d algorithms.Decision) luaDecision {
 		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
+// stateString is what the Lua twin stores for st: the Redis value encoding
+// of each algorithm (see algorithms/lua/*.lua).
 func stateString(st algorithms.State) string {
-	return strconv.FormatInt(st.Debt, 10) + ":" + strconv.FormatInt(st.At, 10) + ":" + strconv.FormatInt(st.Scale, 10)
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	switch st.Alg {
+	case algorithms.GCRA:
+		return "g" + i(st.At) + ":" + i(st.Debt) + ":" + i(st.Scale)
+	case algorithms.FixedWindow:
+		return "f" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
+	case algorithms.SlidingWindow:
+		return "s" + i(st.Prev) + ":" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
+	case algorithms.SlidingLog:
+		if st.Log == nil || len(st.Log.Entries) == 0 {
+			return ""
+		}
+		e := st.Log.Entries
+		var b strings.Builder
+		b.WriteString("l" + i(e[0].At))
+		for _, x := range e {
+			b.WriteString("," + i(x.At-e[0].At))
+			if x.Cost != 1 {
+				b.WriteString("*" + i(x.Cost))
+			}
+		}
+		return b.String()
+	}
+	return i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
 }
 
 func limitString(l algorithms.Limit) string {
-	return fmt.Sprintf("%d/%dms burst %d", l.Events, l.Window, l.Burst)
+	return fmt.Sprintf("%s %d/%dms burst %d", l.Algorithm, l.Events, l.Window, l.Burst)
 }
 
 // step advances the clock by adv ms and charges costs[i] to zone i under

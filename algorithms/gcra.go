@@ -1,0 +1,93 @@
+package algorithms
+
+// gcra is the GCRA (generic cell rate algorithm) step function.
+//
+// Semantics: the token bucket's, exactly. A request costing c passes when
+// the key's theoretical arrival time (TAT) plus c emission intervals lies at
+// most capacity emission intervals after now, where the emission interval is
+// Window/Events and capacity is Burst (or Events). Admissions, Remaining,
+// RetryAfter and ResetAfter equal the token bucket's for the same limit and
+// traffic (a test checks it on random traffic); only the state differs: one
+// instant, the TAT, instead of a debt and its time.
+//
+// Precision: integer-exact. Time is counted in units of 1/u ms, u = Events /
+// gcd(Events, Window), so the emission interval is the whole number
+// Window/gcd(Events, Window) of units and every quantity is an integer. The
+// TAT is stored as whole milliseconds plus a fraction: At + Debt/Scale ms,
+// Scale = u. Validate bounds u by MaxGCRAUnit and capacity × Window by 2^53,
+// so every intermediate is exact in Lua's doubles.
+//
+// Retry-After is exact: after waiting exactly RetryAfter the same request
+// passes, and one millisecond sooner it does not.
+//
+// A changed limit applies at once: the TAT is kept (its fraction is
+// rescaled to the new unit, rounded up: in the limiter's favour, by less
+// than one unit), so the key owes the same time. A TAT further ahead than
+// the new capacity allows (a lowered burst, a slower rate) is waited out in
+// full: unlike the token bucket, which caps a debt at its new capacity,
+// GCRA does not forgive owed time, and so its Retry-After stays exact across
+// the change. A clock stepping back makes the TAT further ahead: the key
+// waits the lag too (the token bucket instead refills nothing until the
+// clock catches up; neither ever admits more).
+func gcra(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
+	capacity := l.Capacity()
+	g := gcd(l.Events, l.Window)
+	u := l.Events / g    // units per ms
+	ei := l.Window / g   // emission interval, in units
+	tau := capacity * ei // the bucket, in units
+
+	// The TAT is now + ahead ms + r units; ahead < 0: it has passed.
+	ahead, r := int64(-1), int64(0)
+	if !fresh && st.Scale > 0 {
+		q := st.At
+		r = min(max(st.Debt, 0), st.Scale-1)
+		if st.Scale != u {
+			// ⌈r × u / old⌉ ≤ u, and r × u < 2^52 (MaxGCRAUnit²).
+			r = ceilDiv(r*u, st.Scale)
+			if r >= u {
+				q, r = q+1, r-u
+			}
+		}
+		ahead = q - now
+	}
+	if ahead < 0 {
+		ahead, r = -1, 0
+	}
+	// d is how far the TAT lies ahead of now, in units (the debt); beyond
+	// the capacity (after a changed limit) it is not computed: over.
+	over := ahead > tau/u+1
+	d := int64(0)
+	if ahead >= 0 && !over {
+		d = ahead*u + r
+	}
+
+	dec := Decision{Limit: capacity}
+	need := cost * ei
+	switch {
+	case cost > capacity:
+		dec.RetryAfter = ms(l.Window)
+	case !over && need <= tau-d:
+		d += need
+		dec.Allowed = true
+		ahead, r = d/u, d%u
+	default:
+		// ⌈(d + need − tau) / u⌉ ms, computed without d.
+		dec.RetryAfter = ms(ahead - floorDiv(tau-need-r, u))
+	}
+	if !over && d < tau {
+		dec.Remaining = (tau - d) / ei
+	}
+	reset := int64(0)
+	if ahead >= 0 {
+		reset = ahead
+		if r > 0 {
+			reset++
+		}
+	}
+	dec.ResetAfter = ms(reset)
+	next := State{Alg: GCRA, At: now, Scale: u}
+	if ahead >= 0 {
+		next.At, next.Debt = now+ahead, r
+	}
+	return dec, next, now + reset
+}

@@ -1,0 +1,89 @@
+-- gcra mirrors algorithms/gcra.go. Time in units of 1/u ms, u = events /
+-- gcd(events, window); the emission interval is window / gcd units.
+-- State: "g<q>:<r>:<u>", the theoretical arrival time (TAT) q + r/u ms.
+
+local function gcra_units(events, w, capacity)
+  local g = gcd(events, w)
+  local u = idiv(events, g)
+  local ei = idiv(w, g)
+  return u, ei, capacity * ei
+end
+
+-- gcra_load returns the TAT as now + ahead ms + r units (ahead = -1: past).
+local function gcra_load(raw, u)
+  local q, r, sc
+  if raw then
+    q, r, sc = string.match(raw, '^g(%-?%d+):(%d+):(%d+)$')
+  end
+  if not q or tonumber(sc) <= 0 then
+    return -1, 0
+  end
+  q, r, sc = tonumber(q), tonumber(r), tonumber(sc)
+  if r > sc - 1 then r = sc - 1 end
+  if sc ~= u then
+    r = ceildiv(r * u, sc)
+    if r >= u then
+      q, r = q + 1, r - u
+    end
+  end
+  if q - now < 0 then
+    return -1, 0
+  end
+  return q - now, r
+end
+
+-- gcra_result fills in remaining, reset and the state to store.
+local function gcra_result(r, ahead, rest, d, over, u, ei, tau)
+  r.rem = 0
+  if not over and d < tau then
+    r.rem = idiv(tau - d, ei)
+  end
+  r.reset = 0
+  local at = now
+  if ahead >= 0 then
+    r.reset = ahead
+    if rest > 0 then r.reset = ahead + 1 end
+    at = now + ahead
+  end
+  r.val = 'g' .. fmt(at) .. ':' .. fmt(rest) .. ':' .. fmt(u)
+  return r
+end
+
+local function gcra(raw, events, w, capacity, cost)
+  local u, ei, tau = gcra_units(events, w, capacity)
+  local ahead, rest = gcra_load(raw, u)
+  local over = ahead > idiv(tau, u) + 1
+  local d = 0
+  if ahead >= 0 and not over then
+    d = ahead * u + rest
+  end
+  local need = cost * ei
+  local r = {allowed = 0, retry = 0}
+  if cost > capacity then
+    r.retry = w
+  elseif not over and need <= tau - d then
+    d = d + need
+    r.allowed = 1
+    ahead = idiv(d, u)
+    rest = d - ahead * u
+  else
+    r.retry = ahead - idiv(tau - need - rest, u)
+  end
+  return gcra_result(r, ahead, rest, d, over, u, ei, tau)
+end
+
+-- gcra_refund moves the TAT back by cost emission intervals, never before now.
+local function gcra_refund(raw, events, w, capacity, cost)
+  if not raw then return nil end
+  local u, ei, tau = gcra_units(events, w, capacity)
+  local ahead, rest = gcra_load(raw, u)
+  if ahead < 0 then
+    return gcra_result({}, -1, 0, 0, false, u, ei, tau)
+  end
+  -- the TAT in units from now, less the refund; ahead is at most the
+  -- capacity plus the time of one request here (the refund follows a charge)
+  local d = math.max(ahead * u + rest - cost * ei, 0)
+  local a = idiv(d, u)
+  if d == 0 then a = -1 end
+  return gcra_result({}, a, d - math.max(a, 0) * u, d, false, u, ei, tau)
+end

@@ -1,0 +1,87 @@
+-- token_bucket mirrors algorithms/token_bucket.go.
+-- State: "<debt>:<at>:<scale>" (debt in tokens x scale, at in Unix ms).
+
+-- rescale converts a debt of x units of scale `from` into units of scale
+-- `to`, rounded up (in the limiter's favour) and capped at limit, exactly
+-- as the Go twin does while x * to stays below 2^53. (Only a changed window
+-- gets here; beyond 2^53 the product is approximated, and the twins may
+-- differ by a unit.)
+local function rescale(x, from, to, limit)
+  if x <= 0 then
+    return 0
+  end
+  local v
+  if x * to < 9007199254740992 then
+    v = ceildiv(x * to, from)
+  else
+    v = math.ceil(x / from * to)
+  end
+  if v > limit then
+    v = limit
+  end
+  return v
+end
+
+-- tb_advance returns the debt and its instant, refilled up to now.
+local function tb_advance(raw, events, w, capacity)
+  local full = capacity * w
+  local debt, at = 0, now
+  local d, a, s
+  if raw then
+    d, a, s = string.match(raw, '^(%-?%d+):(%-?%d+):(%d+)$')
+  end
+  if d and tonumber(s) > 0 then
+    debt, at, s = tonumber(d), tonumber(a), tonumber(s)
+    if s ~= w then
+      debt = rescale(debt, s, w, full)
+    end
+    if debt < 0 then debt = 0 end
+    if debt > full then debt = full end
+    local elapsed = now - at
+    if elapsed > 0 then
+      if elapsed >= ceildiv(debt, events) then
+        debt = 0
+      else
+        debt = debt - elapsed * events
+      end
+      at = now
+    end
+  end
+  return debt, at
+end
+
+local function tb_result(r, debt, at, events, w)
+  r.val = fmt(debt) .. ':' .. fmt(at) .. ':' .. fmt(w)
+  r.reset = (at - now) + ceildiv(debt, events)
+  return r
+end
+
+local function token_bucket(raw, events, w, capacity, cost)
+  local debt, at = tb_advance(raw, events, w, capacity)
+  local full = capacity * w
+  local lag = at - now
+  local t = full - debt
+  local r = {allowed = 0, retry = 0}
+  if cost > capacity then
+    r.rem, r.retry = idiv(t, w), w
+    return tb_result(r, debt, at, events, w)
+  end
+  local need = cost * w
+  if t >= need then
+    t = t - need
+    debt = debt + need
+    r.allowed = 1
+  else
+    r.retry = lag + ceildiv(need - t, events)
+  end
+  r.rem = idiv(t, w)
+  return tb_result(r, debt, at, events, w)
+end
+
+-- token_bucket_refund gives back cost, never below zero debt.
+local function token_bucket_refund(raw, events, w, capacity, cost)
+  if not raw then return nil end
+  local debt, at = tb_advance(raw, events, w, capacity)
+  debt = math.max(debt - cost * w, 0)
+  return tb_result({}, debt, at, events, w)
+end

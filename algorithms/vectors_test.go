@@ -1,0 +1,35 @@
+package algorithms_test
+
+import (
+	"testing"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/algorithms/vectortest"
+)
+
+// Every shared vector (testdata/*.json) through Step. The memory store and
+// the Lua twin in Redis run the very same files (memstore and redisstore
+// tests).
+func TestVectors(t *testing.T) {
+	for _, v := range vectortest.Load(t) {
+		t.Run(v.File+"/"+v.Name, func(t *testing.T) {
+			var st algorithms.State
+			fresh := true
+			for i, s := range v.Compile(t) {
+				d, next, fullAt := algorithms.Step(st, fresh, s.Limit, s.Now, s.Cost)
+				if got := vectortest.Got(d); got != s.Want {
+					t.Fatalf("step %d (at %d, cost %d; %s):\n got  %+v\n want %+v", i, s.Step.AtMs, s.Cost, s.Step.Note, got, s.Want)
+				}
+				if d.Limit != s.Limit.Capacity() {
+					t.Fatalf("step %d: Limit %d, want %d", i, d.Limit, s.Limit.Capacity())
+				}
+				if fullAt-s.Now != s.Want.ResetAfterMs {
+					t.Fatalf("step %d: fullAt = now%+d, ResetAfter %dms", i, fullAt-s.Now, s.Want.ResetAfterMs)
+				}
+				if d.Allowed {
+					st, fresh = next, false
+				}
+			}
+		})
+	}
+}
