@@ -129,8 +129,16 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		return verdict{}, pass, nil
 	}
 	s.sizeDecs()
-	if err := h.store.Take(r.Context(), s.reqs, s.decs); err != nil {
+	start := time.Now()
+	err := h.store.Take(r.Context(), s.reqs, s.decs)
+	if h.storeStats != nil {
+		h.storeStats.observe(start)
+	}
+	if err != nil {
 		h.storeErrors.log(h.logger, err)
+		if h.storeStats != nil {
+			h.storeStats.failed(err)
+		}
 		return h.failover(r, s)
 	}
 	return h.pick(s)
@@ -153,6 +161,7 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 			best = i
 		}
 	}
+	countDecisions(s, refused)
 	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best]}
 	if h.draft {
 		v.policy, v.state = draftFields(s)
@@ -168,6 +177,18 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 // instance's memory store (all-or-nothing among them); fail-open zones let
 // the request through unmetered.
 func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error) {
+	for _, z := range s.zones {
+		if z.metrics != nil {
+			switch z.fail {
+			case failClosedPolicy:
+				z.metrics.failedClosed.Inc()
+			case failLocalPolicy:
+				z.metrics.failedLocal.Inc()
+			default:
+				z.metrics.failedOpen.Inc()
+			}
+		}
+	}
 	n := 0
 	for i, z := range s.zones {
 		switch z.fail {

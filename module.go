@@ -75,7 +75,9 @@ type Handler struct {
 	// full (the same as `store memory { sweep_interval }`).
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// DisableMetrics is accepted for compatibility with caddy-ratelimit.
+	// DisableMetrics turns off this handler's Prometheus metrics
+	// (caddy_rate_limit_decisions_total, _store_duration_seconds,
+	// _store_errors_total in Caddy's metrics registry).
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// Distributed is caddy-ratelimit's storage-synchronised mode. It is
@@ -89,6 +91,7 @@ type Handler struct {
 	zones       []*zone
 	store       Store
 	local       Store
+	storeStats  *storeMetrics
 	storeErrors *errorLog
 	legacy      bool
 	draft       bool
@@ -185,6 +188,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 			h.local = mod.(Store)
 		}
+	}
+
+	if !h.DisableMetrics {
+		if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+		for _, z := range h.zones {
+			z.metrics = newZoneMetrics(z.name)
+		}
+		name := "custom"
+		if m, ok := h.store.(caddy.Module); ok {
+			name = m.CaddyModule().ID.Name()
+		}
+		h.storeStats = newStoreMetrics(name)
 	}
 
 	if err := h.Response.compile(&h.resp); err != nil {

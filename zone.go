@@ -132,6 +132,8 @@ type zone struct {
 	badCost  *errorLog
 	// policyItem is this zone's RateLimit-Policy list member, formatted once.
 	policyItem string
+	// metrics are the zone's counters; nil with disable_metrics.
+	metrics *zoneMetrics
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
 }

@@ -1,0 +1,129 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The collectors are created once per process and registered in the
+// registry of every configuration that loads (Caddy makes a new registry per
+// config), so their values carry across reloads. Labels are bounded: the
+// zone (a config-defined name) and a fixed set of outcomes or kinds; never a
+// key.
+var metrics = struct {
+	once          sync.Once
+	decisions     *prometheus.CounterVec
+	storeDuration *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec
+}{}
+
+// Decision outcomes, the values of the outcome label.
+const (
+	outcomeAllowed      = "allowed"
+	outcomeRefused      = "refused"
+	outcomeVetoed       = "vetoed" // the zone allowed, another zone of the request refused
+	outcomeFailedOpen   = "failed_open"
+	outcomeFailedClosed = "failed_closed"
+	outcomeFailedLocal  = "failed_local"
+)
+
+func initMetrics(registry *prometheus.Registry) error {
+	const ns, sub = "caddy", "rate_limit"
+	metrics.once.Do(func() {
+		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "decisions_total",
+			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, failed_open, failed_closed, failed_local).",
+		}, []string{"zone", "outcome"})
+		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
+			Help:    "Time of one store call (every zone of one request), by store.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5},
+		}, []string{"store"})
+		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+			Help: "Store calls that failed, by store and kind (timeout, connection, readonly, oom, noscript, other).",
+		}, []string{"store", "kind"})
+	})
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors} {
+		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
+		}
+	}
+	return nil
+}
+
+// zoneMetrics are one zone's counters, resolved once at Provision so the hot
+// path only does an atomic add.
+type zoneMetrics struct {
+	allowed, refused, vetoed, failedOpen, failedClosed, failedLocal prometheus.Counter
+}
+
+func newZoneMetrics(zone string) *zoneMetrics {
+	c := func(outcome string) prometheus.Counter { return metrics.decisions.WithLabelValues(zone, outcome) }
+	return &zoneMetrics{
+		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed),
+		failedOpen: c(outcomeFailedOpen), failedClosed: c(outcomeFailedClosed), failedLocal: c(outcomeFailedLocal),
+	}
+}
+
+// storeMetrics observe one store's calls.
+type storeMetrics struct {
+	name     string
+	duration prometheus.Observer
+}
+
+func newStoreMetrics(name string) *storeMetrics {
+	return &storeMetrics{name: name, duration: metrics.storeDuration.WithLabelValues(name)}
+}
+
+func (m *storeMetrics) observe(start time.Time) {
+	m.duration.Observe(time.Since(start).Seconds())
+}
+
+func (m *storeMetrics) failed(err error) {
+	metrics.storeErrors.WithLabelValues(m.name, errorKind(err)).Inc()
+}
+
+// errorKind classifies a store error into a bounded set of kinds.
+func errorKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.As(err, new(*net.OpError)):
+		return "connection"
+	}
+	msg := err.Error()
+	switch {
+	case strings.HasPrefix(msg, "READONLY"):
+		return "readonly"
+	case strings.HasPrefix(msg, "OOM"):
+		return "oom"
+	case strings.HasPrefix(msg, "NOSCRIPT"):
+		return "noscript"
+	}
+	return "other"
+}
+
+// countDecisions records the outcome of every zone of a decided request.
+func countDecisions(s *scratch, refused bool) {
+	for i, z := range s.zones {
+		if z.metrics == nil {
+			return
+		}
+		switch {
+		case !refused:
+			z.metrics.allowed.Inc()
+		case !s.decs[i].Allowed:
+			z.metrics.refused.Inc()
+		default:
+			z.metrics.vetoed.Inc()
+		}
+	}
+}
