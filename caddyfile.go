@@ -117,6 +117,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
 //	        fail        open|closed|local
+//	        report_only
 //	    }
 //	    store memory { max_keys <n>; sweep_interval <duration> }
 //	    store redis [<url>] { url; cluster <addr>...; username; password; tls; timeout; key_prefix; pool_size }
@@ -130,6 +131,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    jitter   <fraction>
 //	    log_key
+//	    report_only
 //	    enabled  true|false
 //	}
 //
@@ -234,6 +236,15 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 			}
 			h.Jitter = j
 
+		case "report_only":
+			if err := once(field); err != nil {
+				return nil, err
+			}
+			if d.NextArg() {
+				return nil, d.Errf("rate_limit: report_only takes no argument, got %q", d.Val())
+			}
+			h.ReportOnly = true
+
 		case "log_key":
 			if err := once(field); err != nil {
 				return nil, err
@@ -287,7 +298,7 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 			return nil, d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 
 		default:
-			return nil, d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, enabled, sweep_interval, disable_metrics)", field)
+			return nil, d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics)", field)
 		}
 	}
 	if len(h.RateLimits) == 0 {
@@ -368,6 +379,11 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, err
 			}
 			z.Cost = caddyhttp.WeakString(v)
+		case "report_only":
+			if d.NextArg() {
+				return nil, errf("report_only takes no argument, got %q", d.Val())
+			}
+			z.ReportOnly = true
 		case "fail":
 			var v string
 			if v, err = oneArg(d, "zone "+name+": fail"); err != nil {
@@ -397,7 +413,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			n, err = intArg(field, 1, 128)
 			z.IPv6Prefix = int(n)
 		default:
-			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail)", field)
+			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -68,6 +68,8 @@ type verdict struct {
 	// policy and state are the RateLimit-Policy and RateLimit field values
 	// (headers draft or both), covering every zone decided.
 	policy, state string
+	// cost is what the request would have spent in the verdict's zone.
+	cost int64
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -122,7 +124,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		var cost int64
 		tok, s.buf = z.deriver.Derive(repl, s.buf)
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: cost})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: cost, ReportOnly: z.reportOnly})
 		s.zones = append(s.zones, z)
 	}
 	if len(s.reqs) == 0 {
@@ -144,13 +146,16 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 	return h.pick(s)
 }
 
-// pick chooses the verdict among s's decisions.
+// pick chooses the verdict among s's decisions. A report-only zone that
+// would refuse does not refuse: it is counted and logged, and its numbers
+// still reach the headers.
 func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 	best, refused := -1, false
 	for i := range s.decs {
 		d := &s.decs[i]
+		enforced := !d.Allowed && !s.reqs[i].ReportOnly
 		switch {
-		case !d.Allowed:
+		case enforced:
 			if !refused || d.RetryAfter > s.decs[best].RetryAfter {
 				best = i
 			}
@@ -162,7 +167,10 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 		}
 	}
 	countDecisions(s, refused)
-	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best]}
+	if !refused {
+		h.reportWouldRefuse(s)
+	}
+	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best], cost: s.reqs[best].Cost}
 	if h.draft {
 		v.policy, v.state = draftFields(s)
 	}
@@ -170,6 +178,25 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 		return v, refuse, nil
 	}
 	return v, allow, nil
+}
+
+// reportWouldRefuse logs the report-only zones that would have refused an
+// allowed request (the metric is counted by countDecisions).
+func (h *Handler) reportWouldRefuse(s *scratch) {
+	for i := range s.decs {
+		if s.decs[i].Allowed || !s.reqs[i].ReportOnly || !h.refusalLog.take() {
+			continue
+		}
+		if ce := h.logger.Check(zap.InfoLevel, "rate limit would be exceeded (report only)"); ce != nil {
+			ce.Write(
+				zap.String("zone", s.zones[i].name),
+				zap.String("key", identity.Token(s.reqs[i].Key).String()),
+				zap.Int64("retry_after", ceilSeconds(s.decs[i].RetryAfter)),
+				zap.Int64("cost", s.reqs[i].Cost),
+				zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
+			)
+		}
+	}
 }
 
 // failover applies each zone's fail policy when the store could not decide:
@@ -215,6 +242,28 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 // failClosedRetry is Retry-After on a fail-closed 503: the store is
 // unavailable, so the client is asked to come back soon, not at a reset.
 const failClosedRetry = time.Second
+
+// lineSampler admits at most linesPerSecond log lines a second, counting the
+// rest, so that refusals during an attack cannot flood the log.
+type lineSampler struct {
+	second     atomic.Int64
+	n          atomic.Int64
+	suppressed atomic.Int64
+}
+
+const linesPerSecond = 10
+
+func (l *lineSampler) take() bool {
+	now := time.Now().Unix()
+	if sec := l.second.Load(); sec != now && l.second.CompareAndSwap(sec, now) {
+		l.n.Store(0)
+	}
+	if l.n.Add(1) > linesPerSecond {
+		l.suppressed.Add(1)
+		return false
+	}
+	return true
+}
 
 // errorLog writes a log line at most once per interval, counting the ones
 // it drops, so that an outage or a flood of bad input cannot flood the log.

@@ -28,6 +28,7 @@ const (
 	outcomeAllowed      = "allowed"
 	outcomeRefused      = "refused"
 	outcomeVetoed       = "vetoed" // the zone allowed, another zone of the request refused
+	outcomeReportOnly   = "report_only_refused"
 	outcomeFailedOpen   = "failed_open"
 	outcomeFailedClosed = "failed_closed"
 	outcomeFailedLocal  = "failed_local"
@@ -38,7 +39,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	metrics.once.Do(func() {
 		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, failed_open, failed_closed, failed_local).",
+			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, report_only_refused, failed_open, failed_closed, failed_local).",
 		}, []string{"zone", "outcome"})
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -61,13 +62,13 @@ func initMetrics(registry *prometheus.Registry) error {
 // zoneMetrics are one zone's counters, resolved once at Provision so the hot
 // path only does an atomic add.
 type zoneMetrics struct {
-	allowed, refused, vetoed, failedOpen, failedClosed, failedLocal prometheus.Counter
+	allowed, refused, vetoed, reportOnly, failedOpen, failedClosed, failedLocal prometheus.Counter
 }
 
 func newZoneMetrics(zone string) *zoneMetrics {
 	c := func(outcome string) prometheus.Counter { return metrics.decisions.WithLabelValues(zone, outcome) }
 	return &zoneMetrics{
-		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed),
+		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed), reportOnly: c(outcomeReportOnly),
 		failedOpen: c(outcomeFailedOpen), failedClosed: c(outcomeFailedClosed), failedLocal: c(outcomeFailedLocal),
 	}
 }
@@ -117,10 +118,13 @@ func countDecisions(s *scratch, refused bool) {
 		if z.metrics == nil {
 			return
 		}
+		wouldRefuse := !s.decs[i].Allowed
 		switch {
+		case wouldRefuse && s.reqs[i].ReportOnly:
+			z.metrics.reportOnly.Inc()
 		case !refused:
 			z.metrics.allowed.Inc()
-		case !s.decs[i].Allowed:
+		case wouldRefuse:
 			z.metrics.refused.Inc()
 		default:
 			z.metrics.vetoed.Inc()

@@ -65,6 +65,10 @@ type Handler struct {
 	// never reveals a credential.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// ReportOnly puts every zone of the handler in report-only mode (see
+	// Zone.ReportOnly): decide, record, send the headers, never refuse.
+	ReportOnly bool `json:"report_only,omitempty"`
+
 	// Enabled is the off switch: false turns the handler into a
 	// pass-through (no decisions, no headers), flipped by a config reload.
 	// Default: true.
@@ -93,6 +97,7 @@ type Handler struct {
 	local       Store
 	storeStats  *storeMetrics
 	storeErrors *errorLog
+	refusalLog  *lineSampler
 	legacy      bool
 	draft       bool
 	enabled     bool
@@ -125,6 +130,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 	h.storeErrors = new(errorLog)
+	h.refusalLog = new(lineSampler)
 	if err := h.checkCompat(); err != nil {
 		return err
 	}
@@ -160,6 +166,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zone %q: empty configuration", name)
 		}
 		cfg.setDefaults()
+		if h.ReportOnly {
+			cfg.ReportOnly = true
+		}
 		z, err := cfg.compile(name)
 		if err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)

@@ -200,6 +200,28 @@ const (
 	msgUnavailable = "rate limiter unavailable"
 )
 
+// logRefusal writes one line per refusal (zone, key token, retry-after,
+// cost), sampled by h.refusalLog so that an attack cannot flood the log.
+func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Replacer) {
+	lvl := zap.InfoLevel
+	if !h.refusalLog.take() {
+		return
+	}
+	if ce := h.logger.Check(lvl, msg); ce != nil {
+		fields := []zap.Field{
+			zap.String("zone", v.zone.name),
+			zap.String("key", v.key.String()),
+			zap.Int64("retry_after", retry),
+			zap.Int64("cost", v.cost),
+			zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
+		}
+		if h.LogKey {
+			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl)))
+		}
+		ce.Write(fields...)
+	}
+}
+
 // errRefused is the error handed to handle_errors routes.
 type errRefused struct{ msg, zone string }
 
@@ -240,17 +262,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 			"retry_after": retry,
 		})
 	}
-	if ce := h.logger.Check(zap.DebugLevel, msg); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", v.zone.name),
-			zap.String("key", v.key.String()),
-			zap.Int64("retry_after", retry),
-		}
-		if h.LogKey {
-			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl)))
-		}
-		ce.Write(fields...)
-	}
+	h.logRefusal(msg, v, retry, repl)
 
 	if h.resp.handleErrors {
 		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})

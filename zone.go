@@ -67,6 +67,13 @@ type Zone struct {
 	// once a minute per zone).
 	Cost caddyhttp.WeakString `json:"cost,omitempty"`
 
+	// ReportOnly makes the zone decide and record without ever refusing:
+	// its state evolves exactly as under enforcement (a would-be refusal
+	// charges nothing), its headers are sent, and every would-be refusal
+	// is logged and counted (outcome report_only_refused), so that its
+	// count is what enforcing it would refuse. For rolling a limit out.
+	ReportOnly bool `json:"report_only,omitempty"`
+
 	// Fail is what the zone does when a shared store cannot answer in time
 	// (unreachable, slow, or erroring): "open" lets the request through
 	// unmetered (logged and counted), "closed" refuses it with 503 and
@@ -133,7 +140,8 @@ type zone struct {
 	// policyItem is this zone's RateLimit-Policy list member, formatted once.
 	policyItem string
 	// metrics are the zone's counters; nil with disable_metrics.
-	metrics *zoneMetrics
+	metrics    *zoneMetrics
+	reportOnly bool
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
 }
@@ -235,6 +243,7 @@ func (z *Zone) compile(name string) (*zone, error) {
 		cost:       1,
 		deriver:    der,
 		fail:       z.Fail,
+		reportOnly: z.ReportOnly,
 		limitText:  strconv.FormatInt(l.Capacity(), 10),
 		policyItem: policyItem(name, l),
 	}

@@ -221,6 +221,10 @@ type Request struct {
 	Limit Limit
 	// Cost is what this request spends; at least 1.
 	Cost int64
+	// ReportOnly marks a zone that decides and records but never vetoes:
+	// it is charged only when the whole request passes and it allows
+	// itself, exactly as it would be under enforcement.
+	ReportOnly bool
 }
 
 // KeySize is the length of a Key.

@@ -44,11 +44,15 @@ local argbase = 1
 // LuaArgsPerZone is the number of ARGV entries per zone.
 const LuaArgsPerZone = 6
 
-// AppendLuaArgs appends zone r's ARGV entries (refund selects refund mode).
+// AppendLuaArgs appends zone r's ARGV entries: mode 0 takes, 1 refunds
+// (refund), 2 takes for a report-only zone (never vetoes).
 func AppendLuaArgs(args []any, r *Request, refund bool) []any {
 	mode := "0"
-	if refund {
+	switch {
+	case refund:
 		mode = "1"
+	case r.ReportOnly:
+		mode = "2"
 	}
 	return append(args,
 		strconv.Itoa(int(r.Limit.Algorithm)),

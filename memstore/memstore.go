@@ -166,12 +166,16 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 		out[i] = d
 		pend = append(pend, entry{st: next, fullAt: fullAt})
 		present = append(present, ok)
-		allowed = allowed && d.Allowed
+		allowed = allowed && (d.Allowed || reqs[i].ReportOnly) // report-only zones never veto
 	}
 	for i := range reqs {
-		if allowed {
+		switch {
+		case allowed && out[i].Allowed:
 			s.put(&s.shards[idx[i]], keys[i], present[i], pend[i], now, keys)
-		} else if out[i].Allowed {
+		case allowed:
+			// A report-only zone that would refuse: charged nothing, as
+			// under enforcement.
+		case out[i].Allowed:
 			// Vetoed by another zone: report this zone's uncharged state.
 			e := s.shards[idx[i]].m[keys[i]]
 			out[i], _, _ = algorithms.Step(e.st, !present[i], reqs[i].Limit, now, 0)

@@ -135,13 +135,23 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 		ok := true
 		for j, i := range idx {
 			out[i] = gout[j]
-			ok = ok && gout[j].Allowed
+			ok = ok && (gout[j].Allowed || gr[j].ReportOnly)
 		}
 		if !ok {
 			refused = true
 			break
 		}
-		charged = append(charged, idx)
+		// Only the zones that allowed were charged (a report-only zone that
+		// would refuse was not).
+		var got []int
+		for _, i := range idx {
+			if out[i].Allowed {
+				got = append(got, i)
+			}
+		}
+		if len(got) > 0 {
+			charged = append(charged, got)
+		}
 	}
 	if refused {
 		s.refund(keys, reqs, charged)

@@ -53,7 +53,9 @@ for i = 1, n do
     z.r = {allowed = 1, rem = 0, retry = 0, reset = 0}
   else
     z.r = steps[z.alg](z.raw, z.events, z.w, z.capacity, z.cost)
-    if z.r.allowed == 0 then all = false end
+    z.report = ARGV[b + 6] == '2'
+    -- a report-only zone never vetoes
+    if z.r.allowed == 0 and not z.report then all = false end
     z.take = true
   end
   zones[i] = z
@@ -63,9 +65,9 @@ local out = {}
 for i = 1, n do
   local z = zones[i]
   local r = z.r
-  if z.take and all then
+  if z.take and all and r.allowed == 1 then
     store(KEYS[i], r)
-  elseif z.take and r.allowed == 1 then
+  elseif z.take and not all and r.allowed == 1 then
     -- vetoed: nothing is charged; show this zone as it stands
     r = steps[z.alg](z.raw, z.events, z.w, z.capacity, 0)
   end
