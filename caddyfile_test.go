@@ -101,6 +101,8 @@ func TestParseErrors(t *testing.T) {
 		{"ipv4 prefix too big", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tipv4_prefix 33"), []string{"zone z1", "ipv4_prefix must be between 1 and 32"}},
 		{"ipv4 prefix zero", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tipv4_prefix 0"), []string{"zone z1", "ipv4_prefix must be between 1 and 32"}},
 		{"ipv6 prefix too big", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tipv6_prefix 129"), []string{"zone z1", "ipv6_prefix must be between 1 and 128"}},
+		{"burst with a window algorithm", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tburst 9\n\t\t\talgorithm sliding_log"), []string{"zone z1", "burst is not allowed"}},
+		{"sliding log too large", zone("\t\t\tevents 1000000\n\t\t\twindow 1m\n\t\t\talgorithm sliding_log"), []string{"zone z1", "sliding_log"}},
 		{"duplicate cost", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tcost 1\n\t\t\tcost 2"), []string{"zone z1", "duplicate cost"}},
 		{"cost without value", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tcost"), []string{"zone z1", "cost needs a value"}},
 		{"unknown fail policy", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tfail sometimes"), []string{"zone z1", "fail", `"sometimes"`}},
