@@ -75,12 +75,35 @@ respond "ok"`, zone, exactCapacity, strings.ReplaceAll(store, "\n", "\n\t"))
 	}
 	client := newClient(exactWorkers)
 	defer client.CloseIdleConnections()
+	exactSeries(t, client, procs, zone, "/", exactRounds, nil, func(int) retryWant { return tokenBucketRetry }, countKeys)
+}
 
+// retryWant is the Retry-After (seconds) a refusal of an exactness round
+// may carry: lo..hi, and why.
+type retryWant struct {
+	lo, hi int
+	why    string
+}
+
+// tokenBucketRetry: 20 per hour is one event per 180 s.
+var tokenBucketRetry = retryWant{1, 180, "one event per 180 s"}
+
+// exactSeries runs rounds exactness rounds against zone, served at path by
+// procs, with a fresh key each; before each round, beforeRound (if any)
+// runs and want gives the Retry-After the round's refusals may carry. It
+// logs the numbers and checks that the store never failed and that Redis
+// holds one key per round.
+func exactSeries(t *testing.T, client *http.Client, procs []*caddyProc, zone, path string, rounds int,
+	beforeRound func(round int), want func(round int) retryWant, countKeys func(t *testing.T, pattern string) int) {
+	t.Helper()
 	var all []exactOutcome
 	var allDurs []time.Duration
-	for round := 0; round < exactRounds; round++ {
+	for round := 0; round < rounds; round++ {
+		if beforeRound != nil {
+			beforeRound(round)
+		}
 		user := fmt.Sprintf("%s-%s-%d", zone, nonce, round)
-		o := exactRound(t, client, procs, user, round)
+		o := exactRound(t, client, procs, path, user, round, want(round))
 		all = append(all, o)
 		allDurs = append(allDurs, o.durs...)
 	}
@@ -105,7 +128,7 @@ respond "ok"`, zone, exactCapacity, strings.ReplaceAll(store, "\n", "\n\t"))
 		samples = append(samples, sm...)
 	}
 	t.Logf("%s: %d rounds of %d concurrent requests over %d processes: %d rounds not exact; %d requests let through by a store failure (fail open); store-error log lines %d (+%d reported suppressed); latency over all p50 %v p99 %v max %v",
-		zone, exactRounds, exactWorkers, exactProcs, failedRounds, undecided, logLines, logSuppressed,
+		zone, rounds, exactWorkers, len(procs), failedRounds, undecided, logLines, logSuppressed,
 		percentile(allDurs, 50).Round(time.Microsecond), percentile(allDurs, 99).Round(time.Microsecond), percentile(allDurs, 100).Round(time.Microsecond))
 	for _, s := range samples {
 		t.Logf("store-error log line: %s", s)
@@ -116,16 +139,17 @@ respond "ok"`, zone, exactCapacity, strings.ReplaceAll(store, "\n", "\n\t"))
 	}
 
 	// One key per round, with the schema's prefix and zone.
-	if got := countKeys(t, "sluice:v1:"+zone+":{*}"); got != exactRounds {
-		t.Errorf("%s: %d keys sluice:v1:%s:{*} in Redis, want %d (one per round)", zone, got, zone, exactRounds)
+	if got := countKeys(t, "sluice:v1:"+zone+":{*}"); got != rounds {
+		t.Errorf("%s: %d keys sluice:v1:%s:{*} in Redis, want %d (one per round)", zone, got, zone, rounds)
 	}
 }
 
-// exactRound fires exactWorkers concurrent requests for user, request i to
-// process i%3, released together, and checks the outcome exactly.
-func exactRound(t *testing.T, client *http.Client, procs []*caddyProc, user string, round int) exactOutcome {
+// exactRound fires exactWorkers concurrent requests for user at path,
+// request i to process i%3, released together, and checks the outcome
+// exactly; a refusal's Retry-After must be within want.
+func exactRound(t *testing.T, client *http.Client, procs []*caddyProc, path, user string, round int, want retryWant) exactOutcome {
 	t.Helper()
-	out := burst(t, client, procs, "/", exactWorkers, user)
+	out := burst(t, client, procs, path, exactWorkers, user)
 
 	var o exactOutcome
 	var remaining []int
@@ -154,8 +178,8 @@ func exactRound(t *testing.T, client *http.Client, procs []*caddyProc, user stri
 			remaining = append(remaining, n)
 		case r.code == http.StatusTooManyRequests:
 			o.refused++
-			if ra := retryAfter(r); ra < 1 || ra > 180 {
-				t.Errorf("round %d: request %d: 429 with Retry-After %q, want 1..180 (one event per 180 s)", round, i, r.header.Get("Retry-After"))
+			if ra := retryAfter(r); ra < want.lo || ra > want.hi {
+				t.Errorf("round %d: request %d: 429 with Retry-After %q, want %d..%d (%s)", round, i, r.header.Get("Retry-After"), want.lo, want.hi, want.why)
 			}
 			if got := r.header.Get("X-Ratelimit-Remaining"); got != "0" {
 				t.Errorf("round %d: request %d: 429 with X-RateLimit-Remaining %q, want 0", round, i, got)
