@@ -231,6 +231,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.scope = scope
+	adminRegister(h) // for admin.api.rate_limit (admin.go)
 	return nil
 }
 
@@ -267,6 +268,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
+	adminUnregister(h)
 	if h.scope != nil {
 		unregisterZones(h.scope, h.zones)
 		h.scope = nil

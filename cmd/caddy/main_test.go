@@ -109,6 +109,7 @@ func TestListModules(t *testing.T) {
 		"http.handlers.rate_limit",
 		"http.handlers.rate_limit.stores.memory",
 		"http.handlers.rate_limit.stores.redis",
+		"admin.api.rate_limit",
 	} {
 		if !listed[id] {
 			t.Errorf("caddy list-modules does not list %s:\n%s", id, out)

@@ -1,0 +1,79 @@
+package memstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// This file serves the admin API (admin.api.rate_limit): read a key's state
+// without charging it, and reset it.
+
+// Peek returns key's view in zone under limit l as it stands now, without
+// charging or writing anything (see algorithms.Peek: Remaining and
+// ResetAfter as the state stands, Allowed and RetryAfter for a request of
+// cost 1). found is false when the key holds no state, or only state that
+// is back to full or was written by another algorithm (which a request
+// would also treat as none); the decision is then the fresh key's.
+func (s *Store) Peek(zone string, key algorithms.Key, l algorithms.Limit) (d algorithms.Decision, found bool) {
+	k := mapKey{zone: zone, key: key}
+	sh := s.shardOf(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	d = algorithms.Peek(e.st, !ok, l, s.now())
+	return d, ok && d.ResetAfter > 0
+}
+
+// Reset forgets key's state in zone, so its next request sees a full
+// allowance. It reports whether there was state to forget.
+func (s *Store) Reset(zone string, key algorithms.Key) bool {
+	k := mapKey{zone: zone, key: key}
+	sh := s.shardOf(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	_, ok := sh.m[k]
+	delete(sh.m, k)
+	return ok
+}
+
+// PeekKeys peeks several keys of one zone (see Peek) into out and found,
+// sized by the caller to len(keys). It never fails.
+func (s *Store) PeekKeys(_ context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	for i, k := range keys {
+		out[i], found[i] = s.Peek(zone, k, l)
+	}
+	return nil
+}
+
+// ResetKeys resets several keys of one zone (see Reset) and returns how
+// many held state. It never fails.
+func (s *Store) ResetKeys(_ context.Context, zone string, keys []algorithms.Key) (int, error) {
+	n := 0
+	for _, k := range keys {
+		if s.Reset(zone, k) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// PeekKeys implements the admin API's read (see Store.PeekKeys).
+func (m *Memory) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	return m.store.PeekKeys(ctx, zone, keys, l, out, found)
+}
+
+// ResetKeys implements the admin API's reset (see Store.ResetKeys).
+func (m *Memory) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
+	return m.store.ResetKeys(ctx, zone, keys)
+}
+
+// AdminInfo describes the store for the admin API's zone listing.
+func (m *Memory) AdminInfo() map[string]any {
+	return map[string]any{
+		"module":         "memory",
+		"max_keys":       m.MaxKeys,
+		"sweep_interval": time.Duration(m.SweepInterval).String(),
+	}
+}

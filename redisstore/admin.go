@@ -1,0 +1,144 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// This file serves the admin API (admin.api.rate_limit): read a key's state
+// without charging it, and reset it.
+
+// minAdminTimeout is the least an admin call is given: the decision timeout
+// is tuned for the hot path (a few ms), an operator's call can wait longer.
+// (The client's own read and write timeouts, the decision timeout, still
+// bound each command.)
+const minAdminTimeout = time.Second
+
+// PeekKeys reads the state of several keys of one zone without charging
+// them and without running the decision script: in one pipeline per node,
+// Redis's TIME (the clock the script uses) and a GET of each key; the
+// stored values are decoded (algorithms.DecodeLua) and viewed with the Go
+// twin of the script (algorithms.Peek). out and found, sized by the caller
+// to len(keys), get each key's view and whether it holds state (state back
+// to full, or written by another algorithm, counts as none).
+func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
+	defer cancel()
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = s.Key(zone, k)
+	}
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return peekOn(ctx, s.client, names, l, out, found)
+	}
+	// Each key's hash tag is its token, so the keys of one client's
+	// candidates live in different slots: ask each key's master, with its
+	// own clock, as the script would run there.
+	for i, name := range names {
+		node, err := cc.MasterForKey(ctx, name)
+		if err != nil {
+			return err
+		}
+		if err := peekOn(ctx, node, names[i:i+1], l, out[i:i+1], found[i:i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peekOn peeks names on one server.
+func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	pipe := c.Pipeline()
+	now := pipe.Time(ctx)
+	gets := make([]*redis.StringCmd, len(names))
+	for i, n := range names {
+		gets[i] = pipe.Get(ctx, n)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	t, err := now.Result()
+	if err != nil {
+		return err
+	}
+	// As the script: seconds × 1000 + ⌊microseconds / 1000⌋.
+	ms := t.UnixMilli()
+	for i, g := range gets {
+		raw, err := g.Result()
+		if errors.Is(err, redis.Nil) {
+			raw, err = "", nil
+		}
+		if err != nil {
+			return err
+		}
+		st, ok := algorithms.DecodeLua(raw)
+		out[i] = algorithms.Peek(st, !ok, l, ms)
+		found[i] = ok && out[i].ResetAfter > 0
+	}
+	return nil
+}
+
+// ResetKeys deletes the state of several keys of one zone (one DEL per
+// key, pipelined: in a Cluster they live in different slots) and returns
+// how many existed.
+func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
+	defer cancel()
+	pipe := s.client.Pipeline()
+	dels := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		dels[i] = pipe.Del(ctx, s.Key(zone, k))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range dels {
+		n += int(d.Val())
+	}
+	return n, nil
+}
+
+// PeekKeys implements the admin API's read (see Store.PeekKeys).
+func (r *Redis) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	if r.store == nil {
+		return errors.New("store redis: not provisioned")
+	}
+	return r.store.PeekKeys(ctx, zone, keys, l, out, found)
+}
+
+// ResetKeys implements the admin API's reset (see Store.ResetKeys).
+func (r *Redis) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
+	if r.store == nil {
+		return 0, errors.New("store redis: not provisioned")
+	}
+	return r.store.ResetKeys(ctx, zone, keys)
+}
+
+// AdminInfo describes the store for the admin API's zone listing: the
+// target (scheme and host, or the Cluster seeds), never a credential.
+func (r *Redis) AdminInfo() map[string]any {
+	repl := caddy.NewReplacer()
+	cfg := connConfig{URL: repl.ReplaceAll(r.URL, ""), Cluster: r.Cluster}
+	info := map[string]any{
+		"module":     "redis",
+		"target":     cfg.describe(),
+		"key_prefix": r.KeyPrefix,
+		"key_schema": r.KeyPrefix + "<zone>:{<token>}",
+		"timeout":    time.Duration(r.Timeout).String(),
+	}
+	if len(r.Cluster) > 0 {
+		info["tls"] = r.TLS
+	}
+	if r.PoolSize > 0 {
+		info["pool_size"] = r.PoolSize
+	}
+	return info
+}
