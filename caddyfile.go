@@ -118,6 +118,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        ipv6_prefix <bits>
 //	        fail        open|closed|local
 //	        report_only
+//	        enabled     true|false
 //	    }
 //	    store memory { max_keys <n>; sweep_interval <duration> }
 //	    store redis [<url>] { url; cluster <addr>...; username; password; tls; timeout; key_prefix; pool_size }
@@ -384,6 +385,16 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, errf("report_only takes no argument, got %q", d.Val())
 			}
 			z.ReportOnly = true
+		case "enabled":
+			var v string
+			if v, err = oneArg(d, "zone "+name+": enabled"); err != nil {
+				return nil, err
+			}
+			b, perr := strconv.ParseBool(v)
+			if perr != nil {
+				return nil, errf("enabled must be true or false, got %q", v)
+			}
+			z.Enabled = &b
 		case "fail":
 			var v string
 			if v, err = oneArg(d, "zone "+name+": fail"); err != nil {
@@ -413,7 +424,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			n, err = intArg(field, 1, 128)
 			z.IPv6Prefix = int(n)
 		default:
-			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only)", field)
+			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -182,6 +182,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				return fmt.Errorf("zone %q: match: %w", name, err)
 			}
 		}
+		if cfg.Enabled != nil && !*cfg.Enabled {
+			h.logger.Info("rate limit zone switched off (enabled false)", zap.String("zone", name))
+			continue
+		}
 		for _, w := range cfg.keyWarnings() {
 			h.logger.Warn(w, zap.String("zone", name))
 		}
@@ -249,7 +253,7 @@ func (h *Handler) checkCompat() error {
 
 // Validate checks the handler's configuration.
 func (h *Handler) Validate() error {
-	if len(h.zones) == 0 {
+	if len(h.RateLimits) == 0 {
 		return errors.New("at least one zone is required")
 	}
 	switch h.Headers {

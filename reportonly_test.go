@@ -108,3 +108,33 @@ func TestReportOnlyNeverVetoes(t *testing.T) {
 		t.Fatalf("enforced zone exhausted: %d Retry-After %q, want 429 / 1200", w.Code, w.Header().Get("Retry-After"))
 	}
 }
+
+// TestZoneOffSwitch: `enabled false` on one zone switches it off and leaves
+// the directive's other zones deciding.
+func TestZoneOffSwitch(t *testing.T) {
+	h := newHandler(t, `rate_limit {
+		zone zoff_off {
+			key {http.request.header.X-User}
+			events 1
+			window 1h
+			enabled false
+		}
+		zone zoff_on {
+			key {http.request.header.X-User}
+			events 3
+			window 1h
+		}
+		headers draft
+	}`, &fakeClock{ms: 1_800_000_000_000})
+	user := map[string]string{"X-User": "z"}
+	for i := 0; i < 3; i++ {
+		w := serve(t, h, "GET", "/", user)
+		got := parseDraft(t, w.Header())
+		if w.Code != 200 || len(got) != 1 || got["zoff_on"].r != int64(2-i) {
+			t.Fatalf("request %d: %d %+v; only zoff_on may decide", i+1, w.Code, got)
+		}
+	}
+	if w := serve(t, h, "GET", "/", user); w.Code != 429 {
+		t.Fatalf("zoff_on exhausted: %d", w.Code)
+	}
+}

@@ -67,6 +67,10 @@ type Zone struct {
 	// once a minute per zone).
 	Cost caddyhttp.WeakString `json:"cost,omitempty"`
 
+	// Enabled switches one zone off (false): it is compiled and checked but
+	// decides nothing, so a reload can flip it. Default: true.
+	Enabled *bool `json:"enabled,omitempty"`
+
 	// ReportOnly makes the zone decide and record without ever refusing:
 	// its state evolves exactly as under enforcement (a would-be refusal
 	// charges nothing), its headers are sent, and every would-be refusal
