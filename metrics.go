@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/caddy-sluice/redisstore"
 )
 
 // The collectors are created once per process and registered in the
@@ -48,7 +50,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		}, []string{"store"})
 		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-			Help: "Store calls that failed, by store and kind (timeout, connection, readonly, oom, noscript, other).",
+			Help: "Store calls that failed, by store and kind (timeout, connection, readonly, oom, noscript, circuit_open, other).",
 		}, []string{"store", "kind"})
 	})
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors} {
@@ -95,6 +97,8 @@ func (m *storeMetrics) failed(err error) {
 func errorKind(err error) string {
 	var ne net.Error
 	switch {
+	case errors.Is(err, redisstore.ErrCircuitOpen):
+		return "circuit_open"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.As(err, new(*net.OpError)):

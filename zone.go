@@ -79,11 +79,16 @@ type Zone struct {
 	ReportOnly bool `json:"report_only,omitempty"`
 
 	// Fail is what the zone does when a shared store cannot answer in time
-	// (unreachable, slow, or erroring): "open" lets the request through
+	// (unreachable, slow, or erroring, or its circuit breaker open: then at
+	// once, with no timeout paid): "open" lets the request through
 	// unmetered (logged and counted), "closed" refuses it with 503 and
 	// Retry-After, "local" enforces the zone in this instance's memory
-	// until the store answers again (so N instances admit up to N times
-	// the limit meanwhile). The memory store never fails. Default: "open".
+	// until the store answers again. With "local", during an outage N
+	// instances admit up to N times the limit (each counts alone, from
+	// zero: what the store had counted is not known locally); when the
+	// breaker closes the store decides again from its own state, which
+	// never saw what the instances counted meanwhile. The memory store
+	// never fails. Default: "open".
 	Fail string `json:"fail,omitempty"`
 }
 

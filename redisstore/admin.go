@@ -99,6 +99,9 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
 	}
+	for _, k := range keys {
+		s.deny.Forget(zone, k) // this instance's denials of the key end with it
+	}
 	n := 0
 	for _, d := range dels {
 		n += int(d.Val())
@@ -139,6 +142,10 @@ func (r *Redis) AdminInfo() map[string]any {
 	}
 	if r.PoolSize > 0 {
 		info["pool_size"] = r.PoolSize
+	}
+	if r.store != nil {
+		info["circuit"] = r.store.CircuitState()
+		info["deny_cache_size"] = r.store.deny.Cap()
 	}
 	return info
 }

@@ -60,9 +60,18 @@ func newTestStore(t testing.TB, url, prefix string, timeout time.Duration, poolS
 	if err != nil {
 		t.Fatalf("newClient(%q): %v", url, err)
 	}
-	s := newStore(c, cluster, prefix, timeout)
+	s := newStoreWith(c, cluster, prefix, timeout, redisPathOptions())
 	t.Cleanup(func() { _ = s.Destruct() })
 	return s
+}
+
+// redisPathOptions are the store options of the tests of the Redis path
+// itself: the default breaker, no deny cache (so that every Take runs the
+// script; the deny cache has its own tests in denycache_test.go).
+func redisPathOptions() storeOptions {
+	o := defaultOptions()
+	o.DenySize = 0
+	return o
 }
 
 // newClusterStore builds a Store for a Redis Cluster the way Provision does.
@@ -76,7 +85,7 @@ func newClusterStore(t testing.TB, addrs []string, timeout time.Duration) *Store
 	if !cluster {
 		t.Fatalf("newClient(cluster %v) did not report a cluster client", addrs)
 	}
-	s := newStore(c, cluster, DefaultKeyPrefix, timeout)
+	s := newStoreWith(c, cluster, DefaultKeyPrefix, timeout, redisPathOptions())
 	t.Cleanup(func() { _ = s.Destruct() })
 	return s
 }

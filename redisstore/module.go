@@ -89,9 +89,79 @@ type Redis struct {
 	// (10 per CPU).
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// Breaker is the circuit breaker in front of Redis. After Failures
+	// consecutive failed calls (default 5) that count — timeouts and
+	// connection errors (refused, reset, EOF, pool wait), and the replies
+	// READONLY, OOM, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and BUSY;
+	// not errors about one key or the script (WRONGTYPE, ERR …), which cost
+	// no time, nor a client that went away — it opens: for Cooldown
+	// (default 1s) every decision fails at once with an error wrapping
+	// ErrCircuitOpen, without touching Redis, and each zone's fail policy
+	// applies with no timeout paid. Then it is half-open: a single call
+	// (the probe) goes to Redis while every other keeps failing fast; a
+	// probe that succeeds (or gets any answer from Redis) closes it, one
+	// that fails reopens it for twice the last cool-down, up to MaxCooldown
+	// (default 5s: decisions resume at most 5s plus the timeout after
+	// Redis is back; a probe costs one request per instance per
+	// cool-down). State changes are logged (opened: error; closed: info
+	// with the outage's length; half-open and reopened: debug) and exported
+	// as caddy_rate_limit_circuit_state{store,target} (0 closed, 1
+	// half-open, 2 open), with caddy_rate_limit_circuit_fast_failures_total.
+	Breaker *Breaker `json:"breaker,omitempty"`
+
+	// DenyCacheSize bounds this instance's deny cache (default 10000
+	// entries, about 1.5 MB; 0 turns it off): when Redis refuses a zone's
+	// key with Retry-After R for cost c, a request with that zone and key
+	// and a cost ≥ c is refused locally, without calling Redis, until R has
+	// passed (less a margin of 1ms + R/1000 for clock differences). It
+	// never refuses what Redis would have allowed (proof per algorithm in
+	// package denycache); a changed limit, an admin reset and a store
+	// failure (state possibly lost) drop the entries concerned. Hits are
+	// counted in caddy_rate_limit_deny_cache_hits_total{store,target}.
+	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
+
 	store   *Store
 	poolKey string
 	logger  *zap.Logger
+}
+
+// Breaker configures the store's circuit breaker (see Redis.Breaker).
+type Breaker struct {
+	// Off disables the breaker: every decision calls Redis and pays up to
+	// the timeout while it fails.
+	Off bool `json:"off,omitempty"`
+	// Failures is the number of consecutive failures that opens the
+	// circuit. Default: 5.
+	Failures int `json:"failures,omitempty"`
+	// Cooldown is how long the circuit stays open before a probe; it
+	// doubles after each failed probe. Default: 1s.
+	Cooldown caddy.Duration `json:"cooldown,omitempty"`
+	// MaxCooldown caps the cool-down. Default: 5s.
+	MaxCooldown caddy.Duration `json:"max_cooldown,omitempty"`
+}
+
+// options resolves the breaker and deny cache settings with defaults.
+func (r *Redis) options() storeOptions {
+	o := defaultOptions()
+	if b := r.Breaker; b != nil {
+		if b.Off {
+			o.Failures = 0
+		}
+		if b.Failures > 0 && !b.Off {
+			o.Failures = b.Failures
+		}
+		if b.Cooldown > 0 {
+			o.Cooldown = time.Duration(b.Cooldown)
+		}
+		if b.MaxCooldown > 0 {
+			o.MaxCooldown = time.Duration(b.MaxCooldown)
+		}
+		o.MaxCooldown = max(o.MaxCooldown, o.Cooldown)
+	}
+	if r.DenyCacheSize != nil {
+		o.DenySize = *r.DenyCacheSize
+	}
+	return o
 }
 
 // CaddyModule returns the Caddy module information.
@@ -121,8 +191,14 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	username := repl.ReplaceAll(r.Username, "")
 	password := repl.ReplaceAll(r.Password, "")
 
+	if err := registerStoreMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("store redis: registering metrics: %w", err)
+	}
+	opts := r.options()
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
-		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize}
+		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize,
+		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize}
+	opts.Target, opts.Logger = cfg.describe(), r.logger
 	client, cluster, err := cfg.newClient()
 	if err != nil {
 		return err
@@ -134,7 +210,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return nil, err
 		}
-		return newStore(c, cluster, r.KeyPrefix, time.Duration(r.Timeout)), nil
+		return newStoreWith(c, cluster, r.KeyPrefix, time.Duration(r.Timeout), opts), nil
 	})
 	if err != nil {
 		return err
@@ -162,6 +238,10 @@ func (r *Redis) validate() error {
 		return fmt.Errorf("store redis: timeout must be positive, got %s", time.Duration(r.Timeout))
 	case r.PoolSize < 0:
 		return fmt.Errorf("store redis: pool_size must be positive, got %d", r.PoolSize)
+	case r.DenyCacheSize != nil && *r.DenyCacheSize < 0:
+		return fmt.Errorf("store redis: deny_cache_size must be 0 (off) or positive, got %d", *r.DenyCacheSize)
+	case r.Breaker != nil && (r.Breaker.Failures < 0 || r.Breaker.Cooldown < 0 || r.Breaker.MaxCooldown < 0):
+		return errors.New("store redis: breaker: failures, cooldown and max_cooldown must be positive")
 	case strings.ContainsAny(r.KeyPrefix, "{}"):
 		return fmt.Errorf("store redis: key_prefix %q must not contain '{' or '}' (they would change the Cluster hash tag)", r.KeyPrefix)
 	}
@@ -210,6 +290,12 @@ type connConfig struct {
 	Timeout  time.Duration
 	Prefix   string
 	PoolSize int
+	// The breaker and deny cache settings: stores that differ in them do
+	// not share a client (nor a breaker).
+	Failures    int
+	Cooldown    time.Duration
+	MaxCooldown time.Duration
+	DenySize    int
 }
 
 // key is the pool key: a digest of the whole configuration, so that secrets
@@ -322,6 +408,13 @@ func redactErr(err error, secrets ...string) error {
 //	    timeout    <duration>
 //	    key_prefix <string>
 //	    pool_size  <n>
+//	    breaker    off | {
+//	        failures     <n>          # consecutive failures that open it; default 5
+//	        cooldown     <duration>   # open this long before one probe; default 1s
+//	        max_cooldown <duration>   # the cool-down doubles up to this; default 5s
+//	    }
+//	    deny_cache off | on
+//	    deny_cache_size <n>           # entries; default 10000; 0 is off
 //	}
 func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the store's name
@@ -403,12 +496,83 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("store redis: pool_size must be a positive integer, got %q", v)
 			}
 			r.PoolSize = n
+		case "breaker":
+			if err := r.unmarshalBreaker(d, args); err != nil {
+				return err
+			}
+		case "deny_cache":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			switch v {
+			case "off":
+				zero := 0
+				r.DenyCacheSize = &zero
+			case "on":
+			default:
+				return d.Errf("store redis: deny_cache is on or off, got %q", v)
+			}
+		case "deny_cache_size":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return d.Errf("store redis: deny_cache_size must be a non-negative integer, got %q", v)
+			}
+			r.DenyCacheSize = &n
 		default:
-			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, key_prefix, pool_size)", field)
+			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, key_prefix, pool_size, breaker, deny_cache, deny_cache_size)", field)
 		}
 	}
 	if err := r.validate(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// unmarshalBreaker parses `breaker off` or a breaker block.
+func (r *Redis) unmarshalBreaker(d *caddyfile.Dispenser, args []string) error {
+	b := &Breaker{}
+	r.Breaker = b
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		b.Off = true
+		return nil
+	case len(args) != 0:
+		return d.Err("store redis: breaker takes off or a block")
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		field := d.Val()
+		if !d.NextArg() {
+			return d.Errf("store redis: breaker %s needs a value", field)
+		}
+		v := d.Val()
+		if d.NextArg() {
+			return d.Errf("store redis: breaker %s takes one value", field)
+		}
+		switch field {
+		case "failures":
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return d.Errf("store redis: breaker failures must be a positive integer, got %q", v)
+			}
+			b.Failures = n
+		case "cooldown", "max_cooldown":
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("store redis: breaker %s must be a positive duration, got %q", field, v)
+			}
+			if field == "cooldown" {
+				b.Cooldown = caddy.Duration(dur)
+			} else {
+				b.MaxCooldown = caddy.Duration(dur)
+			}
+		default:
+			return d.Errf("store redis: breaker: unknown option %q (known: failures, cooldown, max_cooldown)", field)
+		}
 	}
 	return nil
 }

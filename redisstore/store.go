@@ -7,9 +7,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/denycache"
 )
 
 // script is the production decision script; its SHA is computed once.
@@ -17,21 +20,94 @@ var script = redis.NewScript(algorithms.LuaScript)
 
 // Store decides rate limits in Redis: one Lua script per request (per
 // Cluster slot when a request's keys span slots), with the time read from
-// Redis itself, under a tight timeout.
+// Redis itself, under a tight timeout, behind a circuit breaker and a deny
+// cache.
 type Store struct {
 	client  redis.UniversalClient
 	cluster bool
 	prefix  string
 	timeout time.Duration
+
+	breaker  *breaker         // nil: disabled
+	deny     *denycache.Cache // nil: disabled
+	denyHits prometheus.Counter
+	opts     storeOptions
 }
 
-// newStore wraps a client.
+// storeOptions are a store's breaker and deny cache settings and what it
+// reports through.
+type storeOptions struct {
+	Failures    int           // breaker threshold; ≤ 0 disables the breaker
+	Cooldown    time.Duration // first cool-down
+	MaxCooldown time.Duration // cool-down cap
+	DenySize    int           // deny cache entries; ≤ 0 disables it
+	Target      string        // for the metrics' target label (no credential)
+	Logger      *zap.Logger   // state changes; nil: none
+}
+
+// defaultOptions are the defaults of a Store.
+func defaultOptions() storeOptions {
+	return storeOptions{Failures: DefaultBreakerFailures, Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown,
+		DenySize: denycache.DefaultSize}
+}
+
+// newStore wraps a client with the default breaker and deny cache.
 func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration) *Store {
-	return &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout}
+	return newStoreWith(c, cluster, prefix, timeout, defaultOptions())
+}
+
+// newStoreWith wraps a client with the given breaker and deny cache.
+func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
+	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
+		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
+	initStoreMetrics()
+	lv := []string{"redis", o.Target}
+	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
+	if b := s.breaker; b != nil {
+		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
+		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
+		gauge.Set(float64(circuitClosed))
+		logger := o.Logger
+		if logger == nil {
+			logger = zap.NewNop()
+		}
+		b.onChange = func(from, to int32, cause error, cooldown, outage time.Duration, fast int64) {
+			gauge.Set(float64(to))
+			switch {
+			case to == circuitOpen && from == circuitClosed:
+				logger.Error("redis circuit breaker opened: Redis is not called during the cool-down; each zone's fail policy applies at once",
+					zap.String("target", o.Target), zap.Duration("cooldown", cooldown), zap.Error(cause))
+			case to == circuitClosed:
+				logger.Info("redis circuit breaker closed: decisions by Redis resumed",
+					zap.String("target", o.Target), zap.Duration("outage", outage), zap.Int64("fast_failures_total", fast))
+			default: // half-open and reopened: once per cool-down, not an event to page on
+				if ce := logger.Check(zap.DebugLevel, "redis circuit breaker "+stateNames[to]); ce != nil {
+					fields := []zap.Field{zap.String("target", o.Target), zap.Duration("cooldown", cooldown)}
+					if cause != nil {
+						fields = append(fields, zap.Error(cause))
+					}
+					ce.Write(fields...)
+				}
+			}
+		}
+	}
+	return s
 }
 
 // Destruct closes the client: the last user of a pooled store does it.
-func (s *Store) Destruct() error { return s.client.Close() }
+func (s *Store) Destruct() error {
+	if s.breaker != nil {
+		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
+	}
+	return s.client.Close()
+}
+
+// CircuitState is the breaker's state: "closed", "half-open", "open", or
+// "disabled" (for tests and the admin API).
+func (s *Store) CircuitState() string { return s.breaker.State() }
+
+// DenyCache is the store's deny cache (nil when disabled).
+func (s *Store) DenyCache() *denycache.Cache { return s.deny }
 
 // Client returns the underlying client (for tests and the admin API).
 func (s *Store) Client() redis.UniversalClient { return s.client }
@@ -56,10 +132,27 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 // charged, or none is charged. Any failure (timeout, connection, NOSCRIPT
 // twice, READONLY, OOM, an unexpected reply) is returned as an error for the
 // zones' fail policy; the decision never waits longer than the timeout.
+//
+// Before Redis: the deny cache may refuse the request locally (a zone's key
+// refused moments ago, for a cost at most this one's: see package
+// denycache), and an open circuit breaker returns an error wrapping
+// ErrCircuitOpen at once.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
 	}
+	if s.deny.Active() && s.denied(reqs, out) {
+		return nil
+	}
+	probe, err := s.breaker.allow()
+	if err != nil {
+		return err
+	}
+	var start int64
+	if s.deny != nil {
+		start = denycache.Now()
+	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	keys := make([]string, len(reqs))
@@ -67,9 +160,80 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		keys[i] = s.Key(reqs[i].Zone, reqs[i].Key)
 	}
 	if !s.cluster || sameSlot(keys) {
-		return s.run(ctx, keys, reqs, out, false)
+		err = s.run(ctx, keys, reqs, out, false)
+	} else {
+		err = s.takeAcrossSlots(ctx, keys, reqs, out)
 	}
-	return s.takeAcrossSlots(ctx, keys, reqs, out)
+	if err != nil {
+		// The caller gone (its context done first) says nothing about Redis.
+		abandoned := parent.Err() != nil
+		failed := !abandoned && counts(err)
+		s.breaker.done(probe, failed, abandoned, err)
+		if failed {
+			// State may be lost (a restart breaks the pooled connections):
+			// forget every denial.
+			s.deny.Clear()
+		}
+		return err
+	}
+	s.breaker.done(probe, false, false, nil)
+	if s.deny != nil {
+		var others []denycache.Other // built once, on a refusal only
+		for i := range reqs {
+			if out[i].Allowed || reqs[i].ReportOnly {
+				continue
+			}
+			if others == nil && len(reqs) > 1 {
+				others = make([]denycache.Other, 0, len(reqs)-1)
+				for j := range reqs {
+					if out[j].Allowed {
+						others = append(others, denycache.Other{Zone: reqs[j].Zone, Key: reqs[j].Key, Limit: reqs[j].Limit, Remaining: out[j].Remaining})
+					}
+				}
+			}
+			s.deny.RememberWith(reqs[i].Zone, reqs[i].Key, reqs[i].Limit, reqs[i].Cost, start, out[i], others)
+		}
+	}
+	return nil
+}
+
+// denied answers reqs from the deny cache when one of its zones is known
+// refused: that zone (each such zone) is refused with the time left, the
+// others are reported allowed with nothing charged (vetoed by the refusal),
+// and nothing is charged anywhere. It reports whether it answered.
+func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
+	now := denycache.Now()
+	hit := false
+	var others []denycache.Other
+	for i := range reqs {
+		r := &reqs[i]
+		if !r.ReportOnly {
+			if d, o, ok := s.deny.LookupOthers(r.Zone, r.Key, r.Limit, r.Cost, now); ok {
+				out[i], hit = d, true
+				if others == nil {
+					others = o
+				}
+				continue
+			}
+		}
+		// Overwritten by the store call when nothing hits.
+		c := r.Limit.Capacity()
+		out[i] = algorithms.Decision{Allowed: true, Limit: c, Remaining: c}
+	}
+	if !hit {
+		return false
+	}
+	// The vetoed zones report what the store said of them at the refusal
+	// (when the refused request had them), else a full allowance.
+	for _, o := range others {
+		for i := range reqs {
+			if r := &reqs[i]; out[i].Allowed && r.Zone == o.Zone && r.Key == o.Key && r.Limit == o.Limit {
+				out[i].Remaining = o.Remaining
+			}
+		}
+	}
+	s.denyHits.Inc()
+	return true
 }
 
 // run evaluates the script once for keys/reqs (all in one slot).

@@ -31,7 +31,10 @@ import (
 // show here as a missing RateLimit field or a wrong count, and fail.
 func TestAllOrNothingFleet(t *testing.T) {
 	r := redistest.Start(t)
-	store := "store redis " + r.URL() + " {\n\t\ttimeout 250ms\n\t}"
+	// deny_cache off: these tests count one script call per request and
+	// read each refusal's numbers from Redis (the deny cache has its own
+	// tests: breaker_test.go's TestAbusiveClient, redisstore).
+	store := "store redis " + r.URL() + " {\n\t\ttimeout 250ms\n\t\tdeny_cache off\n\t}"
 	routes := fmt.Sprintf(`handle /aon {
 	rate_limit {
 		zone aon_burst {

@@ -1,0 +1,213 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrCircuitOpen is returned (wrapped: match it with errors.Is) by Take
+// while the circuit breaker is open or half-open with its probe in flight:
+// Redis is not called, and each zone's fail policy applies at once.
+var ErrCircuitOpen = errors.New("redis circuit breaker open")
+
+// Breaker defaults. A probe costs one request per instance per cool-down
+// (at most the timeout), so the cap is kept short: decisions resume at most
+// DefaultMaxCooldown (+ the timeout) after Redis is back.
+const (
+	DefaultBreakerFailures = 5
+	DefaultCooldown        = time.Second
+	DefaultMaxCooldown     = 5 * time.Second
+)
+
+// Circuit states, as exported by the caddy_rate_limit_circuit_state gauge.
+const (
+	circuitClosed   int32 = 0
+	circuitHalfOpen int32 = 1
+	circuitOpen     int32 = 2
+)
+
+var stateNames = [...]string{"closed", "half-open", "open"}
+
+// circuitError is what Take returns while the circuit is open: it names the
+// failure that opened it. One value per opening, so failing fast allocates
+// nothing.
+type circuitError struct {
+	msg string
+}
+
+func (e *circuitError) Error() string        { return e.msg }
+func (e *circuitError) Is(target error) bool { return target == ErrCircuitOpen }
+
+// breaker is a small circuit breaker, written for this hot path (see the
+// Redis type's Breaker field for the policy). Closed costs one atomic load
+// before a call and, after a success, one more (a store only when a failure
+// run was in progress). The transitions take a mutex; they are rare.
+//
+// It was preferred to github.com/sony/gobreaker/v2, whose every call takes
+// a mutex and reads the clock (two generations, counts): ~60ns and a
+// contended lock per request, against ~1ns here while closed.
+type breaker struct {
+	threshold     int32
+	base, ceiling time.Duration
+
+	state   atomic.Int32
+	fails   atomic.Int32 // consecutive counted failures while closed
+	until   atomic.Int64 // monoNow() at which an open circuit may probe
+	probing atomic.Bool  // a half-open probe is in flight
+	err     atomic.Pointer[circuitError]
+	fast    atomic.Int64 // calls failed fast
+	fastCtr prometheus.Counter
+
+	mu       sync.Mutex
+	cooldown time.Duration // current cool-down (doubles on a failed probe)
+	openedAt time.Time     // start of the current outage
+
+	// onChange is called (outside the lock) on every state change.
+	onChange func(from, to int32, cause error, cooldown, outage time.Duration, fast int64)
+}
+
+var monoEpoch = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoEpoch)) }
+
+// newBreaker returns a breaker, or nil (disabled) when failures ≤ 0.
+func newBreaker(failures int, cooldown, ceiling time.Duration) *breaker {
+	if failures <= 0 {
+		return nil
+	}
+	return &breaker{threshold: int32(failures), base: cooldown, ceiling: max(ceiling, cooldown), cooldown: cooldown}
+}
+
+// allow is called before a store call. It returns probe = true for the one
+// call let through a half-open circuit, or an error (ErrCircuitOpen) to
+// return instead of calling Redis.
+func (b *breaker) allow() (probe bool, err error) {
+	if b == nil || b.state.Load() == circuitClosed {
+		return false, nil
+	}
+	if monoNow() < b.until.Load() || !b.probing.CompareAndSwap(false, true) {
+		b.fast.Add(1)
+		if b.fastCtr != nil {
+			b.fastCtr.Inc()
+		}
+		return false, b.err.Load()
+	}
+	b.transition(circuitHalfOpen, nil)
+	return true, nil
+}
+
+// done reports a call's outcome: failed says it failed in a way that counts
+// (see counts); abandoned that the caller went away before Redis answered,
+// which says nothing about Redis.
+func (b *breaker) done(probe, failed, abandoned bool, cause error) {
+	if b == nil {
+		return
+	}
+	switch {
+	case abandoned:
+		if probe {
+			b.probing.Store(false) // let another call probe
+		}
+	case failed && probe:
+		b.open(cause, true)
+	case failed:
+		if b.fails.Add(1) >= b.threshold && b.state.Load() == circuitClosed {
+			b.open(cause, false)
+		}
+	case probe:
+		b.transition(circuitClosed, nil)
+	default:
+		if b.fails.Load() != 0 {
+			b.fails.Store(0)
+		}
+	}
+}
+
+// open opens the circuit: from closed after a run of failures, or again
+// after a failed probe (doubling the cool-down up to the ceiling).
+func (b *breaker) open(cause error, reopen bool) {
+	b.mu.Lock()
+	if !reopen && b.state.Load() != circuitClosed {
+		b.mu.Unlock()
+		return
+	}
+	if reopen {
+		b.cooldown = min(2*b.cooldown, b.ceiling)
+	} else {
+		b.cooldown = b.base
+		b.openedAt = time.Now()
+	}
+	b.err.Store(&circuitError{msg: "redis circuit breaker open (Redis not called for " + b.cooldown.String() + "): " + cause.Error()})
+	// until before state: a reader that sees open must see the new until.
+	b.until.Store(monoNow() + int64(b.cooldown))
+	from := b.state.Swap(circuitOpen)
+	b.probing.Store(false)
+	cd, outage, fast := b.cooldown, time.Since(b.openedAt), b.fast.Load()
+	b.mu.Unlock()
+	if from != circuitOpen && b.onChange != nil {
+		b.onChange(from, circuitOpen, cause, cd, outage, fast)
+	}
+}
+
+// transition moves to half-open or closed.
+func (b *breaker) transition(to int32, cause error) {
+	b.mu.Lock()
+	from := b.state.Swap(to)
+	if to == circuitClosed {
+		b.fails.Store(0)
+		b.cooldown = b.base
+		b.probing.Store(false)
+	}
+	outage, fast := time.Since(b.openedAt), b.fast.Load()
+	b.mu.Unlock()
+	if from != to && b.onChange != nil {
+		b.onChange(from, to, cause, b.base, outage, fast)
+	}
+}
+
+// State is the breaker's state (closed, half-open or open).
+func (b *breaker) State() string {
+	if b == nil {
+		return "disabled"
+	}
+	return stateNames[b.state.Load()]
+}
+
+// counts reports whether an error from Redis counts toward opening the
+// circuit: the failures that cost time or say the server cannot take
+// writes — timeouts, connection errors (refused, reset, EOF, pool timeout,
+// a closed client), and the replies READONLY (a replica after a failover),
+// OOM, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and BUSY. Not counted:
+// errors about one key or the script (WRONGTYPE, ERR …, a malformed reply),
+// which cost no time and which a breaker would not cure; they still go to
+// the zones' fail policy.
+func counts(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return true
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"READONLY", "OOM", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,55 @@
+package redisstore
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The store's collectors, created once per process and registered in every
+// configuration's registry (Caddy makes one per config), as the handler's
+// are (see the root package's metrics.go). Labels: store is the store
+// module's name ("redis", as in caddy_rate_limit_store_duration_seconds),
+// target the server or Cluster seeds (scheme and host, never a
+// credential), so two Redis stores in one process stay apart.
+var storeMetrics = struct {
+	once         sync.Once
+	circuitState *prometheus.GaugeVec
+	fastFailures *prometheus.CounterVec
+	denyHits     *prometheus.CounterVec
+}{}
+
+func initStoreMetrics() {
+	const ns, sub = "caddy", "rate_limit"
+	storeMetrics.once.Do(func() {
+		storeMetrics.circuitState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "circuit_state",
+			Help: "State of the store's circuit breaker: 0 closed, 1 half-open (one probe in flight), 2 open (Redis not called).",
+		}, []string{"store", "target"})
+		storeMetrics.fastFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "circuit_fast_failures_total",
+			Help: "Store calls failed at once by the open circuit breaker (each zone's fail policy applied, no timeout paid).",
+		}, []string{"store", "target"})
+		storeMetrics.denyHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
+			Help: "Requests refused by this instance's deny cache without calling the store (store calls saved).",
+		}, []string{"store", "target"})
+	})
+}
+
+// registerStoreMetrics registers the store's collectors in a config's
+// registry (already registered is fine: the collectors carry across
+// reloads).
+func registerStoreMetrics(registry *prometheus.Registry) error {
+	initStoreMetrics()
+	if registry == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits} {
+		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
+		}
+	}
+	return nil
+}
