@@ -6,6 +6,7 @@
 #   make build         bin/caddy: stock Caddy plus this plugin
 #   make xcaddy-check  build with xcaddy as users do and check the binary
 #   make fmt | vet     gofmt the tree | go vet ./...
+#   make bench         the benchmark harness (bench/README.md), a few minutes
 
 GO        ?= go
 TESTFLAGS ?= -race -count=1 -timeout 20m
@@ -15,7 +16,7 @@ CADDYFILE ?= Caddyfile.example
 .DEFAULT_GOAL := test
 # Steps run in the order written, even under make -j.
 .NOTPARALLEL:
-.PHONY: test test-deps go-test run build xcaddy-check fmt fmt-check vet clean
+.PHONY: test test-deps go-test run build xcaddy-check fmt fmt-check vet clean bench
 
 # test is the README's test command and what .ci/run calls.
 test: vet test-deps go-test xcaddy-check
@@ -47,6 +48,13 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# bench builds the plugin's Caddy, starts its own Redis and Caddy on free
+# loopback ports, interleaves wrk and redis-benchmark over a few rounds, runs
+# the Go benchmarks, and writes bench/results/<timestamp>.md and
+# bench/RESULTS.md (bench/run.sh; knobs BENCH_* in bench/README.md).
+bench:
+	bash bench/run.sh
 
 clean:
 	rm -rf bin
