@@ -137,6 +137,12 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		h.storeStats.observe(start)
 	}
 	if err != nil {
+		if r.Context().Err() != nil {
+			// The client went away (or the server is shutting the request
+			// down): nothing is served, so nothing is decided, logged or
+			// counted as a store failure.
+			return verdict{}, pass, nil
+		}
 		h.storeErrors.log(h.logger, err)
 		if h.storeStats != nil {
 			h.storeStats.failed(err)
