@@ -39,18 +39,40 @@ import (
 	_ "github.com/sluicehq/caddy-sluice"
 )
 
-// Fixed loopback ports of this package (no other package uses them).
-const (
-	adminPort = 2599
-	portA     = 9380 // the main site
-	portB     = 9381 // a second site, for zones shared across sites
+// Loopback ports of this process, chosen free by TestMain (so two test
+// runs on one machine do not collide).
+var (
+	adminPort int
+	portA     int // the main site
+	portB     int // a second site, for zones shared across sites
+
+	adminURL, siteA, siteB string
 )
 
-var (
+// pickPorts reserves three distinct free loopback ports (held open together
+// so the kernel cannot hand out the same one twice, then released for Caddy).
+func pickPorts() error {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 3)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	adminPort, portA, portB = ports[0], ports[1], ports[2]
 	adminURL = "http://localhost:" + strconv.Itoa(adminPort)
-	siteA    = "http://localhost:" + strconv.Itoa(portA)
-	siteB    = "http://localhost:" + strconv.Itoa(portB)
-)
+	siteA = "http://localhost:" + strconv.Itoa(portA)
+	siteB = "http://localhost:" + strconv.Itoa(portB)
+	return nil
+}
 
 // storageDir is Caddy's storage for this process (a temp dir): Caddy's
 // default storage path is computed at init, before TestMain could move it.
@@ -63,6 +85,10 @@ func initialConfig() string {
 }
 
 func TestMain(m *testing.M) {
+	if err := pickPorts(); err != nil {
+		fmt.Fprintln(os.Stderr, "caddytest: picking free loopback ports:", err)
+		os.Exit(1)
+	}
 	// Keep Caddy's autosave and data out of the user's directories.
 	tmp, err := os.MkdirTemp("", "sluice-caddytest-")
 	if err != nil {
