@@ -2,10 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
@@ -85,5 +89,75 @@ func TestReportTakeLatency(t *testing.T) {
 		if p50 >= DefaultTimeout {
 			t.Errorf("p50 %v is not below the timeout %v", p50, DefaultTimeout)
 		}
+	}
+}
+
+// BenchmarkTakeModes compares, side by side in one run, how concurrent
+// decisions travel to Redis: one round trip per call ("direct"), this
+// store's pipeline workers ("batch-N": N pipelines in flight), and
+// go-redis's own autopipeliner (blocking face, default options). 50
+// goroutines per run, one zone, distinct keys, the production timeout.
+//
+//	go test -run XXX -bench TakeModes -benchmem ./redisstore/
+func BenchmarkTakeModes(b *testing.B) {
+	srv := redistest.Start(b)
+	modes := []struct {
+		name    string
+		workers int
+		auto    bool
+	}{
+		{"direct", -1, false},
+		{"autopipeline", -1, true},
+		{"batch-1", 1, false},
+		{"batch-2", 2, false},
+		{"batch-4", 4, false},
+		{"batch-8", 8, false},
+	}
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix}
+			c, cluster, err := cfg.newClient()
+			if err != nil {
+				b.Fatal(err)
+			}
+			o := redisPathOptions()
+			o.Workers = m.workers
+			s := newStoreWith(c, cluster, DefaultKeyPrefix, DefaultTimeout, o)
+			defer s.Destruct()
+			if m.auto {
+				ap, err := c.(*redis.Client).AutoPipeline()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer ap.Close()
+				s.direct = ap
+			}
+			runParallelTakes(b, s, 1, 50)
+		})
+	}
+}
+
+// runParallelTakes runs b.N Takes of zones zones from goroutines goroutines
+// (at least), each with an identity of its own, and fails on any error or
+// refusal.
+func runParallelTakes(b *testing.B, s *Store, zones, goroutines int) {
+	var seq, failed atomic.Int64
+	take(b, s, benchZones(b, keyOf(b, "warm"), zones)...) // loads the script
+	b.SetParallelism((goroutines + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		reqs := benchZones(b, keyOf(b, "bench-"+strconv.FormatInt(seq.Add(1), 10)+time.Now().String()), zones)
+		out := make([]algorithms.Decision, zones)
+		ctx := context.Background()
+		for pb.Next() {
+			if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+				failed.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d of %d Takes failed or were refused", n, b.N)
 	}
 }

@@ -60,7 +60,9 @@ func newTestStore(t testing.TB, url, prefix string, timeout time.Duration, poolS
 	if err != nil {
 		t.Fatalf("newClient(%q): %v", url, err)
 	}
-	s := newStoreWith(c, cluster, prefix, timeout, redisPathOptions())
+	o := redisPathOptions()
+	o.Workers = cfg.workers()
+	s := newStoreWith(c, cluster, prefix, timeout, o)
 	t.Cleanup(func() { _ = s.Destruct() })
 	return s
 }

@@ -86,7 +86,11 @@ type Redis struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// PoolSize is the number of connections per node. Default: go-redis's
-	// (10 per CPU).
+	// (10 per CPU). Decisions travel through min(4, PoolSize) pipelines,
+	// each on a connection of its own (concurrent decisions share round
+	// trips; see the README's Performance section); the pool's other
+	// connections serve the startup check, the admin API and the test
+	// entry points.
 	PoolSize int `json:"pool_size,omitempty"`
 
 	// Breaker is the circuit breaker in front of Redis. After Failures
@@ -198,7 +202,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
 		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize,
 		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize}
-	opts.Target, opts.Logger = cfg.describe(), r.logger
+	opts.Target, opts.Logger, opts.Workers = cfg.describe(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
 		return err
@@ -219,7 +223,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if !loaded {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if err := r.store.client.Ping(pctx).Err(); err != nil {
+		if err := r.store.warm(pctx); err != nil {
 			r.logger.Warn("redis is not reachable yet; decisions follow each zone's fail policy until it is",
 				zap.String("target", cfg.describe()), zap.Error(redactErr(err, rawURL, password)))
 		}
@@ -336,6 +340,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.MaxRedirects = 2
+		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewClusterClient(opt), true, nil
 	}
 	u, err := url.Parse(c.URL)
@@ -357,6 +362,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		}
 		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewFailoverClient(opt), false, nil
 	case "redis", "rediss", "unix":
 		opt, err := redis.ParseURL(c.URL)
@@ -368,9 +374,27 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		}
 		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewClient(opt), false, nil
 	}
 	return nil, false, fmt.Errorf("store redis: url: unsupported scheme %q (use redis://, rediss://, redis+sentinel:// or rediss+sentinel://)", u.Scheme)
+}
+
+// workers is the number of pipeline workers (batch.go) of a store with
+// this configuration: defaultWorkers, or pool_size when smaller.
+func (c connConfig) workers() int {
+	if c.PoolSize > 0 && c.PoolSize < defaultWorkers {
+		return c.PoolSize
+	}
+	return defaultWorkers
+}
+
+// pipelines sizes go-redis's pipeline pool (the connections the pipeline
+// workers use, per node): one connection per worker, with buffers for a
+// batch of maxBatch calls (a call is about 150 bytes each way) rather than
+// go-redis's 128 KiB default.
+func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
+	return c.workers(), 32 << 10, 32 << 10
 }
 
 // bound makes every wait of a go-redis client honour the decision timeout:

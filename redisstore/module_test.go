@@ -272,7 +272,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 }
 
 // TestPoolReuse counts the server's client connections: a second module
-// with the same config (a reload) adds none, and the pool bounds them.
+// with the same config (a reload) adds none, and the pool bounds them:
+// decisions use at most min(4, pool_size) pipeline connections, plus the
+// one connection of the startup check.
 func TestPoolReuse(t *testing.T) {
 	srv := redistest.Start(t)
 	conns := func() int { return srv.ConnectedClients(t) - 1 } // minus the asking connection
@@ -339,7 +341,8 @@ func TestPoolReuse(t *testing.T) {
 	t.Logf("pool_size 4: connections before %d, after Provision %d, after 200 sequential Takes %d, after 3 bursts of 40 %d, "+
 		"after a second Provision %d, after 200+120 more Takes through it %d, after one Cleanup %d, after both %d; CLIENT LIST: %s",
 		c0, cProv, cSeq, cBurst, cReload, cAfter, cOneLeft, cGone, list)
-	if c0 != 0 || cSeq > 4 || cBurst > 4 || cReload != cBurst || cAfter > 4 || cOneLeft != cAfter || cGone != 0 {
+	const most = 4 + 1 // pipelines + the startup check's connection
+	if c0 != 0 || cSeq > most || cBurst > most || cReload != cBurst || cAfter > most || cOneLeft != cAfter || cGone != 0 {
 		t.Fatal("connections grew beyond the pool, or a reload / Cleanup changed them (numbers above)")
 	}
 

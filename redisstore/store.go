@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,7 +17,10 @@ import (
 )
 
 // script is the production decision script; its SHA is computed once.
-var script = redis.NewScript(algorithms.LuaScript)
+var (
+	script    = redis.NewScript(algorithms.LuaScript)
+	scriptSHA = script.Hash()
+)
 
 // Store decides rate limits in Redis: one Lua script per request (per
 // Cluster slot when a request's keys span slots), with the time read from
@@ -32,6 +36,14 @@ type Store struct {
 	deny     *denycache.Cache // nil: disabled
 	denyHits prometheus.Counter
 	opts     storeOptions
+
+	// batch pipelines concurrent script calls (batch.go); nil sends each
+	// call on its own round trip (kept for the side-by-side benchmarks).
+	batch *batcher
+	// direct is what an unbatched call runs on: the client, or (in a
+	// benchmark) go-redis's autopipeliner.
+	direct redis.Scripter
+	argc   argCache
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -43,6 +55,7 @@ type storeOptions struct {
 	DenySize    int           // deny cache entries; ≤ 0 disables it
 	Target      string        // for the metrics' target label (no credential)
 	Logger      *zap.Logger   // state changes; nil: none
+	Workers     int           // pipeline workers; 0: defaultWorkers, < 0: no pipelining
 }
 
 // defaultOptions are the defaults of a Store.
@@ -59,7 +72,10 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 // newStoreWith wraps a client with the given breaker and deny cache.
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
-		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
+		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize), direct: c}
+	if o.Workers >= 0 {
+		s.batch = newBatcher(c, o.Workers)
+	}
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
@@ -94,8 +110,27 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	return s
 }
 
+// warm checks that Redis answers and readies the first decision: it loads
+// the script and opens a pipeline connection (the pipeline workers' pool
+// dials only on use), so the first request does not pay a dial, a
+// handshake and a NOSCRIPT round trip within its timeout.
+func (s *Store) warm(ctx context.Context) error {
+	if s.cluster {
+		// SCRIPT LOAD goes to every master; the node pools dial on use.
+		return s.client.ScriptLoad(ctx, algorithms.LuaScript).Err()
+	}
+	pipe := s.client.Pipeline()
+	pipe.Ping(ctx)
+	pipe.ScriptLoad(ctx, algorithms.LuaScript)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
 // Destruct closes the client: the last user of a pooled store does it.
 func (s *Store) Destruct() error {
+	if s.batch != nil {
+		s.batch.close()
+	}
 	if s.breaker != nil {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
 	}
@@ -155,13 +190,15 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	keys := make([]string, len(reqs))
+	c := getCall(ctx)
 	for i := range reqs {
-		keys[i] = s.Key(reqs[i].Zone, reqs[i].Key)
+		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
 	}
-	if !s.cluster || sameSlot(keys) {
-		err = s.run(ctx, keys, reqs, out, false)
+	if !s.cluster || sameSlot(c.keys) {
+		err = s.runCall(c, reqs, out, false)
 	} else {
+		keys := slices.Clone(c.keys)
+		putCall(c)
 		err = s.takeAcrossSlots(ctx, keys, reqs, out)
 	}
 	if err != nil {
@@ -238,11 +275,33 @@ func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) boo
 
 // run evaluates the script once for keys/reqs (all in one slot).
 func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
-	args := make([]any, 0, len(reqs)*algorithms.LuaArgsPerZone)
-	for i := range reqs {
-		args = algorithms.AppendLuaArgs(args, &reqs[i], refund)
+	c := getCall(ctx)
+	c.keys = append(c.keys, keys...)
+	return s.runCall(c, reqs, out, refund)
+}
+
+// runCall evaluates the script once for c's keys (all in one slot) and
+// reqs, through the pipeline workers when there are, and decodes the reply
+// into out (nothing for a refund). It consumes c.
+func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
+	c.args = s.argc.appendArgs(c.args, reqs, refund)
+	if s.batch == nil {
+		c.cmd = script.Run(c.ctx, s.direct, c.keys, c.args...)
+	} else if owned, err := s.batch.do(c); err != nil {
+		if owned {
+			putCall(c)
+		}
+		return err
 	}
-	res, err := script.Run(ctx, s.client, keys, args...).Int64Slice()
+	err := decodeReply(c.cmd, reqs, out, refund)
+	putCall(c)
+	return err
+}
+
+// decodeReply reads the script's reply: per zone, allowed (1/0),
+// remaining, retry-after and reset-after in ms.
+func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
+	v, err := cmd.Result()
 	if err != nil {
 		if errors.Is(err, redis.Nil) {
 			return errors.New("redis: the script returned nil")
@@ -252,17 +311,23 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 	if refund {
 		return nil
 	}
-	if len(res) != 4*len(reqs) {
-		return fmt.Errorf("redis: the script returned %d values for %d zones", len(res), len(reqs))
+	res, ok := v.([]any)
+	if !ok || len(res) != 4*len(reqs) {
+		return fmt.Errorf("redis: the script returned %T of %d values for %d zones", v, len(res), len(reqs))
 	}
+	var n [4]int64
 	for i := range reqs {
-		v := res[4*i : 4*i+4]
+		for j := range n {
+			if n[j], ok = res[4*i+j].(int64); !ok {
+				return fmt.Errorf("redis: the script returned %T, want integers", res[4*i+j])
+			}
+		}
 		out[i] = algorithms.Decision{
-			Allowed:    v[0] == 1,
+			Allowed:    n[0] == 1,
 			Limit:      reqs[i].Limit.Capacity(),
-			Remaining:  v[1],
-			RetryAfter: time.Duration(v[2]) * time.Millisecond,
-			ResetAfter: time.Duration(v[3]) * time.Millisecond,
+			Remaining:  n[1],
+			RetryAfter: time.Duration(n[2]) * time.Millisecond,
+			ResetAfter: time.Duration(n[3]) * time.Millisecond,
 		}
 	}
 	return nil

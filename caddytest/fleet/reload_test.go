@@ -109,8 +109,10 @@ func TestReloadKeepsPool(t *testing.T) {
 		t.Helper()
 		s := sample{phase: phase, connected: r.ConnectedClients(t) - 1, ids: clientIDs(t, r)}
 		samples = append(samples, s)
-		if len(s.ids) > pool {
-			t.Errorf("%s: %d connections to Redis %v, want at most the pool (%d)", phase, len(s.ids), s.ids, pool)
+		// pool_size bounds the pipeline connections decisions use; the
+		// startup check keeps one more.
+		if len(s.ids) > pool+1 {
+			t.Errorf("%s: %d connections to Redis %v, want at most the pool (%d) + 1", phase, len(s.ids), s.ids, pool)
 		}
 		return s
 	}
