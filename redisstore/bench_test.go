@@ -29,27 +29,7 @@ func benchZones(b testing.TB, key algorithms.Key, n int) []algorithms.Request {
 
 func benchmarkTake(b *testing.B, zones int) {
 	srv := redistest.Start(b)
-	s := newTestStore(b, srv.URL(), "", testTimeout, 0)
-	var seq atomic.Int64
-	var failed atomic.Int64
-	take(b, s, benchZones(b, keyOf(b, "warm"), zones)...) // loads the script
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		// One identity per goroutine: no hot key.
-		reqs := benchZones(b, keyOf(b, "bench-"+string(rune('a'+seq.Add(1)%26))+time.Now().String()), zones)
-		out := make([]algorithms.Decision, zones)
-		ctx := context.Background()
-		for pb.Next() {
-			if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
-				failed.Add(1)
-			}
-		}
-	})
-	b.StopTimer()
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d Takes failed or were refused", n)
-	}
+	runParallelTakes(b, newTestStore(b, srv.URL(), "", testTimeout, 0), zones, 50)
 }
 
 func BenchmarkTakeOneZone(b *testing.B)    { benchmarkTake(b, 1) }
