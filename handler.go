@@ -86,7 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
-	if out != failClosed {
+	if out == allow {
 		if h.legacy {
 			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
 		}
@@ -95,10 +95,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			hdr[hdrPolicy] = []string{v.policy}
 			hdr[hdrState] = []string{v.state}
 		}
-	}
-	if out == allow {
 		return next.ServeHTTP(w, r)
 	}
+	// A refusal sets the rate limit headers itself, with the rest of its
+	// response and in fewer allocations.
 	return h.refuse(w, r, &v, out == failClosed, now)
 }
 
@@ -259,8 +259,11 @@ type lineSampler struct {
 
 const linesPerSecond = 10
 
-func (l *lineSampler) take() bool {
-	now := time.Now().Unix()
+func (l *lineSampler) take() bool { return l.takeAt(time.Now().Unix()) }
+
+// takeAt is take for a caller that already read the clock (now in Unix
+// seconds).
+func (l *lineSampler) takeAt(now int64) bool {
 	if sec := l.second.Load(); sec != now && l.second.CompareAndSwap(sec, now) {
 		l.n.Store(0)
 	}

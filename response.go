@@ -3,11 +3,11 @@ package sluice
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -56,7 +56,10 @@ type compiledResponse struct {
 	status       int
 	contentType  string
 	body         string
-	headers      http.Header
+	// defaultBody: body is defaultBody, which refuse renders without the
+	// replacer (appendDefaultBody).
+	defaultBody bool
+	headers     http.Header
 }
 
 func (r *Response) validate() error {
@@ -76,7 +79,7 @@ func (r *Response) compile(c *compiledResponse) error {
 	if err := r.validate(); err != nil {
 		return err
 	}
-	*c = compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json", body: defaultBody}
+	*c = compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json", body: defaultBody, defaultBody: true}
 	if r == nil {
 		return nil
 	}
@@ -85,7 +88,7 @@ func (r *Response) compile(c *compiledResponse) error {
 		c.status = r.StatusCode
 	}
 	if r.Body != "" {
-		c.body = r.Body
+		c.body, c.defaultBody = r.Body, false
 		c.contentType = sniffContentType(r.Body)
 	}
 	if r.ContentType != "" {
@@ -113,7 +116,9 @@ const (
 )
 
 // setLegacyHeaders writes X-RateLimit-Limit, -Remaining and -Reset (Unix
-// seconds at which the key is back to full) for one decision.
+// seconds at which the key is back to full) for one decision. A refusal
+// writes the same three values itself, with its other headers (refuse):
+// keep the two in step.
 func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.Time) {
 	// Both numbers are formatted into one string and sliced out of it, and
 	// the three values share one backing array: two allocations in all.
@@ -202,9 +207,9 @@ const (
 
 // logRefusal writes one line per refusal (zone, key token, retry-after,
 // cost), sampled by h.refusalLog so that an attack cannot flood the log.
-func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Replacer) {
+func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Replacer, now time.Time) {
 	lvl := zap.InfoLevel
-	if !h.refusalLog.take() {
+	if !h.refusalLog.takeAt(now.Unix()) {
 		return
 	}
 	if ce := h.logger.Check(lvl, msg); ce != nil {
@@ -227,11 +232,18 @@ type errRefused struct{ msg, zone string }
 
 func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
 
-// refuse answers a refused request: Retry-After, Cache-Control: no-store,
-// the placeholders and the event, then either the configured body or a
-// Caddy error for the site's handle_errors routes. Headers set before
-// (CORS from a header directive, say) are kept. unavailable marks the
-// fail-closed refusal: 503, same shape, for a store that could not decide.
+// refuse answers a refused request: the rate limit headers (X-RateLimit-*,
+// RateLimit-Policy and RateLimit, as configured; not on a fail-closed 503),
+// Retry-After, Cache-Control: no-store, the placeholders and the event,
+// then either the configured body or a Caddy error for the site's
+// handle_errors routes. Headers set before (CORS from a header directive,
+// say) are kept. unavailable marks the fail-closed refusal: 503, same
+// shape, for a store that could not decide.
+//
+// A refusal must cost less than letting the request through, so with the
+// default body it makes three allocations: the placeholders' provider, one
+// string holding every number of the headers, and one backing array for
+// every header value it sets. The body is rendered into a pooled buffer.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	status, msg := h.resp.status, msgExceeded
@@ -240,19 +252,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	retry := h.retryAfterSeconds(v.RetryAfter)
 	reset := resetUnix(now, v.ResetAfter)
-
-	hdr := w.Header()
-	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
-	hdr.Set("Cache-Control", "no-store")
-
-	repl.Set("http.rate_limit.zone", v.zone.name)
-	repl.Set("http.rate_limit.exceeded.name", v.zone.name)
-	repl.Set("http.rate_limit.retry_after", retry)
-	repl.Set("http.rate_limit.limit", v.Limit)
-	repl.Set("http.rate_limit.remaining", v.Remaining)
-	repl.Set("http.rate_limit.reset", reset)
-	repl.Set("http.rate_limit.status", status)
-	repl.Set("http.rate_limit.error", msg)
+	publishPlaceholders(r, repl, refusalVars{
+		zone: v.zone.name, msg: msg, status: status,
+		retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset,
+	})
 
 	// Building the event costs allocations; skip it when nothing listens.
 	if !unavailable && h.events.ShouldEmit(eventExceeded) {
@@ -262,23 +265,210 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 			"retry_after": retry,
 		})
 	}
-	h.logRefusal(msg, v, retry, repl)
+	h.logRefusal(msg, v, retry, repl, now)
+
+	// The default body needs no placeholder: it is rendered first, so that
+	// its Content-Length joins the other numbers in one string.
+	var bp *[]byte
+	var body []byte
+	if !h.resp.handleErrors {
+		bp = bodyPool.Get().(*[]byte)
+		body = (*bp)[:0]
+	}
+	rendered := !h.resp.handleErrors && h.resp.defaultBody
+	if rendered {
+		body = appendDefaultBody(body, status, msg, v.zone.name, retry)
+	}
+
+	legacy := h.legacy && !unavailable
+	draft := v.policy != "" && !unavailable
+	var nb [4 * 20]byte
+	b := strconv.AppendInt(nb[:0], retry, 10)
+	endRetry, endRemaining := len(b), len(b)
+	if legacy {
+		b = strconv.AppendInt(b, v.Remaining, 10)
+		endRemaining = len(b)
+		b = strconv.AppendInt(b, reset, 10)
+	}
+	endReset := len(b)
+	if rendered {
+		b = strconv.AppendInt(b, int64(len(body)), 10)
+	}
+	nums := string(b)
+
+	n := 2 // Retry-After, Cache-Control
+	if legacy {
+		n += 3
+	}
+	if draft {
+		n += 2
+	}
+	if !h.resp.handleErrors {
+		n += 2 // Content-Type, Content-Length
+	}
+	vals := headerValues(make([]string, n))
+	hdr := w.Header()
+	if legacy { // the values setLegacyHeaders writes for an allowed request
+		vals.set(hdr, hdrLimit, v.zone.limitText)
+		vals.set(hdr, hdrRemaining, nums[endRetry:endRemaining])
+		vals.set(hdr, hdrReset, nums[endRemaining:endReset])
+	}
+	if draft {
+		vals.set(hdr, hdrPolicy, v.policy)
+		vals.set(hdr, hdrState, v.state)
+	}
+	vals.set(hdr, hdrRetryAfter, nums[:endRetry])
+	vals.set(hdr, hdrCacheControl, "no-store")
 
 	if h.resp.handleErrors {
 		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})
 	}
-	for name, vals := range h.resp.headers {
+	for name, hv := range h.resp.headers {
 		hdr.Del(name)
-		for _, val := range vals {
+		for _, val := range hv {
 			hdr.Add(name, repl.ReplaceKnown(val, ""))
 		}
 	}
-	body := repl.ReplaceKnown(h.resp.body, "")
-	hdr.Set("Content-Type", h.resp.contentType)
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	contentLength := nums[endReset:]
+	if !rendered {
+		// A custom body is rendered once every header but its own two is
+		// set, as its placeholders may read them.
+		body = append(body, repl.ReplaceKnown(h.resp.body, "")...)
+		contentLength = strconv.Itoa(len(body))
+	}
+	vals.set(hdr, hdrContentType, h.resp.contentType)
+	vals.set(hdr, hdrContentLength, contentLength)
 	w.WriteHeader(status)
 	if r.Method != http.MethodHead {
-		_, _ = io.WriteString(w, body)
+		_, _ = w.Write(body)
 	}
+	*bp = body
+	putBody(bp)
 	return nil
+}
+
+// Header names the refusal sets, in canonical form.
+const (
+	hdrRetryAfter    = "Retry-After"
+	hdrCacheControl  = "Cache-Control"
+	hdrContentType   = "Content-Type"
+	hdrContentLength = "Content-Length"
+)
+
+// headerValues hands out header values from one backing array, so that a
+// response's headers cost one allocation rather than one each. Each header
+// gets a one-element slice whose capacity is also one: a later handler that
+// appends to it (Header.Add) gets a new array rather than writing into the
+// next header's value, and one that rewrites a value in place (a deferred
+// `header` replacement does) touches only that header. The array belongs to
+// this one response; nothing else holds it.
+type headerValues []string
+
+// set sets the header name (canonical) to val and moves on to the next
+// element.
+func (hv *headerValues) set(h http.Header, name, val string) {
+	s := *hv
+	s[0] = val
+	h[name] = s[:1:1]
+	*hv = s[1:]
+}
+
+// bodyPool holds the buffers refusal bodies are rendered into. A buffer goes
+// back once written: io.Writer implementations must not retain what they
+// are given.
+var bodyPool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 256)
+	return &b
+}}
+
+// putBody returns a body buffer to bodyPool, unless it grew large (a big
+// custom body) and would keep that memory alive.
+func putBody(bp *[]byte) {
+	if cap(*bp) > 64<<10 {
+		return
+	}
+	*bp = (*bp)[:0]
+	bodyPool.Put(bp)
+}
+
+// appendDefaultBody appends the default body, exactly what defaultBody's
+// template renders to (zone names and the messages need no JSON escaping).
+func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []byte {
+	b = append(b, `{"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"error":"`...)
+	b = append(b, msg...)
+	b = append(b, `","zone":"`...)
+	b = append(b, zone...)
+	b = append(b, `","retry_after":`...)
+	b = strconv.AppendInt(b, retry, 10)
+	return append(b, '}')
+}
+
+// phPrefix begins the name of every placeholder a refusal sets.
+const phPrefix = "http.rate_limit."
+
+// refusalVars are the values of a refusal's {http.rate_limit.*}
+// placeholders.
+type refusalVars struct {
+	zone, msg                      string
+	retry, limit, remaining, reset int64
+	status                         int
+}
+
+// get is the placeholder provider: the value of key, with the same types
+// Replacer.Set was given before there was a provider (strings, int64s and
+// the status as an int), so every placeholder renders as it did.
+func (p refusalVars) get(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, phPrefix)
+	if !ok {
+		return nil, false
+	}
+	switch name {
+	case "zone", "exceeded.name":
+		return p.zone, true
+	case "retry_after":
+		return p.retry, true
+	case "limit":
+		return p.limit, true
+	case "remaining":
+		return p.remaining, true
+	case "reset":
+		return p.reset, true
+	case "status":
+		return p.status, true
+	case "error":
+		return p.msg, true
+	}
+	return nil, false
+}
+
+// publishPlaceholders makes the refusal's placeholders readable by everything
+// that runs after it in the request: the response block's templates, the
+// handle_errors routes, handlers that wrap this one (log_append, a deferred
+// header) and the access log.
+//
+// They are served by one provider added to the request's replacer, one
+// allocation (the closure holding the values), where setting eight static
+// values boxed each value and grew the replacer's map. The provider is asked
+// only when a placeholder is read, and formats then.
+//
+// A provider is asked after the replacer's static values, and two providers
+// of one request would answer in the order they were added: in an error
+// route, where a rate_limit may refuse a request that an earlier one already
+// refused, the values are set as static values instead, so that the latest
+// refusal is what the error route reads.
+func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
+	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute {
+		repl.Set(phPrefix+"zone", p.zone)
+		repl.Set(phPrefix+"exceeded.name", p.zone)
+		repl.Set(phPrefix+"retry_after", p.retry)
+		repl.Set(phPrefix+"limit", p.limit)
+		repl.Set(phPrefix+"remaining", p.remaining)
+		repl.Set(phPrefix+"reset", p.reset)
+		repl.Set(phPrefix+"status", p.status)
+		repl.Set(phPrefix+"error", p.msg)
+		return
+	}
+	repl.Map(func(key string) (any, bool) { return p.get(key) })
 }
