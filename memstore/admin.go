@@ -17,24 +17,34 @@ import (
 // is back to full or was written by another algorithm (which a request
 // would also treat as none); the decision is then the fresh key's.
 func (s *Store) Peek(zone string, key algorithms.Key, l algorithms.Limit) (d algorithms.Decision, found bool) {
-	k := mapKey{zone: zone, key: key}
+	id, known := s.zones.lookup(zone)
+	if !known {
+		return algorithms.Peek(algorithms.State{}, true, l, s.now()), false
+	}
+	k := mapKey{zone: id, key: key}
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	d = algorithms.Peek(e.st, !ok, l, s.now())
+	st, ok := sh.get(k)
+	d = algorithms.Peek(st, !ok, l, s.now())
 	return d, ok && d.ResetAfter > 0
 }
 
 // Reset forgets key's state in zone, so its next request sees a full
 // allowance. It reports whether there was state to forget.
 func (s *Store) Reset(zone string, key algorithms.Key) bool {
-	k := mapKey{zone: zone, key: key}
+	id, known := s.zones.lookup(zone)
+	if !known {
+		return false // no key of this zone was ever stored
+	}
+	k := mapKey{zone: id, key: key}
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	_, ok := sh.m[k]
-	delete(sh.m, k)
+	e, ok := sh.m[k]
+	if ok {
+		sh.drop(k, &e)
+	}
 	return ok
 }
 

@@ -12,6 +12,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -45,6 +46,7 @@ type Config struct {
 // Store holds rate limit state in memory.
 type Store struct {
 	shards   [numShards]shard
+	zones    zoneIndex
 	seed     maphash.Seed
 	now      func() int64
 	perShard int
@@ -54,24 +56,146 @@ type Store struct {
 }
 
 type shard struct {
-	mu        sync.Mutex
-	m         map[mapKey]entry
+	mu sync.Mutex
+	m  map[mapKey]entry
+	// logs holds the sliding logs of the shard's sliding_log keys (entries
+	// of Alg SlidingLog), kept out of m so that m holds no pointers; nil
+	// until the shard's first sliding log.
+	logs      map[mapKey]*algorithms.Log
 	lastSweep int64    // Unix ms of the last sweep done to make room
-	_         [32]byte // keep neighbouring shards' locks off one cache line
+	_         [24]byte // keep neighbouring shards' locks off one cache line
 }
 
 // roomSweepEvery is how often, at most, a full shard sweeps itself to make
 // room before it displaces a key that still holds state.
 const roomSweepEvery = 1000 // ms
 
+// mapKey names one key's state: the zone by its number in the store's
+// zoneIndex (24 bytes with padding, against 40 with the zone's name) and
+// the identity token.
 type mapKey struct {
-	zone string
+	zone uint32
 	key  algorithms.Key
 }
 
+// entry is one key's state: an algorithms.State without its Log (see
+// shard.logs), the algorithm packed into the top byte of the scale, and the
+// instant the key is back to full. 40 bytes and no pointers, so that the
+// map is never scanned by the garbage collector.
 type entry struct {
-	st     algorithms.State
-	fullAt int64 // Unix ms at which the key is back to full and may be dropped
+	debt, at, prev int64
+	scaleAlg       uint64 // State.Scale (< 2^56) | State.Alg << 56
+	fullAt         int64  // Unix ms at which the key is back to full and may be dropped
+}
+
+// scaleBits is how many low bits of entry.scaleAlg hold State.Scale. Every
+// Scale that Step returns for a valid limit is far below 2^scaleBits: a
+// window in milliseconds (at most algorithms.MaxRefill, < 2^42) or GCRA's
+// unit (at most algorithms.MaxGCRAUnit, 2^26).
+const scaleBits = 56
+
+func (e *entry) alg() algorithms.Algorithm { return algorithms.Algorithm(e.scaleAlg >> scaleBits) }
+
+// pack compacts st (but its Log) into an entry. A Scale outside [0, 2^56),
+// which no valid limit produces, is stored as 0: no state.
+func pack(st *algorithms.State, fullAt int64) entry {
+	scale := uint64(st.Scale)
+	if scale >= 1<<scaleBits {
+		scale = 0
+	}
+	return entry{debt: st.Debt, at: st.At, prev: st.Prev, scaleAlg: scale | uint64(st.Alg)<<scaleBits, fullAt: fullAt}
+}
+
+// get returns k's state and whether the shard holds it. The caller holds
+// sh.mu.
+func (sh *shard) get(k mapKey) (st algorithms.State, ok bool) {
+	e, ok := sh.m[k]
+	if !ok {
+		return st, false
+	}
+	st = algorithms.State{Debt: e.debt, At: e.at, Prev: e.prev, Scale: int64(e.scaleAlg & (1<<scaleBits - 1)), Alg: e.alg()}
+	if st.Alg == algorithms.SlidingLog {
+		st.Log = sh.logs[k]
+	}
+	return st, true
+}
+
+// set stores st under k. The caller holds sh.mu.
+func (sh *shard) set(k mapKey, st *algorithms.State, fullAt int64) {
+	if st.Log != nil {
+		if sh.logs == nil {
+			sh.logs = make(map[mapKey]*algorithms.Log)
+		}
+		sh.logs[k] = st.Log
+	} else if len(sh.logs) > 0 {
+		delete(sh.logs, k) // k may have been a sliding log before
+	}
+	sh.m[k] = pack(st, fullAt)
+}
+
+// drop forgets k, whose entry is e. The caller holds sh.mu.
+func (sh *shard) drop(k mapKey, e *entry) {
+	delete(sh.m, k)
+	if e.alg() == algorithms.SlidingLog {
+		delete(sh.logs, k)
+	}
+}
+
+// zoneIndex numbers the zone names a store has seen, so that a key names
+// its zone in 4 bytes. Zone names come from the configuration, so the index
+// stays small; numbers are never reused (a zone removed by a reload keeps
+// its number, and its keys expire as usual). Lookups read an immutable
+// snapshot without locking; a new name copies it (once per zone).
+type zoneIndex struct {
+	mu   sync.Mutex // serialises additions
+	snap atomic.Pointer[zoneSnapshot]
+}
+
+type zoneSnapshot struct {
+	ids   map[string]uint32
+	names []string // by number
+}
+
+// lookup returns name's number, if it has one.
+func (z *zoneIndex) lookup(name string) (uint32, bool) {
+	if sn := z.snap.Load(); sn != nil {
+		id, ok := sn.ids[name]
+		return id, ok
+	}
+	return 0, false
+}
+
+// id returns name's number, giving it one if it has none.
+func (z *zoneIndex) id(name string) uint32 {
+	if id, ok := z.lookup(name); ok {
+		return id
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	old := z.snap.Load()
+	if old == nil {
+		old = &zoneSnapshot{}
+	}
+	if id, ok := old.ids[name]; ok {
+		return id
+	}
+	id := uint32(len(old.names))
+	sn := &zoneSnapshot{ids: make(map[string]uint32, len(old.ids)+1), names: append(slices.Clip(old.names), name)}
+	for n, i := range old.ids {
+		sn.ids[n] = i
+	}
+	sn.ids[name] = id
+	z.snap.Store(sn)
+	return id
+}
+
+// names returns the names by number: every number handed out before the
+// call has its name.
+func (z *zoneIndex) names() []string {
+	if sn := z.snap.Load(); sn != nil {
+		return sn.names
+	}
+	return nil
 }
 
 // New returns a running Store; Close stops its sweeper.
@@ -125,14 +249,14 @@ func (s *Store) shardOf(k *mapKey) *shard {
 }
 
 func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
-	k := mapKey{zone: r.Zone, key: r.Key}
+	k := mapKey{zone: s.zones.id(r.Zone), key: r.Key}
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	now := s.now()
-	e, ok := sh.m[k]
-	d, next, fullAt := algorithms.Step(e.st, !ok, r.Limit, now, r.Cost)
+	st, ok := sh.get(k)
+	d, next, fullAt := algorithms.Step(st, !ok, r.Limit, now, r.Cost)
 	if d.Allowed {
-		s.put(sh, k, ok, entry{st: next, fullAt: fullAt}, now, nil)
+		s.put(sh, k, ok, &next, fullAt, now, nil)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -144,12 +268,13 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) error {
 	var idxBuf [8]uint8
 	var keyBuf [8]mapKey
-	var pendBuf [8]entry
+	var pendBuf [8]algorithms.State
+	var fullBuf [8]int64
 	var lockBuf [8]uint8
 	var presentBuf [8]bool
-	idx, keys, pend, present := idxBuf[:0], keyBuf[:0], pendBuf[:0], presentBuf[:0]
+	idx, keys, pend, fullAt, present := idxBuf[:0], keyBuf[:0], pendBuf[:0], fullBuf[:0], presentBuf[:0]
 	for i := range reqs {
-		k := mapKey{zone: reqs[i].Zone, key: reqs[i].Key}
+		k := mapKey{zone: s.zones.id(reqs[i].Zone), key: reqs[i].Key}
 		keys = append(keys, k)
 		idx = append(idx, uint8(maphash.Comparable(s.seed, k)%numShards))
 	}
@@ -161,24 +286,25 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	allowed := true
 	for i := range reqs {
 		sh := &s.shards[idx[i]]
-		e, ok := sh.m[keys[i]]
-		d, next, fullAt := algorithms.Step(e.st, !ok, reqs[i].Limit, now, reqs[i].Cost)
+		st, ok := sh.get(keys[i])
+		d, next, full := algorithms.Step(st, !ok, reqs[i].Limit, now, reqs[i].Cost)
 		out[i] = d
-		pend = append(pend, entry{st: next, fullAt: fullAt})
+		pend = append(pend, next)
+		fullAt = append(fullAt, full)
 		present = append(present, ok)
 		allowed = allowed && (d.Allowed || reqs[i].ReportOnly) // report-only zones never veto
 	}
 	for i := range reqs {
 		switch {
 		case allowed && out[i].Allowed:
-			s.put(&s.shards[idx[i]], keys[i], present[i], pend[i], now, keys)
+			s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
 		case allowed:
 			// A report-only zone that would refuse: charged nothing, as
 			// under enforcement.
 		case out[i].Allowed:
 			// Vetoed by another zone: report this zone's uncharged state.
-			e := s.shards[idx[i]].m[keys[i]]
-			out[i], _, _ = algorithms.Step(e.st, !present[i], reqs[i].Limit, now, 0)
+			st, _ := s.shards[idx[i]].get(keys[i])
+			out[i], _, _ = algorithms.Step(st, !present[i], reqs[i].Limit, now, 0)
 		}
 	}
 	for _, i := range locked {
@@ -187,14 +313,14 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	return nil
 }
 
-// put stores e under k, making room first when the shard is full. keep
+// put stores st under k, making room first when the shard is full. keep
 // lists keys that must not be displaced (the other zones of the request
 // being committed). The caller holds sh.mu.
-func (s *Store) put(sh *shard, k mapKey, exists bool, e entry, now int64, keep []mapKey) {
+func (s *Store) put(sh *shard, k mapKey, exists bool, st *algorithms.State, fullAt, now int64, keep []mapKey) {
 	if !exists && len(sh.m) >= s.perShard {
 		makeRoom(sh, s.perShard, now, keep)
 	}
-	sh.m[k] = e
+	sh.set(k, st, fullAt)
 }
 
 // makeRoom frees a place in a full shard. First it drops the shard's keys
@@ -218,7 +344,7 @@ func makeRoom(sh *shard, limit int, now int64, keep []mapKey) {
 	n := 0
 	for k, e := range sh.m {
 		if e.fullAt <= now {
-			delete(sh.m, k)
+			sh.drop(k, &e)
 			return
 		}
 		if e.fullAt < best && !slices.Contains(keep, k) {
@@ -229,7 +355,8 @@ func makeRoom(sh *shard, limit int, now int64, keep []mapKey) {
 		}
 	}
 	if found {
-		delete(sh.m, victim)
+		e := sh.m[victim]
+		sh.drop(victim, &e)
 	}
 }
 
@@ -249,7 +376,7 @@ func (s *Store) Sweep() {
 func sweepShard(sh *shard, now int64) {
 	for k, e := range sh.m {
 		if e.fullAt <= now {
-			delete(sh.m, k)
+			sh.drop(k, &e)
 		}
 	}
 }
@@ -272,8 +399,9 @@ func (s *Store) Keys(f func(zone string, key algorithms.Key)) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		names := s.zones.names() // after the lock: it names every key held
 		for k := range sh.m {
-			f(k.zone, k.key)
+			f(names[k.zone], k.key)
 		}
 		sh.mu.Unlock()
 	}

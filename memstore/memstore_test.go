@@ -64,13 +64,15 @@ func take1(t testing.TB, s *Store, r algorithms.Request) algorithms.Decision {
 // peek reports a key's decision for a zero-cost request without storing
 // anything, and whether the key is held.
 func peek(s *Store, zone string, key algorithms.Key, l algorithms.Limit) (algorithms.Decision, bool) {
-	k := mapKey{zone: zone, key: key}
+	id, known := s.zones.lookup(zone)
+	k := mapKey{zone: id, key: key}
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	e, ok := sh.m[k]
+	st, ok := sh.get(k)
 	now := s.now()
 	sh.mu.Unlock()
-	d, _, _ := algorithms.Step(e.st, !ok, l, now, 0)
+	ok = ok && known
+	d, _, _ := algorithms.Step(st, !ok, l, now, 0)
 	return d, ok
 }
 
@@ -453,7 +455,7 @@ func TestMaxKeysBound(t *testing.T) {
 func sameShardKeys(s *Store, zone string, n int) []algorithms.Key {
 	byShard := map[*shard][]algorithms.Key{}
 	for i := 0; ; i++ {
-		k := mapKey{zone: zone, key: keyOf(i)}
+		k := mapKey{zone: s.zones.id(zone), key: keyOf(i)}
 		sh := s.shardOf(&k)
 		byShard[sh] = append(byShard[sh], k.key)
 		if len(byShard[sh]) == n {
@@ -779,8 +781,8 @@ func TestCommitKeepsOwnZones(t *testing.T) {
 	s, _ := newTestStore(t, numShards) // one key per shard
 	var a, b mapKey
 	for i := 0; ; i++ {
-		a = mapKey{zone: "a", key: keyOf(i)}
-		b = mapKey{zone: "b", key: keyOf(i)}
+		a = mapKey{zone: s.zones.id("a"), key: keyOf(i)}
+		b = mapKey{zone: s.zones.id("b"), key: keyOf(i)}
 		if s.shardOf(&a) == s.shardOf(&b) {
 			break
 		}

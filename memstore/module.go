@@ -35,7 +35,10 @@ type Memory struct {
 	// that, it displaces, of a sample of 8 keys, the one closest to full
 	// (which hands its owner the least). A flood of new keys therefore
 	// costs old clients their state only once the store is full of keys
-	// that are all still refilling. Default: 1000000.
+	// that are all still refilling. A key takes 94 to 151 bytes of memory
+	// (measured from 30,000 to 1,000,000 keys; the spread is the map's
+	// fill), so the default holds about 150 MB at most; a sliding_log key
+	// takes more (its events). Default: 1000000.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// SweepInterval is how often keys that are back to full are dropped.
