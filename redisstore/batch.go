@@ -42,10 +42,13 @@ const (
 	// buffer grow with it; beyond a few dozen calls the round trip is no
 	// longer the cost).
 	maxBatch = 64
-	// defaultWorkers is the number of pipelines in flight per store.
-	// Measured (BenchmarkTakeModes, go test -bench TakeModes ./redisstore/):
-	// see the README's Performance section.
-	defaultWorkers = 4
+	// defaultWorkers is the number of pipelines in flight per store (the
+	// store option pipelines). Measured (BenchmarkTakeModes, go test -bench
+	// TakeModes ./redisstore/, and make bench): see the README's
+	// Performance section.
+	defaultWorkers = 2
+	// maxWorkers bounds the option.
+	maxWorkers = 64
 	// queueSize bounds the calls waiting for a worker; a caller that finds
 	// it full waits for room within its own deadline.
 	queueSize = 4096

@@ -86,12 +86,17 @@ type Redis struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// PoolSize is the number of connections per node. Default: go-redis's
-	// (10 per CPU). Decisions travel through min(4, PoolSize) pipelines,
-	// each on a connection of its own (concurrent decisions share round
-	// trips; see the README's Performance section); the pool's other
-	// connections serve the startup check, the admin API and the test
-	// entry points.
+	// (10 per CPU). Decisions travel through Pipelines pipelines (at most
+	// PoolSize), each on a connection of its own; the pool's other
+	// connections serve the admin API.
 	PoolSize int `json:"pool_size,omitempty"`
+
+	// Pipelines is the number of pipeline workers: concurrent decisions
+	// share round trips, each worker sending every call queued behind the
+	// first as one pipeline (see the README's Redis store section). More
+	// workers mean more round trips in flight and smaller batches.
+	// Default: 2 (measured: see the README's Performance section).
+	Pipelines int `json:"pipelines,omitempty"`
 
 	// Breaker is the circuit breaker in front of Redis. After Failures
 	// consecutive failed calls (default 5) that count — timeouts and
@@ -200,7 +205,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	}
 	opts := r.options()
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
-		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize,
+		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize, Pipelines: r.Pipelines,
 		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize}
 	opts.Target, opts.Logger, opts.Workers = cfg.describe(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
@@ -242,6 +247,8 @@ func (r *Redis) validate() error {
 		return fmt.Errorf("store redis: timeout must be positive, got %s", time.Duration(r.Timeout))
 	case r.PoolSize < 0:
 		return fmt.Errorf("store redis: pool_size must be positive, got %d", r.PoolSize)
+	case r.Pipelines < 0 || r.Pipelines > maxWorkers:
+		return fmt.Errorf("store redis: pipelines must be between 1 and %d, got %d", maxWorkers, r.Pipelines)
 	case r.DenyCacheSize != nil && *r.DenyCacheSize < 0:
 		return fmt.Errorf("store redis: deny_cache_size must be 0 (off) or positive, got %d", *r.DenyCacheSize)
 	case r.Breaker != nil && (r.Breaker.Failures < 0 || r.Breaker.Cooldown < 0 || r.Breaker.MaxCooldown < 0):
@@ -286,14 +293,15 @@ func (r *Redis) Store() *Store { return r.store }
 
 // connConfig is a store's resolved connection configuration.
 type connConfig struct {
-	URL      string
-	Cluster  []string
-	Username string
-	Password string
-	TLS      bool
-	Timeout  time.Duration
-	Prefix   string
-	PoolSize int
+	URL       string
+	Cluster   []string
+	Username  string
+	Password  string
+	TLS       bool
+	Timeout   time.Duration
+	Prefix    string
+	PoolSize  int
+	Pipelines int
 	// The breaker and deny cache settings: stores that differ in them do
 	// not share a client (nor a breaker).
 	Failures    int
@@ -381,12 +389,17 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 }
 
 // workers is the number of pipeline workers (batch.go) of a store with
-// this configuration: defaultWorkers, or pool_size when smaller.
+// this configuration: pipelines (default defaultWorkers), at most
+// pool_size.
 func (c connConfig) workers() int {
-	if c.PoolSize > 0 && c.PoolSize < defaultWorkers {
-		return c.PoolSize
+	n := defaultWorkers
+	if c.Pipelines > 0 {
+		n = c.Pipelines
 	}
-	return defaultWorkers
+	if c.PoolSize > 0 && c.PoolSize < n {
+		n = c.PoolSize
+	}
+	return n
 }
 
 // pipelines sizes go-redis's pipeline pool (the connections the pipeline
@@ -510,6 +523,16 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			r.KeyPrefix = v
+		case "pipelines":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 || n > maxWorkers {
+				return d.Errf("store redis: pipelines must be an integer between 1 and %d, got %q", maxWorkers, v)
+			}
+			r.Pipelines = n
 		case "pool_size":
 			v, err := one()
 			if err != nil {

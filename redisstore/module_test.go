@@ -209,11 +209,11 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
 		return r, err
 	}
-	r, err := parse("redis redis://127.0.0.1:6379 {\n\ttimeout 50ms\n\tkey_prefix app:\n\tpool_size 5\n}")
+	r, err := parse("redis redis://127.0.0.1:6379 {\n\ttimeout 50ms\n\tkey_prefix app:\n\tpool_size 5\n\tpipelines 3\n}")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.URL != "redis://127.0.0.1:6379" || time.Duration(r.Timeout) != 50*time.Millisecond || r.KeyPrefix != "app:" || r.PoolSize != 5 || len(r.Cluster) != 0 {
+	if r.URL != "redis://127.0.0.1:6379" || time.Duration(r.Timeout) != 50*time.Millisecond || r.KeyPrefix != "app:" || r.PoolSize != 5 || r.Pipelines != 3 || len(r.Cluster) != 0 {
 		t.Fatalf("parsed %+v", r)
 	}
 	r, err = parse("redis {\n\tcluster 127.0.0.1:7000 127.0.0.1:7001\n}")
@@ -253,6 +253,10 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		"redis redis://h:1 {\n\tkey_prefix app}\n}",
 		"redis redis://h:1 {\n\tpool_size 0\n}",
 		"redis redis://h:1 {\n\tpool_size x\n}",
+		"redis redis://h:1 {\n\tpipelines 0\n}",
+		"redis redis://h:1 {\n\tpipelines 65\n}",
+		"redis redis://h:1 {\n\tpipelines two\n}",
+		"redis redis://h:1 {\n\tpipelines 2\n\tpipelines 2\n}",
 		"redis redis://h:1 {\n\ttls yes\n}",
 		"redis redis://a:1 redis://b:1",
 		"redis",
@@ -273,8 +277,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 
 // TestPoolReuse counts the server's client connections: a second module
 // with the same config (a reload) adds none, and the pool bounds them:
-// decisions use at most min(4, pool_size) pipeline connections, plus the
-// one connection of the startup check.
+// decisions use at most min(pipelines, pool_size) pipeline connections,
+// plus (at most) one connection of the startup check.
 func TestPoolReuse(t *testing.T) {
 	srv := redistest.Start(t)
 	conns := func() int { return srv.ConnectedClients(t) - 1 } // minus the asking connection
