@@ -29,7 +29,11 @@ func Peek(st State, fresh bool, l Limit, now int64) Decision {
 	return d
 }
 
-// DecodeLua parses a state as the Lua twin stores it (see lua/*.lua):
+// DecodeLua parses a state as the Lua twin stores it (see lua/*.lua). The
+// token bucket, gcra, sliding and fixed window are stored in a binary form
+// (see EncodeLua); the text form, which Sluice versions before it wrote and
+// which is still written for an instant outside the binary form's range or
+// by LuaScriptText, is read too:
 //
 //	token bucket    "<debt>:<at>:<scale>"
 //	gcra            "g<at>:<fraction>:<unit>"
@@ -37,10 +41,11 @@ func Peek(st State, fresh bool, l Limit, now int64) Decision {
 //	sliding window  "s<prev>:<cur>:<start>:<window>"
 //	sliding log     "l<base>" then ",<t-base>" or ",<t-base>*<cost>" per event
 //
-// The State it returns carries the algorithm that wrote it, so Step treats
-// it as no state when the zone's algorithm has changed since, as the script
-// does. ok is false for a value in none of these forms, which the script
-// also counts as no state.
+// The sliding log is always stored in text. The State DecodeLua returns
+// carries the algorithm that wrote it, so Step treats it as no state when
+// the zone's algorithm has changed since, as the script does. ok is false
+// for a value in none of these forms, which the script also counts as no
+// state.
 func DecodeLua(raw string) (st State, ok bool) {
 	if raw == "" {
 		return State{}, false
@@ -67,11 +72,172 @@ func DecodeLua(raw string) (st State, ok bool) {
 	case 'l':
 		return decodeLog(raw[1:])
 	}
+	if raw[0] >= 0x80 {
+		return decodeBinary(raw)
+	}
 	var f [3]int64
 	if !decodeFields(raw, f[:], "--+") {
 		return State{}, false
 	}
 	return State{Alg: TokenBucket, Debt: f[0], At: f[1], Scale: f[2]}, true
+}
+
+// The binary form of the constant-size states (lua/common.lua documents
+// it): a header byte (and, for the sliding window, a length byte), the
+// state's instant in 5 bytes, one or two counts and a last field.
+const (
+	// binEpoch is the instant 0 of the binary form (Unix ms,
+	// 2020-09-13T12:26:40Z); it holds instants up to binEpoch + 2^40 ms
+	// (in 2055).
+	binEpoch = 1_600_000_000_000
+	binSpan  = 1 << 40
+	// binExact bounds every field: all are exact in Lua's doubles.
+	binExact = 1 << 53
+)
+
+// binUnits are the units the last field may be stored in: it is stored
+// divided by the largest that divides it (1 hour, 1 minute, 1 second).
+var binUnits = [4]int64{1, 1000, 60_000, 3_600_000}
+
+// decodeBinary parses the binary form; raw[0] >= 0x80.
+func decodeBinary(raw string) (State, bool) {
+	h := raw[0] - 0x80
+	alg := Algorithm(h >> 5)
+	unit, n1 := binUnits[h&3], int(h>>2&7)
+	p, n2 := 1, 0 // p: the instant's first byte
+	if alg == SlidingWindow {
+		if len(raw) < 2 || raw[1] > 7 {
+			return State{}, false
+		}
+		p, n2 = 2, int(raw[1])
+	}
+	e1 := p + 5 + n1
+	e2 := e1 + n2
+	if rest := len(raw) - e2; rest < 1 || rest > 7 {
+		return State{}, false
+	}
+	at := binEpoch + bigEndian(raw[p:p+5])
+	f1, f2, m := bigEndian(raw[p+5:e1]), bigEndian(raw[e1:e2]), bigEndian(raw[e2:])
+	if f1 >= binExact || f2 >= binExact || m > (binExact-1)/unit {
+		return State{}, false
+	}
+	last := m * unit
+	switch alg {
+	case TokenBucket:
+		return State{Alg: TokenBucket, Debt: f1, At: at, Scale: last}, true
+	case GCRA:
+		return State{Alg: GCRA, At: at, Debt: f1, Scale: last}, true
+	case SlidingWindow:
+		return State{Alg: SlidingWindow, Prev: f1, Debt: f2, At: at, Scale: last}, true
+	default: // FixedWindow: h>>5 is at most 3
+		return State{Alg: FixedWindow, Debt: f1, At: at, Scale: last}, true
+	}
+}
+
+// bigEndian returns the big-endian unsigned integer of at most 7 bytes.
+func bigEndian(b string) int64 {
+	var v int64
+	for i := 0; i < len(b); i++ {
+		v = v<<8 | int64(b[i])
+	}
+	return v
+}
+
+// EncodeLua returns the value the Lua twin (LuaScript) stores for st, which
+// DecodeLua reads back as st; "" for a sliding log without events (the
+// script deletes the key). The token bucket, gcra, sliding and fixed window
+// are stored in binary when their instant lies in [2020-09-13, 2055) and
+// every count is between 0 and 2^53 (as every state Step returns), else in
+// the text form (EncodeLuaText); the sliding log always in text.
+func EncodeLua(st State) string {
+	var b []byte
+	switch st.Alg {
+	case TokenBucket, GCRA, FixedWindow:
+		b = appendBinary(nil, st.Alg, st.At, st.Debt, -1, st.Scale)
+	case SlidingWindow:
+		if st.Debt >= 0 {
+			b = appendBinary(nil, st.Alg, st.At, st.Prev, st.Debt, st.Scale)
+		}
+	}
+	if b == nil {
+		return EncodeLuaText(st)
+	}
+	return string(b)
+}
+
+// appendBinary appends the binary form of a state of algorithm alg: its
+// instant at, counts f1 and f2 (f2 < 0: none, all but the sliding window)
+// and the last field; it returns nil when the state has no binary form.
+func appendBinary(b []byte, alg Algorithm, at, f1, f2, last int64) []byte {
+	x := at - binEpoch
+	if x < 0 || x >= binSpan || f1 < 0 || f1 >= binExact || f2 >= binExact || last <= 0 || last >= binExact {
+		return nil
+	}
+	k := 0
+	for i := len(binUnits) - 1; i > 0; i-- {
+		if last%binUnits[i] == 0 {
+			k = i
+			break
+		}
+	}
+	n1 := byteLen(f1)
+	b = append(b, 0x80|byte(alg)<<5|byte(n1)<<2|byte(k))
+	if f2 >= 0 {
+		b = append(b, byte(byteLen(f2)))
+	}
+	b = append(b, byte(x>>32), byte(x>>24), byte(x>>16), byte(x>>8), byte(x))
+	b = appendBigEndian(b, f1)
+	if f2 >= 0 {
+		b = appendBigEndian(b, f2)
+	}
+	return appendBigEndian(b, last/binUnits[k])
+}
+
+// byteLen is the number of bytes of v ≥ 0 without leading zeros (0 for 0).
+func byteLen(v int64) int {
+	n := 0
+	for ; v > 0; v >>= 8 {
+		n++
+	}
+	return n
+}
+
+func appendBigEndian(b []byte, v int64) []byte {
+	for i := byteLen(v) - 1; i >= 0; i-- {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
+}
+
+// EncodeLuaText returns the text form of st (see DecodeLua), which the Lua
+// twin writes for an instant outside the binary form's range, LuaScriptText
+// writes always, and Sluice versions before the binary form wrote; "" for
+// a sliding log without events.
+func EncodeLuaText(st State) string {
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	switch st.Alg {
+	case GCRA:
+		return "g" + i(st.At) + ":" + i(st.Debt) + ":" + i(st.Scale)
+	case FixedWindow:
+		return "f" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
+	case SlidingWindow:
+		return "s" + i(st.Prev) + ":" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
+	case SlidingLog:
+		if st.Log == nil || len(st.Log.Entries) == 0 {
+			return ""
+		}
+		e := st.Log.Entries
+		var b strings.Builder
+		b.WriteString("l" + i(e[0].At))
+		for _, x := range e {
+			b.WriteString("," + i(x.At-e[0].At))
+			if x.Cost != 1 {
+				b.WriteString("*" + i(x.Cost))
+			}
+		}
+		return b.String()
+	}
+	return i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
 }
 
 // decodeFields parses len(out) ':'-separated integers; signs[i] is '-' when

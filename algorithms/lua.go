@@ -27,19 +27,37 @@ var (
 // algorithm, then the main body that dispatches on each zone's algorithm.
 var luaBody = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
 
+// The script's entry points define `now` (Unix milliseconds), `argbase`
+// (how many ARGV entries precede the zones') and `compact` (whether states
+// are written in the binary form of lua/common.lua, or in the text form of
+// the Sluice versions before it; both forms are always read).
+const (
+	luaClock    = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nlocal argbase = 0\n"
+	luaTestTime = "local now = tonumber(ARGV[1])\nlocal argbase = 1\n"
+	luaCompact  = "local compact = true\n"
+	luaText     = "local compact = false\n"
+)
+
 // LuaScript is the production decision script: the Lua twin of Step for a
 // whole request (see lua/take.lua for its KEYS/ARGV layout). It reads the
-// time from redis.call('TIME') and accepts none from the caller.
-var LuaScript = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local argbase = 0
-` + luaBody
+// time from redis.call('TIME') and accepts none from the caller. It stores
+// states in the compact binary form (see EncodeLua) and reads that form and
+// the text form older Sluice versions wrote.
+var LuaScript = luaClock + luaCompact + luaBody
 
-// LuaTestScript is the same script for tests: ARGV[1] is the current time
-// in Unix milliseconds, so the Lua twin runs the same vectors as Step.
-var LuaTestScript = `local now = tonumber(ARGV[1])
-local argbase = 1
-` + luaBody
+// LuaScriptText is LuaScript writing the text form of the Sluice versions
+// before the binary one (see EncodeLuaText), which those versions can read:
+// the first phase of a rolling upgrade from such a version, while instances
+// running it may still read keys this one writes (an older version takes a
+// binary value for no state: a full allowance). It reads both forms.
+var LuaScriptText = luaClock + luaText + luaBody
+
+// LuaTestScript is LuaScript for tests: ARGV[1] is the current time in Unix
+// milliseconds, so the Lua twin runs the same vectors as Step.
+var LuaTestScript = luaTestTime + luaCompact + luaBody
+
+// LuaTestScriptText is LuaScriptText for tests, with the time in ARGV[1].
+var LuaTestScriptText = luaTestTime + luaText + luaBody
 
 // LuaArgsPerZone is the number of ARGV entries per zone.
 const LuaArgsPerZone = 6

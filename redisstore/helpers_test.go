@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,31 +183,16 @@ func scanAll(t testing.TB, srv *redistest.Server) []string {
 	}
 }
 
-// state is a parsed stored value "debt:at:scale".
+// state is a stored token bucket state (algorithms.DecodeLua).
 type state struct{ debt, at, scale int64 }
 
 func parseState(t testing.TB, raw string) state {
 	t.Helper()
-	parts := strings.Split(raw, ":")
-	if len(parts) != 3 {
-		t.Fatalf("stored state %q is not debt:at:scale", raw)
+	st, ok := algorithms.DecodeLua(raw)
+	if !ok || st.Alg != algorithms.TokenBucket {
+		t.Fatalf("stored state %q is not a token bucket's", raw)
 	}
-	var st state
-	for i, p := range parts {
-		n, err := strconv.ParseInt(p, 10, 64)
-		if err != nil {
-			t.Fatalf("stored state %q: field %d: %v", raw, i, err)
-		}
-		switch i {
-		case 0:
-			st.debt = n
-		case 1:
-			st.at = n
-		case 2:
-			st.scale = n
-		}
-	}
-	return st
+	return state{debt: st.Debt, at: st.At, scale: st.Scale}
 }
 
 // getRaw returns a key's stored value through any client ("" when absent).

@@ -197,24 +197,29 @@ func TestRefundEveryAlgorithm(t *testing.T) {
 
 // Memory per key in Redis, measured: MEMORY USAGE of one zone's key after
 // requests through the production script, with a production key name
-// (prefix sluice:v1:, a zone name, an IPv4 identity token).
+// (prefix sluice:v1:, a zone name, an IPv4 identity token). The budget is
+// 100 bytes per key for the token bucket, asserted here with one token
+// spent and with the bucket emptied (the largest debt).
 // Run: go test -run TestRedisMemoryPerKey -v ./redisstore/
 func TestRedisMemoryPerKey(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newTestStore(t, srv.URL(), "", testTimeout, 0)
 	ip := keyOf(t, "203.0.113.7")
+	const budget = 100 // bytes per key, token bucket
 	cases := []struct {
 		name  string
 		l     algorithms.Limit
 		takes int
+		max   int64
 	}{
-		{"token_bucket", limitOf(t, algorithms.TokenBucket, 100, time.Minute, 0), 1},
-		{"gcra", limitOf(t, algorithms.GCRA, 100, time.Minute, 0), 1},
-		{"sliding_window", limitOf(t, algorithms.SlidingWindow, 100, time.Minute, 0), 1},
-		{"fixed_window", limitOf(t, algorithms.FixedWindow, 100, time.Minute, 0), 1},
-		{"sliding_log, 1 event", limitOf(t, algorithms.SlidingLog, 5, 24*time.Hour, 0), 1},
-		{"sliding_log, 5 events", limitOf(t, algorithms.SlidingLog, 5, 24*time.Hour, 0), 5},
-		{"sliding_log, 100 events", limitOf(t, algorithms.SlidingLog, 100, time.Hour, 0), 100},
+		{"token_bucket", limitOf(t, algorithms.TokenBucket, 100, time.Minute, 0), 1, budget},
+		{"gcra", limitOf(t, algorithms.GCRA, 100, time.Minute, 0), 1, 600},
+		{"sliding_window", limitOf(t, algorithms.SlidingWindow, 100, time.Minute, 0), 1, 600},
+		{"fixed_window", limitOf(t, algorithms.FixedWindow, 100, time.Minute, 0), 1, 600},
+		{"sliding_log, 1 event", limitOf(t, algorithms.SlidingLog, 5, 24*time.Hour, 0), 1, 600},
+		{"sliding_log, 5 events", limitOf(t, algorithms.SlidingLog, 5, 24*time.Hour, 0), 5, 600},
+		{"sliding_log, 100 events", limitOf(t, algorithms.SlidingLog, 100, time.Hour, 0), 100, 600},
+		{"token_bucket, emptied", limitOf(t, algorithms.TokenBucket, 100, time.Minute, 0), 100, budget},
 	}
 	for i, c := range cases {
 		zone := fmt.Sprintf("api%d", i)
@@ -229,10 +234,35 @@ func TestRedisMemoryPerKey(t *testing.T) {
 		if err != nil {
 			t.Fatalf("MEMORY USAGE %s: %v", key, err)
 		}
-		val := srv.Do(t, "GET", key)
-		t.Logf("%-24s MEMORY USAGE %s SAMPLES 0 = %4d bytes (value %d bytes)", c.name, key, n, len(fmt.Sprint(val)))
-		if n > 600 {
-			t.Errorf("%s: %d bytes", c.name, n)
+		val := getRaw(t, s.Client(), key)
+		t.Logf("%-24s MEMORY USAGE %s SAMPLES 0 = %4d bytes (value %d bytes)", c.name, key, n, len(val))
+		if n > c.max {
+			t.Errorf("%s: %d bytes per key, want at most %d", c.name, n, c.max)
+		}
+	}
+	// The token bucket's value with the bucket emptied (its largest debt),
+	// for common limits: at most 12 bytes keeps a key at 88 bytes (with
+	// zone names of 4 characters, as above: the key's length counts too).
+	for i, c := range []struct {
+		events int64
+		window time.Duration
+		burst  int64
+	}{{10, time.Second, 0}, {100, time.Second, 0}, {100, time.Minute, 0}, {1000, time.Minute, 0}, {10, time.Minute, 50},
+		{1000, time.Hour, 0}, {10000, time.Hour, 0}, {100, 24 * time.Hour, 0}, {5, 7 * time.Second, 0}, {3, 1500 * time.Millisecond, 0}} {
+		l := limitOf(t, algorithms.TokenBucket, c.events, c.window, c.burst)
+		zone := fmt.Sprintf("tb%02d", i)
+		if d := take(t, s, algorithms.Request{Zone: zone, Key: ip, Limit: l, Cost: l.Capacity()})[0]; !d.Allowed {
+			t.Fatalf("%s: refused", limitString(l))
+		}
+		key := s.Key(zone, ip)
+		n, err := s.Client().MemoryUsage(testCtx(t), key, 0).Result()
+		if err != nil {
+			t.Fatalf("MEMORY USAGE %s: %v", key, err)
+		}
+		val := getRaw(t, s.Client(), key)
+		t.Logf("%-40s emptied: MEMORY USAGE = %4d bytes (value %d bytes)", limitString(l), n, len(val))
+		if len(val) > 12 || n > budget {
+			t.Errorf("%s emptied: %d bytes per key (value %d bytes), want at most %d", limitString(l), n, len(val), budget)
 		}
 	}
 	// Logs of events spread in time (longer deltas), through the test entry
@@ -254,7 +284,6 @@ func TestRedisMemoryPerKey(t *testing.T) {
 		if err != nil {
 			t.Fatalf("MEMORY USAGE %s: %v", key, err)
 		}
-		val := srv.Do(t, "GET", key)
-		t.Logf("sliding_log, %4d events %dms apart: MEMORY USAGE = %5d bytes (value %d bytes)", c.events, c.every, n, len(fmt.Sprint(val)))
+		t.Logf("sliding_log, %4d events %dms apart: MEMORY USAGE = %5d bytes (value %d bytes)", c.events, c.every, n, len(getRaw(t, s.Client(), key)))
 	}
 }

@@ -36,7 +36,8 @@ type twin struct {
 	t     *testing.T
 	ctx   context.Context
 	c     *redis.Client
-	sc    *redis.Script
+	sc    *redis.Script                 // the script under test: twinScript unless a test sets another
+	enc   func(algorithms.State) string // what sc stores for a state: stateString for twinScript
 	now   int64
 	zones []*twinZone
 	hist  []string
@@ -46,7 +47,7 @@ type twin struct {
 var twinScript = redis.NewScript(algorithms.LuaTestScript)
 
 func newTwin(t *testing.T, srv *redistest.Server, c *redis.Client, zones int) *twin {
-	tw := &twin{t: t, ctx: testCtx(t), c: c, sc: twinScript, now: 1_700_000_000_000}
+	tw := &twin{t: t, ctx: testCtx(t), c: c, sc: twinScript, enc: stateString, now: 1_700_000_000_000}
 	for i := range zones {
 		key := fmt.Sprintf("twin:%s:%d", t.Name(), i)
 		srv.Do(t, "DEL", key)
@@ -65,34 +66,10 @@ func goView(d algorithms.Decision) luaDecision {
 		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
-// stateString is what the Lua twin stores for st: the Redis value encoding
-// of each algorithm (see algorithms/lua/*.lua).
-func stateString(st algorithms.State) string {
-	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	switch st.Alg {
-	case algorithms.GCRA:
-		return "g" + i(st.At) + ":" + i(st.Debt) + ":" + i(st.Scale)
-	case algorithms.FixedWindow:
-		return "f" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case algorithms.SlidingWindow:
-		return "s" + i(st.Prev) + ":" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case algorithms.SlidingLog:
-		if st.Log == nil || len(st.Log.Entries) == 0 {
-			return ""
-		}
-		e := st.Log.Entries
-		var b strings.Builder
-		b.WriteString("l" + i(e[0].At))
-		for _, x := range e {
-			b.WriteString("," + i(x.At-e[0].At))
-			if x.Cost != 1 {
-				b.WriteString("*" + i(x.Cost))
-			}
-		}
-		return b.String()
-	}
-	return i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-}
+// stateString is what the Lua twin stores for st (algorithms.EncodeLua):
+// comparing it with what Redis holds checks the script's encoder byte for
+// byte.
+func stateString(st algorithms.State) string { return algorithms.EncodeLua(st) }
 
 func limitString(l algorithms.Limit) string {
 	return fmt.Sprintf("%s %d/%dms burst %d", l.Algorithm, l.Events, l.Window, l.Burst)
@@ -115,7 +92,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 		args = algorithms.AppendLuaArgs(args, &r, false)
 		before := "fresh"
 		if !z.fresh {
-			before = stateString(z.st)
+			before = fmt.Sprintf("%q", stateString(z.st))
 		}
 		desc = append(desc, fmt.Sprintf("zone %d: limit %s cost %d state %s", i, limitString(limits[i]), costs[i], before))
 	}
@@ -153,7 +130,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 			t.Fatalf("%s\nzone %d decision: Lua %+v, Go %+v", tw.history(), i, got, want)
 		}
 		if all {
-			z.st, z.fresh, z.raw = nexts[i], false, stateString(nexts[i])
+			z.st, z.fresh, z.raw = nexts[i], false, tw.enc(nexts[i])
 		}
 	}
 
@@ -176,6 +153,10 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 		}
 		if raw != z.raw {
 			t.Fatalf("%s\nzone %d stored state: Redis %q, Go %q (all allowed: %v)", tw.history(), i, raw, z.raw, all)
+		}
+		// The Go decoder (the admin API's) reads back the state Go holds.
+		if st, ok := algorithms.DecodeLua(raw); raw != "" && (!ok || algorithms.EncodeLuaText(st) != algorithms.EncodeLuaText(z.st)) {
+			t.Fatalf("%s\nzone %d: DecodeLua(%q) = %+v %v, want %+v", tw.history(), i, raw, st, ok, z.st)
 		}
 		if all {
 			// Written now: PX = time to full + 1000ms margin.
@@ -303,8 +284,8 @@ func TestLuaTwinMatchesGo(t *testing.T) {
 		perSec, perMin := L(1, time.Second, 2), L(60, time.Minute, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 930)
-		if got := tw.zones[0].raw; got != "1070:1700000000930:1000" {
-			t.Fatalf("state after two takes %q", got)
+		if got, _ := algorithms.DecodeLua(tw.zones[0].raw); got != (algorithms.State{Debt: 1070, At: 1700000000930, Scale: 1000}) {
+			t.Fatalf("state after two takes %+v (%q)", got, tw.zones[0].raw)
 		}
 		tw.step([]algorithms.Limit{perMin}, []int64{1}, 0)
 		total += tw.steps

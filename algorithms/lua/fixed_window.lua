@@ -1,14 +1,16 @@
 -- fixed_window mirrors algorithms/fixed_window.go.
--- State: "f<count>:<start>:<length>", the count of window [start, start+length).
+-- State: the count of window [start, start+length). Stored in binary (see
+-- common.lua: the instant start, f1 = count, last = length), or, out of the
+-- binary range or from an older Sluice, "f<count>:<start>:<length>".
 
 local function fw_load(raw, w)
   local count, start, length = 0, idiv(now, w) * w, w
-  local c, s, l
+  local c, s, l, _
   if raw then
-    c, s, l = string.match(raw, '^f(%d+):(%-?%d+):(%d+)$')
+    s, c, _, l = load_state(raw, 3, '^f(%d+):(%-?%d+):(%d+)$', 2)
   end
-  if c and tonumber(l) > 0 and now < tonumber(s) + tonumber(l) then
-    count, start, length = tonumber(c), tonumber(s), tonumber(l)
+  if c and l > 0 and now < s + l then
+    count, start, length = c, s, l
   end
   return count, start, length
 end
@@ -16,7 +18,7 @@ end
 local function fw_result(r, count, start, length)
   local full_at = now
   if count > 0 then full_at = start + length end
-  r.val = 'f' .. fmt(count) .. ':' .. fmt(start) .. ':' .. fmt(length)
+  r.val = pack(3, start, count, nil, length) or ('f' .. fmt(count) .. ':' .. fmt(start) .. ':' .. fmt(length))
   r.reset = full_at - now
   return r
 end

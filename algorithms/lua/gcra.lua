@@ -1,6 +1,8 @@
 -- gcra mirrors algorithms/gcra.go. Time in units of 1/u ms, u = events /
 -- gcd(events, window); the emission interval is window / gcd units.
--- State: "g<q>:<r>:<u>", the theoretical arrival time (TAT) q + r/u ms.
+-- State: the theoretical arrival time (TAT) q + r/u ms. Stored in binary
+-- (see common.lua: the instant q, f1 = r, last = u), or, out of the binary
+-- range or from an older Sluice, "g<q>:<r>:<u>".
 
 local function gcra_units(events, w, capacity)
   local g = gcd(events, w)
@@ -11,14 +13,13 @@ end
 
 -- gcra_load returns the TAT as now + ahead ms + r units (ahead = -1: past).
 local function gcra_load(raw, u)
-  local q, r, sc
+  local q, r, sc, _
   if raw then
-    q, r, sc = string.match(raw, '^g(%-?%d+):(%d+):(%d+)$')
+    q, r, _, sc = load_state(raw, 1, '^g(%-?%d+):(%d+):(%d+)$', 1)
   end
-  if not q or tonumber(sc) <= 0 then
+  if not q or sc <= 0 then
     return -1, 0
   end
-  q, r, sc = tonumber(q), tonumber(r), tonumber(sc)
   if r > sc - 1 then r = sc - 1 end
   if sc ~= u then
     r = ceildiv(r * u, sc)
@@ -45,7 +46,7 @@ local function gcra_result(r, ahead, rest, d, over, u, ei, tau)
     if rest > 0 then r.reset = ahead + 1 end
     at = now + ahead
   end
-  r.val = 'g' .. fmt(at) .. ':' .. fmt(rest) .. ':' .. fmt(u)
+  r.val = pack(1, at, rest, nil, u) or ('g' .. fmt(at) .. ':' .. fmt(rest) .. ':' .. fmt(u))
   return r
 end
 

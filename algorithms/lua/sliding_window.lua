@@ -1,17 +1,19 @@
 -- sliding_window mirrors algorithms/sliding_window.go.
--- State: "s<prev>:<cur>:<start>:<w>", cur counted in [start, start+w),
--- prev in the window before.
+-- State: cur counted in [start, start+w), prev in the window before.
+-- Stored in binary (see common.lua: the instant start, f1 = prev, f2 =
+-- cur, last = w), or, out of the binary range or from an older Sluice,
+-- "s<prev>:<cur>:<start>:<w>".
 
 -- sw_load returns the state rolled forward to max(now, start).
 local function sw_load(raw, n, w)
   local s, prev, cur
   local p, c, a, sc
   if raw then
-    p, c, a, sc = string.match(raw, '^s(%d+):(%d+):(%-?%d+):(%d+)$')
+    a, p, c, sc = load_state(raw, 2, '^s(%d+):(%d+):(%-?%d+):(%d+)$', 3)
   end
-  if p and tonumber(sc) > 0 then
-    prev, cur, s = math.min(tonumber(p), n), math.min(tonumber(c), n), tonumber(a)
-    if tonumber(sc) ~= w then
+  if p and sc > 0 then
+    prev, cur, s = math.min(p, n), math.min(c, n), a
+    if sc ~= w then
       s = idiv(s, w) * w
       cur = cur + math.min(prev, n - cur)
       prev = 0
@@ -37,7 +39,7 @@ local function sw_result(r, s, prev, cur, vnow, n, w)
     full_at = s + w
   end
   r.reset = full_at - now
-  r.val = 's' .. fmt(prev) .. ':' .. fmt(cur) .. ':' .. fmt(s) .. ':' .. fmt(w)
+  r.val = pack(2, s, prev, cur, w) or ('s' .. fmt(prev) .. ':' .. fmt(cur) .. ':' .. fmt(s) .. ':' .. fmt(w))
   return r
 end
 

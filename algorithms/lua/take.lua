@@ -1,8 +1,9 @@
 -- Sluice: the main body of the decision script, shared by the production
 -- entry point (time from redis.call('TIME')) and the test entry point (time
--- from ARGV[1]). The entry point defines `now` (Unix milliseconds) and
--- `argbase` (how many ARGV entries precede the zones'); then common.lua and
--- every algorithm's file are included (see algorithms/lua.go), then this.
+-- from ARGV[1]). The entry point defines `now` (Unix milliseconds),
+-- `argbase` (how many ARGV entries precede the zones') and `compact` (write
+-- states in binary); then common.lua and every algorithm's file are
+-- included (see algorithms/lua.go), then this.
 --
 -- KEYS[i] is zone i's state key. For zone i, ARGV[argbase + 6(i-1) + 1..6]
 -- are: algorithm id, events, window (ms), capacity, cost, mode (0 take,

@@ -1,0 +1,256 @@
+package redisstore
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// The stored state's two forms (algorithms/lua/common.lua): the binary form
+// the script writes, and the text form of the Sluice versions before it,
+// which the script still reads (a rolling upgrade), still writes for an
+// instant outside the binary range, and writes always as LuaScriptText.
+
+// twinTextScript is the test entry point of LuaScriptText.
+var twinTextScript = redis.NewScript(algorithms.LuaTestScriptText)
+
+// The binary form's range of instants (algorithms/decode.go): binary in
+// [binEpoch, binEpoch + 2^40), text outside.
+const (
+	binEpoch = 1_600_000_000_000
+	binEnd   = binEpoch + 1<<40
+)
+
+// compatLimits are limits of every algorithm, fit for random steps.
+func compatLimits(t *testing.T) [][]algorithms.Limit {
+	L := func(alg algorithms.Algorithm, events int64, window time.Duration, burst int64) algorithms.Limit {
+		return limitOf(t, alg, events, window, burst)
+	}
+	TB, G, SW, FW, SL := algorithms.TokenBucket, algorithms.GCRA, algorithms.SlidingWindow, algorithms.FixedWindow, algorithms.SlidingLog
+	return [][]algorithms.Limit{
+		{L(TB, 7, time.Second, 0), L(TB, 10, time.Minute, 25), L(TB, 3, 7*time.Millisecond, 5), L(TB, 100000, time.Hour, 150000)},
+		{L(G, 7, time.Second, 0), L(G, 13, 7*time.Second, 20), L(G, 983, time.Second, 5)},
+		{L(SW, 7, time.Second, 0), L(SW, 13, 7*time.Second, 0), L(SW, 60, time.Minute, 0)},
+		{L(FW, 7, time.Second, 0), L(FW, 2, 300*time.Millisecond, 0), L(FW, 50, time.Hour, 0)},
+		{L(SL, 7, time.Second, 0), L(SL, 3, 7*time.Millisecond, 0)},
+	}
+}
+
+// A fleet in a rolling upgrade: each step is decided by an instance
+// writing the binary form or one writing the text form (an older Sluice,
+// or LuaScriptText), at random, on the same keys. Every step, both scripts
+// read what the other wrote exactly as Go does (decisions, stored bytes and
+// PTTL equal to the Go twin's, and DecodeLua reads every stored value back),
+// including a changed limit and zones of several algorithms in one call.
+func TestLuaTwinRollingUpgrade(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	sets := compatLimits(t)
+	total, texts := 0, 0
+	run := func(t *testing.T, tw *twin, rng *rand.Rand, pick func() ([]algorithms.Limit, []int64)) {
+		for range 400 {
+			if rng.IntN(2) == 0 {
+				tw.sc, tw.enc = twinTextScript, algorithms.EncodeLuaText
+				texts++
+			} else {
+				tw.sc, tw.enc = twinScript, stateString
+			}
+			ls, costs := pick()
+			tw.step(ls, costs, advance(rng, ls[rng.IntN(len(ls))]))
+		}
+		total += tw.steps
+	}
+	for si, set := range sets {
+		t.Run(set[0].Algorithm.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(twinSeed, uint64(7000+si)))
+			tw := newTwin(t, srv, c, 1)
+			l := set[0]
+			run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
+				if rng.IntN(10) == 0 {
+					l = set[rng.IntN(len(set))]
+				}
+				return []algorithms.Limit{l}, []int64{cost(rng, l)}
+			})
+		})
+	}
+	t.Run("all five in one call", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(twinSeed, 7100))
+		tw := newTwin(t, srv, c, len(sets))
+		run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
+			ls := make([]algorithms.Limit, len(sets))
+			costs := make([]int64, len(sets))
+			for i, set := range sets {
+				ls[i] = set[0]
+				costs[i] = 1
+				if rng.IntN(4) == 0 {
+					costs[i] = cost(rng, ls[i])
+				}
+			}
+			return ls, costs
+		})
+	})
+	t.Logf("%d steps compared, %d of them by the text-writing script", total, texts)
+	if total < 2000 || texts < total/3 {
+		t.Fatalf("only %d steps compared (%d text)", total, texts)
+	}
+}
+
+// Across the edges of the binary range: sequences that start before its
+// epoch (text) and enter it (binary), and that leave it at its end (text
+// again); the twins agree on every step and the form switches exactly at
+// the edges.
+func TestLuaTwinBinaryRangeEdges(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	sets := compatLimits(t)
+	for _, edge := range []int64{binEpoch, binEnd} {
+		for si, set := range sets {
+			t.Run(fmt.Sprintf("%d/%s", edge, set[0].Algorithm), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(twinSeed, uint64(edge%1000+int64(si))))
+				tw := newTwin(t, srv, c, 1)
+				l := set[0]
+				tw.now = edge - 3*l.Window - 50
+				forms := map[bool]int{}
+				for range 300 {
+					adv := rng.Int64N(max(l.Window/20, 2))
+					tw.step([]algorithms.Limit{l}, []int64{1}, adv)
+					if raw := tw.zones[0].raw; raw != "" {
+						st, _ := algorithms.DecodeLua(raw)
+						binary := raw[0] >= 0x80
+						if st.Alg != algorithms.SlidingLog && binary != (st.At >= binEpoch && st.At < binEnd) {
+							t.Fatalf("state %+v stored as %q", st, raw)
+						}
+						forms[binary]++
+					}
+				}
+				if set[0].Algorithm != algorithms.SlidingLog && (forms[true] == 0 || forms[false] == 0) {
+					t.Fatalf("states stored: %d binary, %d text; want both", forms[true], forms[false])
+				}
+			})
+		}
+	}
+}
+
+// oddValue builds a value in the binary form's shape with the given field
+// lengths; its fields hold small numbers (so a changed limit's rescaling
+// stays exact in Lua) behind leading zeros, or, when big, a number of 2^53
+// or more.
+func oddValue(rng *rand.Rand, alg algorithms.Algorithm) string {
+	n1 := rng.IntN(8)
+	unit := rng.IntN(4)
+	b := []byte{byte(0x80 | int(alg)<<5 | n1<<2 | unit)}
+	n2 := 0
+	if alg == algorithms.SlidingWindow {
+		n2 = rng.IntN(9) // 8: malformed
+		b = append(b, byte(n2))
+	}
+	// the instant: near the test's now, now and then anywhere
+	at := int64(1_700_000_000_000) - binEpoch + rng.Int64N(2_000_000) - 1_000_000
+	if rng.IntN(8) == 0 {
+		at = rng.Int64N(1 << 40)
+	}
+	for i := 4; i >= 0; i-- {
+		b = append(b, byte(at>>(8*i)))
+	}
+	field := func(n int) {
+		for i := range n {
+			switch {
+			case i == 0 && n == 7 && rng.IntN(4) == 0:
+				b = append(b, byte(0x20+rng.IntN(0xe0))) // 2^53 or more
+			case i >= n-2:
+				b = append(b, byte(rng.IntN(256)))
+			default:
+				b = append(b, 0)
+			}
+		}
+	}
+	field(n1)
+	field(n2)
+	last := rng.IntN(9) // 0 and 8: malformed
+	switch r := rng.IntN(10); {
+	case r == 0 && last == 7:
+		b = append(b, 0, 0, 0x0f, 0xff, 0xff, 0xff, 0xff) // × an hour: 2^53 or more
+	case r < 4:
+		// a window of a limit below, in its unit
+		b = append(b, []byte{0: 1, 1: 7, 2: 60, 3: 1}[unit])
+	default:
+		field(last)
+	}
+	return string(b)
+}
+
+// Values the script did not write, or not this way: another algorithm's,
+// the text form (as older versions wrote it, with oddities they accepted),
+// the binary form with leading zeros, malformed values of both forms. Lua
+// and Go (DecodeLua, then Step) must read each the same way: the same
+// decision, the same stored state; a malformed value is no state.
+func TestLuaTwinReadsOddValues(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := testCtx(t)
+	rng := rand.New(rand.NewPCG(twinSeed, 7200))
+	const now = int64(1_700_000_000_000)
+	limits := []algorithms.Limit{
+		limitOf(t, algorithms.TokenBucket, 5, time.Second, 8),
+		limitOf(t, algorithms.GCRA, 7, 7*time.Second, 0),
+		limitOf(t, algorithms.SlidingWindow, 9, time.Minute, 0),
+		limitOf(t, algorithms.FixedWindow, 9, time.Hour, 0),
+		limitOf(t, algorithms.TokenBucket, 3, time.Minute, 0),
+	}
+	text := []string{
+		"0:0:1", "60000:1699999999000:60000", "-5:1700000000000:1000", "007:1700000000000:0060000",
+		"4000:1700000000500:1000", "1:2:0", "1:2", "a:b:c", "1.5:2:60000", "60000:1:60000\n",
+		"g1700000000500:3:7", "g1700000003000:0:1", "g-12:0:1", "g1:2",
+		"s2:5:1699999980000:60000", "s9:9:1699999920000:1000", "s1:2:3",
+		"f4:1699999200000:3600000", "f1:-60000:60000", "f-1:2:3",
+		"l1699999999000,0,5*3", "", "garbage", "\x00\xff",
+	}
+	var values []string
+	for range 300 {
+		values = append(values, oddValue(rng, algorithms.Algorithm(rng.IntN(4))))
+	}
+	read := 0 // values Go reads as a state
+	for _, raw := range append(text, values...) {
+		if _, ok := algorithms.DecodeLua(raw); ok {
+			read++
+		}
+		for _, l := range limits {
+			for _, cost := range []int64{0, 1, 3} {
+				key := "odd:" + strconv.Itoa(rng.IntN(1<<30))
+				if raw != "" {
+					srv.Do(t, "SET", key, raw, "PX", 60_000)
+				}
+				st, ok := algorithms.DecodeLua(raw)
+				d, next, _ := algorithms.Step(st, !ok, l, now, cost)
+				r := algorithms.Request{Limit: l, Cost: cost}
+				res, err := twinScript.Run(ctx, c, []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, false)...).Int64Slice()
+				if err != nil {
+					t.Fatalf("stored %q, %s cost %d: script: %v", raw, limitString(l), cost, err)
+				}
+				got := luaDecision{Allowed: res[0] == 1, Remaining: res[1], RetryMs: res[2], ResetMs: res[3]}
+				if want := goView(d); got != want {
+					t.Fatalf("stored %q (Go reads %+v, %v), %s cost %d: Lua %+v, Go %+v", raw, st, ok, limitString(l), cost, got, want)
+				}
+				want := raw
+				if d.Allowed {
+					want = algorithms.EncodeLua(next)
+				}
+				if after := getRaw(t, c, key); after != want {
+					t.Fatalf("stored %q (Go reads %+v, %v), %s cost %d: Redis holds %q, Go %q", raw, st, ok, limitString(l), cost, after, want)
+				}
+			}
+		}
+	}
+	all := len(text) + len(values)
+	t.Logf("%d values, %d read as a state and %d as none, each under %d limits and 3 costs", all, read, all-read, len(limits))
+	if read < all/5 || all-read < all/5 {
+		t.Fatalf("%d of %d values read as a state: the mix is too one-sided to test both", read, all)
+	}
+}
