@@ -1,7 +1,9 @@
 package algorithms
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"strconv"
 )
 
@@ -23,9 +25,13 @@ var (
 	luaTake string
 )
 
-// luaBody is the script after its entry point: the helpers, every
-// algorithm, then the main body that dispatches on each zone's algorithm.
-var luaBody = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
+// luaDefs are the helpers and every algorithm; luaBody is the script after
+// its entry point: luaDefs, then the main body that dispatches on each
+// zone's algorithm.
+var (
+	luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog
+	luaBody = luaDefs + luaTake
+)
 
 // The script's entry points define `now` (Unix milliseconds), `argbase`
 // (how many ARGV entries precede the zones') and `compact` (whether states
@@ -58,6 +64,29 @@ var LuaTestScript = luaTestTime + luaCompact + luaBody
 
 // LuaTestScriptText is LuaScriptText for tests, with the time in ARGV[1].
 var LuaTestScriptText = luaTestTime + luaText + luaBody
+
+// LuaFunction names the function of LuaLibrary: FCALL LuaFunction runs
+// exactly what LuaScript runs (same KEYS, ARGV and reply). The name carries
+// a digest of the library's code, so instances running different Sluice
+// versions against one Redis each call their own.
+var LuaFunction, LuaLibrary = luaLibrary()
+
+// luaLibrary builds LuaScript as a Redis Function library (Redis 7): the
+// helpers and the algorithms are defined once, when the library loads, not
+// on every call as an EVAL script's body must (about 2 µs of Redis's CPU
+// per call); the function sets the clock the helpers share as upvalues and
+// runs the main body.
+func luaLibrary() (name, code string) {
+	sum := sha1.Sum([]byte(luaCompact + luaBody))
+	tag := hex.EncodeToString(sum[:6])
+	name = "sluice_take_" + tag
+	code = "#!lua name=sluice_" + tag + "\n" +
+		"local now, argbase\n" + luaCompact + luaDefs +
+		"\nredis.register_function('" + name + "', function(KEYS, ARGV)\n" +
+		"local t = redis.call('TIME')\nnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nargbase = 0\n" +
+		luaTake + "\nend)\n"
+	return name, code
+}
 
 // LuaArgsPerZone is the number of ARGV entries per zone.
 const LuaArgsPerZone = 6

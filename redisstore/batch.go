@@ -2,13 +2,10 @@ package redisstore
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // Pipelining: concurrent decisions share round trips.
@@ -85,17 +82,18 @@ func putCall(c *call) {
 
 // batcher runs script calls through pipeline workers.
 type batcher struct {
-	client redis.UniversalClient
-	queue  chan *call
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	client  redis.UniversalClient
+	scripts *scripts
+	queue   chan *call
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
-func newBatcher(client redis.UniversalClient, workers int) *batcher {
+func newBatcher(client redis.UniversalClient, sc *scripts, workers int) *batcher {
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, scripts: sc, queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()
@@ -176,29 +174,27 @@ func (b *batcher) exec(batch []*call) {
 	}
 	pipe := b.client.Pipeline()
 	for _, c := range live {
-		c.cmd = pipe.EvalSha(ctx, scriptSHA, c.keys, c.args...)
+		c.cmd = b.scripts.queue(ctx, pipe, c.keys, c.args)
 	}
 	_, _ = pipe.Exec(ctx) // each call's error is on its own command
-	// A Redis that lost its scripts (restart, SCRIPT FLUSH, failover)
-	// answers NOSCRIPT: send those calls again with the script's body,
-	// which loads it.
+	// A Redis that lost the code (restart, FUNCTION or SCRIPT FLUSH,
+	// failover to a node without it) answers so: load it, send those
+	// calls again.
 	var again redis.Pipeliner
+	loaded := false
 	for _, c := range live {
-		if isNoScript(c.cmd.Err()) {
-			if again == nil {
-				again = b.client.Pipeline()
-			}
-			c.cmd = again.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		if c.cmd.Err() == nil {
+			continue
 		}
+		if again == nil {
+			again = b.client.Pipeline()
+		}
+		b.scripts.retry(ctx, again, c, &loaded)
 	}
-	if again != nil {
+	if again != nil && again.Len() > 0 {
 		_, _ = again.Exec(ctx)
 	}
 	for _, c := range live {
 		c.done <- struct{}{}
 	}
-}
-
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }

@@ -28,7 +28,7 @@ func (p *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		n := int64(0)
 		for _, c := range cmds {
-			if name := c.Name(); name == "evalsha" || name == "eval" {
+			if name := c.Name(); name == "fcall" || name == "evalsha" || name == "eval" {
 				n++
 			}
 		}

@@ -12,11 +12,46 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-func TestNoScriptThenEvalLoadsIt(t *testing.T) {
+// TestFunctionFlushReloads: the decision is a Redis Function; after
+// FUNCTION FLUSH the next Take meets "function not found" once, loads the
+// library and runs; the one after is a single FCALL. Counts carry on.
+func TestFunctionFlushReloads(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newTestStore(t, srv.URL(), "", 250*time.Millisecond, 0)
 	req := algorithms.Request{Zone: "ns", Key: freshKey(t), Limit: limit(t, 100, time.Hour, 0), Cost: 1}
-	take(t, s, req) // loads the script
+	take(t, s, req)
+	if n := srv.CommandStats(t, "fcall").Calls; n != 1 {
+		t.Fatalf("the first Take made %d FCALLs, want 1 (the library loaded when the store was made)", n)
+	}
+	for round := range 3 {
+		srv.Do(t, "FUNCTION", "FLUSH")
+		f0, l0 := srv.CommandStats(t, "fcall"), srv.CommandStats(t, "function|load")
+		d := take(t, s, req)
+		if !d[0].Allowed || d[0].Remaining != int64(98-2*round) {
+			t.Fatalf("round %d: after FUNCTION FLUSH: %+v", round, d[0])
+		}
+		f1, l1 := srv.CommandStats(t, "fcall"), srv.CommandStats(t, "function|load")
+		if f1.Calls-f0.Calls != 2 || f1.Failed-f0.Failed != 1 || l1.Calls-l0.Calls != 1 || l1.Failed != l0.Failed {
+			t.Fatalf("round %d: after FUNCTION FLUSH, want one failed FCALL, one FUNCTION LOAD, one FCALL: fcall %+v → %+v, function|load %+v → %+v",
+				round, f0, f1, l0, l1)
+		}
+		take(t, s, req)
+		f2, l2 := srv.CommandStats(t, "fcall"), srv.CommandStats(t, "function|load")
+		if f2.Calls-f1.Calls != 1 || f2.Failed != f1.Failed || l2.Calls != l1.Calls {
+			t.Fatalf("round %d: the Take after the reload: fcall %+v → %+v, function|load %+v → %+v", round, f1, f2, l1, l2)
+		}
+	}
+}
+
+// TestWithoutFunctionsFallsBackToEvalSha: on a server without Functions
+// (Redis before 7; here FCALL and FUNCTION renamed away) the store runs the
+// same code with EVALSHA, and after SCRIPT FLUSH meets NOSCRIPT once and
+// sends EVAL, which caches the script again.
+func TestWithoutFunctionsFallsBackToEvalSha(t *testing.T) {
+	srv := redistest.Start(t, `rename-command FCALL ""`, `rename-command FUNCTION ""`)
+	s := newTestStore(t, srv.URL(), "", 250*time.Millisecond, 0)
+	req := algorithms.Request{Zone: "ns", Key: freshKey(t), Limit: limit(t, 100, time.Hour, 0), Cost: 1}
+	take(t, s, req) // the script was loaded with the store
 
 	for round := range 3 {
 		srv.Do(t, "SCRIPT", "FLUSH")
@@ -36,6 +71,17 @@ func TestNoScriptThenEvalLoadsIt(t *testing.T) {
 		if sha2.Calls-sha1.Calls != 1 || sha2.Failed != sha1.Failed || ev2.Calls != ev1.Calls {
 			t.Fatalf("round %d: the Take after the reload: evalsha %+v → %+v, eval %+v → %+v", round, sha1, sha2, ev1, ev2)
 		}
+	}
+	// A store made before the server is known: its first call meets the
+	// unknown FCALL, falls back, and decides.
+	cold := newStoreWith(s.client, false, DefaultKeyPrefix, 250*time.Millisecond, redisPathOptions())
+	defer cold.batch.close() // not Destruct: the client is s's
+	out := make([]algorithms.Decision, 1)
+	if err := cold.Take(context.Background(), []algorithms.Request{req}, out); err != nil || !out[0].Allowed || out[0].Remaining != 92 {
+		t.Fatalf("a store that never loaded: %+v, %v; want allowed with 92 left", out[0], err)
+	}
+	if !cold.scripts.evalsha.Load() {
+		t.Fatal("the store did not switch to EVALSHA after an unknown FCALL")
 	}
 }
 

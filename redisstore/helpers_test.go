@@ -62,6 +62,10 @@ func newTestStore(t testing.TB, url, prefix string, timeout time.Duration, poolS
 	o.Workers = cfg.workers()
 	s := newStoreWith(c, cluster, prefix, timeout, o)
 	t.Cleanup(func() { _ = s.Destruct() })
+	// As Provision does: load the code (an unreachable server is fine).
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_ = s.warm(ctx)
 	return s
 }
 
@@ -155,11 +159,11 @@ func zonesOf(reqs []algorithms.Request) []string {
 	return z
 }
 
-// scriptCalls is how many times the server ran a script (EVALSHA and EVAL,
-// a NOSCRIPT EVALSHA included).
+// scriptCalls is how many times the server ran the decision (FCALL, and
+// EVALSHA and EVAL on a server without Functions; a failed call included).
 func scriptCalls(t testing.TB, srv *redistest.Server) int64 {
 	t.Helper()
-	return srv.CommandStats(t, "evalsha").Calls + srv.CommandStats(t, "eval").Calls
+	return srv.CommandStats(t, "fcall").Calls + srv.CommandStats(t, "evalsha").Calls + srv.CommandStats(t, "eval").Calls
 }
 
 // scanAll lists every key of a standalone server (SCAN, not KEYS).

@@ -42,8 +42,9 @@ type Store struct {
 	batch *batcher
 	// direct is what an unbatched call runs on: the client, or (in a
 	// benchmark) go-redis's autopipeliner.
-	direct redis.Scripter
-	argc   argCache
+	direct  redis.Cmdable
+	argc    argCache
+	scripts scripts // FCALL or EVALSHA (function.go)
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -73,8 +74,9 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize), direct: c}
+	s.scripts = scripts{client: c, cluster: cluster}
 	if o.Workers >= 0 {
-		s.batch = newBatcher(c, o.Workers)
+		s.batch = newBatcher(c, &s.scripts, o.Workers)
 	}
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
@@ -111,18 +113,20 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 }
 
 // warm checks that Redis answers and readies the first decision: it loads
-// the script and opens a pipeline connection (the pipeline workers' pool
-// dials only on use), so the first request does not pay a dial, a
-// handshake and a NOSCRIPT round trip within its timeout.
+// the decision code (function.go) and opens a pipeline connection (the
+// pipeline workers' pool dials only on use), so the first request does not
+// pay a dial, a handshake and a load within its timeout.
 func (s *Store) warm(ctx context.Context) error {
-	if s.cluster {
-		// SCRIPT LOAD goes to every master; the node pools dial on use.
-		return s.client.ScriptLoad(ctx, algorithms.LuaScript).Err()
+	if err := s.scripts.prepare(ctx); err != nil {
+		return err
 	}
-	pipe := s.client.Pipeline()
-	pipe.Ping(ctx)
-	pipe.ScriptLoad(ctx, algorithms.LuaScript)
-	_, err := pipe.Exec(ctx)
+	if s.cluster {
+		return nil // the node pools dial on use
+	}
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Ping(ctx)
+		return nil
+	})
 	return err
 }
 
@@ -286,7 +290,7 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
 	c.args = s.argc.appendArgs(c.args, reqs, refund)
 	if s.batch == nil {
-		c.cmd = script.Run(c.ctx, s.direct, c.keys, c.args...)
+		c.cmd = s.scripts.runDirect(c.ctx, s.direct, c)
 	} else if owned, err := s.batch.do(c); err != nil {
 		if owned {
 			putCall(c)

@@ -184,12 +184,12 @@ respond "not here" 404`, store)
 				t.Errorf("%d zones: statuses %v, want %v", zones, got, want)
 			}
 			calls := after.calls() - before.calls()
-			t.Logf("%d zone(s): %d requests, %d script calls (evalsha %+v -> %+v, eval %+v -> %+v)",
-				zones, perCase, calls, before.evalsha, after.evalsha, before.eval, after.eval)
+			t.Logf("%d zone(s): %d requests, %d script calls (fcall %+v -> %+v, evalsha %+v -> %+v, eval %+v -> %+v)",
+				zones, perCase, calls, before.fcall, after.fcall, before.evalsha, after.evalsha, before.eval, after.eval)
 			if calls != perCase {
-				t.Errorf("%d zone(s) per request: %d requests made %d script calls (EVALSHA+EVAL), want exactly %d (one per request)", zones, perCase, calls, perCase)
+				t.Errorf("%d zone(s) per request: %d requests made %d script calls (FCALL+EVALSHA+EVAL), want exactly %d (one per request)", zones, perCase, calls, perCase)
 			}
-			if f := after.evalsha.Failed + after.eval.Failed - before.evalsha.Failed - before.eval.Failed; f != 0 {
+			if f := after.fcall.Failed + after.evalsha.Failed + after.eval.Failed - before.fcall.Failed - before.evalsha.Failed - before.eval.Failed; f != 0 {
 				t.Errorf("%d zone(s): %d script calls failed", zones, f)
 			}
 		}
@@ -197,13 +197,13 @@ respond "not here" 404`, store)
 }
 
 // scriptStats is INFO commandstats for the script commands.
-type scriptStats struct{ evalsha, eval redistest.CommandStats }
+type scriptStats struct{ fcall, evalsha, eval redistest.CommandStats }
 
-func (s scriptStats) calls() int64 { return s.evalsha.Calls + s.eval.Calls }
+func (s scriptStats) calls() int64 { return s.fcall.Calls + s.evalsha.Calls + s.eval.Calls }
 
 func scriptCalls(t *testing.T, r *redistest.Server) scriptStats {
 	t.Helper()
-	return scriptStats{evalsha: r.CommandStats(t, "evalsha"), eval: r.CommandStats(t, "eval")}
+	return scriptStats{fcall: r.CommandStats(t, "fcall"), evalsha: r.CommandStats(t, "evalsha"), eval: r.CommandStats(t, "eval")}
 }
 
 // draftItem is one zone's RateLimit-Policy (q, w) and RateLimit (r, t)

@@ -283,7 +283,7 @@ func TestAbusiveClient(t *testing.T) {
 	defer c.CloseIdleConnections()
 	key := "abuser-" + nonce
 	expectCode(t, mustGet(t, c, p.url("/abuse"), "X-User: warm-"+nonce), 200, "warm")
-	calls0 := r.CommandStats(t, "evalsha").Calls + r.CommandStats(t, "eval").Calls
+	calls0 := r.CommandStats(t, "fcall").Calls + r.CommandStats(t, "evalsha").Calls + r.CommandStats(t, "eval").Calls
 	stop := make(chan struct{})
 	time.AfterFunc(3*time.Second, func() { close(stop) })
 	// 400 requests a second: 4 workers, one request each 10 ms.
@@ -319,7 +319,7 @@ func TestAbusiveClient(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	calls := r.CommandStats(t, "evalsha").Calls + r.CommandStats(t, "eval").Calls - calls0
+	calls := r.CommandStats(t, "fcall").Calls + r.CommandStats(t, "evalsha").Calls + r.CommandStats(t, "eval").Calls - calls0
 	allowed, refused := codes[200], codes[429]
 	t.Logf("abuser: %d requests in 3s (limit 20/s): %d allowed, %d refused, %d other; script calls on Redis %d (%.1f%% of the refusals reached Redis; %d saved)",
 		sent.Load(), allowed, refused, sent.Load()-int64(allowed+refused), calls, 100*float64(int(calls)-allowed)/float64(max(refused, 1)), int64(allowed+refused)-calls)

@@ -47,7 +47,7 @@ respond "ok"`
 func scriptErrors(t *testing.T, s *redistest.Server) int64 {
 	t.Helper()
 	var n int64
-	for _, cmd := range []string{"evalsha", "eval", "set"} {
+	for _, cmd := range []string{"fcall", "evalsha", "eval", "set"} {
 		st := s.CommandStats(t, cmd)
 		n += st.Failed + st.Rejected
 	}

@@ -56,10 +56,10 @@ const decisionBudget = 100*time.Millisecond + 150*time.Millisecond
 // (exactly 3 pass through one process). Redis restarted on the same port
 // (with its data, from its append-only file): within a bounded time the
 // decisions are Redis's again without restarting Caddy (a key exhausted
-// before the outage is still exhausted; counts continue), and SCRIPT FLUSH
-// in the middle of traffic costs the clients nothing (NOSCRIPT is retried
-// with EVAL; counts stay exact). A fail-open zone never answers 5xx, and no
-// request fails, throughout.
+// before the outage is still exhausted; counts continue), and FUNCTION FLUSH
+// in the middle of traffic costs the clients nothing (the library is loaded
+// again and the call retried; counts stay exact). A fail-open zone never
+// answers 5xx, and no request fails, throughout.
 func TestRedisOutage(t *testing.T) {
 	// appendonly: the restarted server comes back with the counts it had,
 	// so "decided by Redis again" is observable as "still exhausted".
@@ -227,61 +227,61 @@ func TestRedisOutage(t *testing.T) {
 		}
 	})
 
-	t.Run("script_flush", func(t *testing.T) {
+	t.Run("function_flush", func(t *testing.T) {
 		mark := len(bgResults(bg))
-		evalBefore := r.CommandStats(t, "eval").Calls
+		loadsBefore := r.CommandStats(t, "function|load").Calls
 		for i := 0; i < 2; i++ {
 			res := mustGet(t, c, p.url("/open"), key("F"))
-			if expectCode(t, res, 200, fmt.Sprintf("F #%d before SCRIPT FLUSH", i+1)) {
-				expectRemaining(t, res, 5, 4-i, fmt.Sprintf("F #%d before SCRIPT FLUSH", i+1))
+			if expectCode(t, res, 200, fmt.Sprintf("F #%d before FUNCTION FLUSH", i+1)) {
+				expectRemaining(t, res, 5, 4-i, fmt.Sprintf("F #%d before FUNCTION FLUSH", i+1))
 			}
 		}
-		r.Do(t, "SCRIPT", "FLUSH")
+		r.Do(t, "FUNCTION", "FLUSH")
 		for i := 2; i < 8; i++ {
 			res := mustGet(t, c, p.url("/open"), key("F"))
 			if i < 5 {
-				if expectCode(t, res, 200, fmt.Sprintf("F #%d after SCRIPT FLUSH", i+1)) {
-					expectRemaining(t, res, 5, 4-i, fmt.Sprintf("F #%d after SCRIPT FLUSH", i+1))
+				if expectCode(t, res, 200, fmt.Sprintf("F #%d after FUNCTION FLUSH", i+1)) {
+					expectRemaining(t, res, 5, 4-i, fmt.Sprintf("F #%d after FUNCTION FLUSH", i+1))
 				}
-			} else if expectCode(t, res, 429, fmt.Sprintf("F #%d after SCRIPT FLUSH (exhausted)", i+1)) {
-				expectRemaining(t, res, 5, 0, fmt.Sprintf("F #%d after SCRIPT FLUSH", i+1))
+			} else if expectCode(t, res, 429, fmt.Sprintf("F #%d after FUNCTION FLUSH (exhausted)", i+1)) {
+				expectRemaining(t, res, 5, 0, fmt.Sprintf("F #%d after FUNCTION FLUSH", i+1))
 			}
 		}
 		// Flush again and burst: 10 concurrent requests for a fresh key
-		// against events 5, all met by NOSCRIPT first; three times. The
+		// against events 5, all met by "function not found" first; three times. The
 		// pool is warmed by a burst first (on a key of its own), so that
-		// what is measured is the NOSCRIPT path, not the cost of dialing
+		// what is measured is the reload path, not the cost of dialing
 		// eight new connections within the default timeout (that
 		// cost is what TestExactFleet*/default_timeout measures).
 		for round := 0; round < 3; round++ {
 			burst(t, c, []*caddyProc{p}, "/open", 10, fmt.Sprintf("W%d-%s", round, nonce))
-			r.Do(t, "SCRIPT", "FLUSH")
+			r.Do(t, "FUNCTION", "FLUSH")
 			out := burst(t, c, []*caddyProc{p}, "/open", 10, fmt.Sprintf("G%d-%s", round, nonce))
 			var allowed, refused int
 			for i, res := range out {
 				switch {
 				case res.err != nil:
-					t.Errorf("burst %d after SCRIPT FLUSH #%d: %v", round, i, res.err)
+					t.Errorf("burst %d after FUNCTION FLUSH #%d: %v", round, i, res.err)
 				case res.code == 200 && res.decided():
 					allowed++
 				case res.code == 429:
 					refused++
 				default:
-					t.Errorf("burst %d after SCRIPT FLUSH #%d: %s (want 200 decided by Redis, or 429)", round, i, res)
+					t.Errorf("burst %d after FUNCTION FLUSH #%d: %s (want 200 decided by Redis, or 429)", round, i, res)
 				}
 			}
 			if allowed != 5 || refused != 5 {
-				t.Errorf("burst %d of 10 after SCRIPT FLUSH against events 5: %d allowed, %d refused, want exactly 5 and 5", round, allowed, refused)
+				t.Errorf("burst %d of 10 after FUNCTION FLUSH against events 5: %d allowed, %d refused, want exactly 5 and 5", round, allowed, refused)
 			}
 		}
-		if got := r.CommandStats(t, "eval").Calls - evalBefore; got < 4 {
-			t.Errorf("EVAL calls during the SCRIPT FLUSH phase: %d, want at least 4 (a NOSCRIPT fallback after each flush)", got)
+		if got := r.CommandStats(t, "function|load").Calls - loadsBefore; got < 4 {
+			t.Errorf("FUNCTION LOAD calls during the FUNCTION FLUSH phase: %d, want at least 4 (a reload after each flush)", got)
 		}
 		// The background traffic through both flushes: every request
 		// decided by Redis.
 		for i, res := range bgResults(bg)[mark:] {
 			if res.err != nil || res.code != 200 || !res.decided() {
-				t.Errorf("background request %d during SCRIPT FLUSH: %s, want 200 decided by Redis", mark+i, res)
+				t.Errorf("background request %d during FUNCTION FLUSH: %s, want 200 decided by Redis", mark+i, res)
 			}
 		}
 	})
@@ -289,7 +289,7 @@ func TestRedisOutage(t *testing.T) {
 	results := bg.stop()
 	bgStopped = true
 	counts := tally(results)
-	t.Logf("background traffic on the fail-open zone, %d requests over the whole test (outage, restart after %v, SCRIPT FLUSH): %v",
+	t.Logf("background traffic on the fail-open zone, %d requests over the whole test (outage, restart after %v, FUNCTION FLUSH): %v",
 		len(results), time.Since(restarted).Round(time.Millisecond), counts)
 	for i, res := range results {
 		if res.err != nil || res.code >= 500 || (res.code != 200 && res.code != 429) {

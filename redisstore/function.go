@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// The decision runs as a Redis Function (FCALL of algorithms.LuaFunction,
+// Redis 7+): its helpers and algorithms are defined once when the library
+// loads, where an EVAL script's body defines them again on every call
+// (about 2 µs of Redis's single thread per call). The library is loaded at
+// Provision and again whenever Redis answers that the function is missing
+// (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
+// it by replication, so a Sentinel failover keeps it. A server without
+// Functions (Redis 6, or FCALL renamed away) is detected on the first call
+// and the store falls back to EVALSHA of the same code (algorithms.LuaScript)
+// for good, with EVAL on NOSCRIPT.
+
+// scripts decides how a store's calls run: FCALL, or EVALSHA on servers
+// without Functions.
+type scripts struct {
+	client  redis.UniversalClient
+	cluster bool
+	evalsha atomic.Bool // true: no Functions on this server
+}
+
+// queue adds one decision call to p.
+func (m *scripts) queue(ctx context.Context, p redis.Pipeliner, keys []string, args []any) *redis.Cmd {
+	if m.evalsha.Load() {
+		return p.EvalSha(ctx, scriptSHA, keys, args...)
+	}
+	return p.FCall(ctx, algorithms.LuaFunction, keys, args...)
+}
+
+// retry queues on p again a call that failed only because Redis lacked the
+// code (function missing, NOSCRIPT, or no Functions at all), loading the
+// library first when needed (once per batch: *loaded). It reports whether
+// it queued the call.
+func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, loaded *bool) bool {
+	err := c.cmd.Err()
+	switch {
+	case err == nil:
+		return false
+	case isNoScript(err):
+		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	case isUnknownCommand(err):
+		m.evalsha.Store(true)
+		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	case isNoFunction(err):
+		if !*loaded {
+			*loaded = true
+			if err := m.load(ctx); err != nil && isUnknownCommand(err) {
+				m.evalsha.Store(true)
+			}
+		}
+		c.cmd = m.queueEval(ctx, p, c)
+	default:
+		return false
+	}
+	return true
+}
+
+// queueEval queues c as FCALL, or as EVAL (which also loads the script)
+// once the server is known to lack Functions.
+func (m *scripts) queueEval(ctx context.Context, p redis.Pipeliner, c *call) *redis.Cmd {
+	if m.evalsha.Load() {
+		return p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	}
+	return p.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+}
+
+// load loads the library (on every master of a Cluster). A library already
+// loaded is not an error.
+func (m *scripts) load(ctx context.Context) error {
+	one := func(ctx context.Context, c *redis.Client) error {
+		err := c.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			err = nil
+		}
+		return err
+	}
+	if cc, ok := m.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, one)
+	}
+	if c, ok := m.client.(*redis.Client); ok {
+		return one(ctx, c)
+	}
+	err := m.client.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
+	if err != nil && strings.Contains(err.Error(), "already exists") {
+		err = nil
+	}
+	return err
+}
+
+// prepare readies the server at Provision: loads the library, or, on a
+// server without Functions, the script (SCRIPT LOAD, on every master).
+func (m *scripts) prepare(ctx context.Context) error {
+	err := m.load(ctx)
+	if err == nil || !isUnknownCommand(err) {
+		return err
+	}
+	m.evalsha.Store(true)
+	return m.client.ScriptLoad(ctx, algorithms.LuaScript).Err()
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+func isNoFunction(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "ERR Function not found")
+}
+
+// isUnknownCommand: FCALL or FUNCTION unknown (Redis before 7, or renamed).
+func isUnknownCommand(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "ERR unknown command") && (strings.Contains(msg, "fcall") || strings.Contains(msg, "FCALL") ||
+		strings.Contains(msg, "function") || strings.Contains(msg, "FUNCTION"))
+}
+
+// runDirect runs c on its own round trip (no pipelining; the benchmarks'
+// baseline), with the same fallbacks.
+func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redis.Cmd {
+	var cmd *redis.Cmd
+	if m.evalsha.Load() {
+		cmd = d.EvalSha(ctx, scriptSHA, c.keys, c.args...)
+	} else {
+		cmd = d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+	}
+	switch err := cmd.Err(); {
+	case isUnknownCommand(err):
+		m.evalsha.Store(true)
+		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	case isNoScript(err):
+		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	case isNoFunction(err):
+		_ = m.load(ctx)
+		return d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+	}
+	return cmd
+}
