@@ -14,7 +14,7 @@
 #      free loopback ports, generated Caddyfile) — loopback only
 #   3. warm-up, then BENCH_ROUNDS rounds of every target for
 #      BENCH_DURATION seconds each (wrk -t2 -c50; redis-benchmark -c50 and
-#      -c50 -P16 running EVALSHA of algorithms.LuaScript)
+#      -c50 -P16 running FCALL of algorithms.LuaLibrary's function)
 #   4. optional CPU profiles of Caddy under load (BENCH_PROFILE="mem1 redis1")
 #   5. stops its servers, then runs the Go benchmarks (-benchmem) and the
 #      memory-per-key tests once
@@ -140,15 +140,17 @@ for _ in $(seq 100); do
 done
 redis-cli -h 127.0.0.1 -p "$P_REDIS" ping >/dev/null || die "redis-server did not start (see $OUT/redis.log)"
 
-# The production script, loaded as Sluice loads it; its ARGV per
-# algorithms.AppendLuaArgs: algorithm 0 (token bucket), events, window (ms),
-# capacity, cost, mode 0 (take). One KEYS entry, a production-shaped key.
-SHA=$("$BT" lua | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x SCRIPT LOAD)
-[[ "$SHA" =~ ^[0-9a-f]{40}$ ]] || die "SCRIPT LOAD failed: $SHA"
+# The production decision, loaded as Sluice loads it (a Redis Function
+# library); its ARGV per algorithms.AppendLuaArgs: algorithm 0 (token
+# bucket), events, window (ms), capacity, cost, mode 0 (take). One KEYS
+# entry, a production-shaped key.
+LIB=$("$BT" lualib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
+FN=$("$BT" luafn)
+[[ "$LIB" == sluice_* ]] || die "FUNCTION LOAD failed: $LIB"
 RB_KEY='sluice:v1:rb:{127.0.0.1}'
-RB_ARGS=(EVALSHA "$SHA" 1 "$RB_KEY" 0 1000000000 60000 1000000000 1 0)
+RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0 1000000000 60000 1000000000 1 0)
 probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
-[[ "$probe" == 1 ]] || die "EVALSHA of the production script did not allow: $probe"
+[[ "$probe" == 1 ]] || die "FCALL of the production decision did not allow: $probe"
 
 # One Caddy, one site per target. Never-refusing zones allow 1e9 events per
 # minute; refusing zones allow 1 per hour (the first request of the run

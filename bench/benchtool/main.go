@@ -1,7 +1,9 @@
 // Command benchtool is the Go half of the benchmark harness (bench/run.sh,
 // `make bench`): the small jobs that are awkward in a shell script.
 //
-//	benchtool lua                 print the production decision script (algorithms.LuaScript)
+//	benchtool lua                 print the decision as an EVAL script (algorithms.LuaScript)
+//	benchtool lualib              print the production decision library (algorithms.LuaLibrary)
+//	benchtool luafn               print the name of its function (algorithms.LuaFunction)
 //	benchtool ports N             print N free loopback TCP ports
 //	benchtool wait URL SECONDS    wait until URL answers (any status)
 //	benchtool snap ADMIN_URL      one line of counters from Caddy's admin endpoint:
@@ -42,6 +44,10 @@ func main() {
 	switch args := os.Args[2:]; os.Args[1] {
 	case "lua":
 		_, err = io.WriteString(os.Stdout, algorithms.LuaScript)
+	case "lualib":
+		_, err = io.WriteString(os.Stdout, algorithms.LuaLibrary)
+	case "luafn":
+		_, err = io.WriteString(os.Stdout, algorithms.LuaFunction+"\n")
 	case "ports":
 		err = ports(args)
 	case "wait":
@@ -282,8 +288,8 @@ var targets = []target{
 	{"redis1", "Redis, 1 zone, never refusing", "ok"},
 	{"redis3", "Redis, 3 zones, never refusing", "ok"},
 	{"redisdeny", "Redis, refusing everything", "429"},
-	{"rb_plain", "redis-benchmark EVALSHA (script ceiling, -c50)", ""},
-	{"rb_pipe", "redis-benchmark EVALSHA -P 16 (pipelined ceiling)", ""},
+	{"rb_plain", "redis-benchmark FCALL (decision ceiling, -c50)", ""},
+	{"rb_pipe", "redis-benchmark FCALL -P 16 (pipelined ceiling)", ""},
 }
 
 func readSamples(path string) (map[string][]sample, error) {
