@@ -181,7 +181,7 @@ func (b *batcher) exec(batch []*call) {
 	// failover to a node without it) answers so: load it, send those
 	// calls again.
 	var again redis.Pipeliner
-	loaded := false
+	var load libLoad
 	for _, c := range live {
 		if c.cmd.Err() == nil {
 			continue
@@ -189,7 +189,7 @@ func (b *batcher) exec(batch []*call) {
 		if again == nil {
 			again = b.client.Pipeline()
 		}
-		b.scripts.retry(ctx, again, c, &loaded)
+		b.scripts.retry(ctx, again, c, &load)
 	}
 	if again != nil && again.Len() > 0 {
 		_, _ = again.Exec(ctx)

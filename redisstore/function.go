@@ -37,11 +37,20 @@ func (m *scripts) queue(ctx context.Context, p redis.Pipeliner, keys []string, a
 	return p.FCall(ctx, algorithms.LuaFunction, keys, args...)
 }
 
+// libLoad remembers, within one batch, whether the library was loaded
+// and how that went.
+type libLoad struct {
+	done bool
+	err  error
+}
+
 // retry queues on p again a call that failed only because Redis lacked the
 // code (function missing, NOSCRIPT, or no Functions at all), loading the
-// library first when needed (once per batch: *loaded). It reports whether
-// it queued the call.
-func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, loaded *bool) bool {
+// library first when needed (once per batch). It reports whether it queued
+// the call. When the load itself fails (a replica answering READONLY, an
+// unreachable node), the call fails with that error, which says more than
+// "function not found".
+func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) bool {
 	err := c.cmd.Err()
 	switch {
 	case err == nil:
@@ -52,11 +61,19 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, loaded 
 		m.evalsha.Store(true)
 		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
 	case isNoFunction(err):
-		if !*loaded {
-			*loaded = true
-			if err := m.load(ctx); err != nil && isUnknownCommand(err) {
+		if !load.done {
+			load.done = true
+			load.err = m.load(ctx)
+			if isUnknownCommand(load.err) {
 				m.evalsha.Store(true)
+				load.err = nil
 			}
+		}
+		if load.err != nil {
+			failed := redis.NewCmd(ctx)
+			failed.SetErr(load.err)
+			c.cmd = failed
+			return false
 		}
 		c.cmd = m.queueEval(ctx, p, c)
 	default:
@@ -142,7 +159,14 @@ func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redi
 	case isNoScript(err):
 		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
 	case isNoFunction(err):
-		_ = m.load(ctx)
+		if err := m.load(ctx); err != nil && !isUnknownCommand(err) {
+			failed := redis.NewCmd(ctx)
+			failed.SetErr(err)
+			return failed
+		}
+		if m.evalsha.Load() {
+			return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		}
 		return d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
 	}
 	return cmd
