@@ -123,8 +123,14 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		var tok identity.Token
 		var cost int64
 		tok, s.buf = z.deriver.Derive(repl, s.buf)
+		lim := z.limit
+		if z.dyn != nil {
+			// The limit is chosen per request; a limit other than the
+			// default has a bucket of its own (zone.limitOf).
+			lim, tok, s.buf = z.limitOf(repl, tok, s.buf, h.logger)
+		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: cost, ReportOnly: z.reportOnly})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
 		s.zones = append(s.zones, z)
 	}
 	if len(s.reqs) == 0 {
@@ -281,7 +287,7 @@ type errorLog struct {
 // Intervals of the rate-limited log lines.
 const (
 	storeErrorInterval = 5 * time.Second
-	badCostInterval    = time.Minute
+	badValueInterval   = time.Minute // unusable per-request cost or limit, per zone
 )
 
 // log reports a store error.
@@ -289,19 +295,31 @@ func (e *errorLog) log(logger *zap.Logger, err error) {
 	e.write(logger, zap.ErrorLevel, storeErrorInterval, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 }
 
-// logf reports unusable input (a cost that is not a positive integer).
-func (e *errorLog) logf(logger *zap.Logger, msg string, fields ...zap.Field) {
-	e.write(logger, zap.WarnLevel, badCostInterval, msg, fields...)
+func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
+	if !e.due(every) {
+		return
+	}
+	if ce := logger.Check(lvl, msg); ce != nil {
+		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
+	}
 }
 
-func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
+// due reports whether a line may be written now (at most one per every),
+// counting the line as suppressed when not. A caller whose fields cost
+// something to build checks due first, then writes with writeDue.
+func (e *errorLog) due(every time.Duration) bool {
 	now := time.Now().UnixNano()
 	last := e.last.Load()
 	if now-last < int64(every) || !e.last.CompareAndSwap(last, now) {
 		e.suppressed.Add(1)
-		return
+		return false
 	}
-	if ce := logger.Check(lvl, msg); ce != nil {
+	return true
+}
+
+// writeDue writes a line that due admitted.
+func (e *errorLog) writeDue(logger *zap.Logger, msg string, fields ...zap.Field) {
+	if ce := logger.Check(zap.WarnLevel, msg); ce != nil {
 		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
 	}
 }
