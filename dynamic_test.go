@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"encoding/json"
 	"net/http/httptest"
 	"strconv"
@@ -53,6 +54,13 @@ func TestDynamicLimitPerPlan(t *testing.T) {
 	spend("bob", "10", 10)   // another plan
 	spend("carol", "", 3)    // no value: the default
 	spend("alice", "10", 10) // alice upgraded: a full bucket of 10 at once
+	// The headers show each request's own limit.
+	for events, limit := range map[string]string{"10": "10", "3": "3", "": "3", "7": "7", "junk": "3"} {
+		w := serve(t, h, "GET", "/", map[string]string{"X-User": "dave-" + events, "X-Plan-Events": events})
+		if got := w.Header().Get("X-Ratelimit-Limit"); got != limit {
+			t.Errorf("events %q: X-RateLimit-Limit %q, want %s", events, got, limit)
+		}
+	}
 	// Back to the default plan: alice's free bucket is still spent.
 	if code, _ := send("alice", "3"); code != 429 {
 		t.Fatalf("alice back on the default plan: status %d, want 429 (her bucket is as she left it)", code)
@@ -139,6 +147,74 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	lines = logs.FilterMessageSnippet("chosen per request").All()
 	if len(lines) != 2 || lines[1].ContextMap()["suppressed_since_last"] != int64(7) || lines[1].ContextMap()["field"] != "events" {
 		t.Errorf("second log line %v, want field events with 7 suppressed since the first", lines[len(lines)-1].ContextMap())
+	}
+}
+
+// TestDynamicLimitHeaders: the draft RateLimit-Policy and the legacy
+// headers carry the limit each request resolved to, past the cache of
+// per-limit views too.
+func TestDynamicLimitHeaders(t *testing.T) {
+	clock := &fakeClock{ms: 1_800_000_000_000}
+	h := newHandler(t, `rate_limit {
+		zone dyn_hdr {
+			key {http.request.header.X-User}
+			events {http.request.header.X-Events} 5
+			window {http.request.header.X-Window} 1m
+		}
+		headers both
+	}`, clock)
+	for i := 1; i <= maxViews+10; i++ {
+		n := strconv.Itoa(i)
+		w := serve(t, h, "GET", "/", map[string]string{"X-User": "u", "X-Events": n, "X-Window": "1h"})
+		if w.Code != 200 || w.Header().Get("X-Ratelimit-Limit") != n || w.Header().Get("X-Ratelimit-Remaining") != strconv.Itoa(i-1) {
+			t.Fatalf("events %d: status %d headers %v", i, w.Code, w.Header())
+		}
+		if got, want := w.Header().Get("Ratelimit-Policy"), `"dyn_hdr";q=`+n+";w=3600"; got != want {
+			t.Fatalf("events %d: RateLimit-Policy %q, want %q", i, got, want)
+		}
+	}
+	if m := h.zones[0].dyn.views.Load(); m == nil || len(*m) != maxViews {
+		t.Errorf("cached views: %v, want %d", m, maxViews)
+	}
+}
+
+// TestDynamicLimitAllocations: a zone whose limit comes from a variable
+// allocates exactly what the same zone with a static limit does, whether
+// the value is the default or another plan's.
+func TestDynamicLimitAllocations(t *testing.T) {
+	allocs := func(block, plan string) float64 {
+		h := newHandler(t, block, nil)
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-User", "alloc")
+		caddyhttp.NewTestReplacer(r)
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{"plan_events": plan}))
+		w := httptest.NewRecorder()
+		return testing.AllocsPerRun(200, func() {
+			clear(w.Header())
+			if err := h.ServeHTTP(w, r, okHandler); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	static := allocs(`rate_limit {
+		zone alloc_static {
+			key {http.request.header.X-User}
+			events 1000000000
+			window 1h
+		}
+	}`, "")
+	for _, plan := range []string{"1000000000", "2000000000"} {
+		dyn := allocs(`rate_limit {
+			zone alloc_dyn_`+plan+` {
+				key {http.request.header.X-User}
+				events {http.vars.plan_events} 1000000000
+				window 1h
+			}
+		}`, plan)
+		t.Logf("plan %s: %v allocations per request (static zone: %v)", plan, dyn, static)
+		if dyn != static {
+			t.Errorf("plan %s: %v allocations per request, the static zone %v", plan, dyn, static)
+		}
 	}
 }
 

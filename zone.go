@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -381,6 +383,64 @@ func (z *zone) costOf(repl *caddy.Replacer, scratch []byte, logger *zap.Logger) 
 // placeholders of the fields that are dynamic, nil for the static ones.
 type dynamicLimit struct {
 	events, window, burst *identity.Candidate
+
+	// views holds the zone as seen under each limit resolved so far (see
+	// zone.view), copied on write and read without a lock; at most
+	// maxViews entries.
+	views atomic.Pointer[map[algorithms.Limit]*zone]
+	mu    sync.Mutex // serialises writers of views
+}
+
+// maxViews bounds the cached views of one zone: a zone's requests resolve
+// to a few limits (its plans). Past the bound (limits taken from arbitrary
+// values), each request gets a view of its own, which costs allocations but
+// keeps its headers right.
+const maxViews = 64
+
+// view returns the zone as a request whose limit is l sees it: z itself for
+// the zone's default limit, else a copy whose limit, X-RateLimit-Limit and
+// RateLimit-Policy values are l's, formatted once per distinct limit. The
+// copy shares everything else (name, key derivation, metrics, policies).
+func (z *zone) view(l algorithms.Limit) *zone {
+	if l == z.limit || z.dyn == nil {
+		return z
+	}
+	if m := z.dyn.views.Load(); m != nil {
+		if v, ok := (*m)[l]; ok {
+			return v
+		}
+	}
+	d := z.dyn
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := d.views.Load()
+	if old != nil {
+		if v, ok := (*old)[l]; ok {
+			return v
+		}
+	}
+	v := new(zone)
+	*v = *z
+	v.limit = l
+	v.limitText = strconv.FormatInt(l.Capacity(), 10)
+	v.policyItem = policyItem(z.name, l)
+	if old != nil && len(*old) >= maxViews {
+		return v
+	}
+	m := make(map[algorithms.Limit]*zone, 1+len(ptrMap(old)))
+	for k, e := range ptrMap(old) {
+		m[k] = e
+	}
+	m[l] = v
+	d.views.Store(&m)
+	return v
+}
+
+func ptrMap(m *map[algorithms.Limit]*zone) map[algorithms.Limit]*zone {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // dynamicSpec renders the zone's per-request fields ("" when the limit is
