@@ -35,7 +35,11 @@ import (
 // twice within one plan's window. The cost: what a client spent under one
 // limit does not count under another. The number of buckets per client is
 // bounded by the number of distinct limits its requests resolve to (the
-// plans of a map), and no raw value reaches a key.
+// plans of a map), and no raw value reaches a key. One bucket per client
+// whatever the limit would adapt too (the stores keep what a client spent,
+// so a raised capacity shows at once), but it would mix one state across
+// limits that differ in window or algorithm-specific meaning, or by
+// endpoint within one zone; a bucket per limit keeps each limit exact.
 type Zone struct {
 	// Key lists the key candidates, made of placeholders: the first whose
 	// placeholders are all non-empty identifies the client, e.g.

@@ -2,7 +2,9 @@ package caddytest_test
 
 import (
 	"net/http"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -122,4 +124,39 @@ func TestDynamicLimitsConcurrentMemory(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDynamicLimitAdminReset: a client's bucket for a limit other than the
+// default shows in the refusal log as a scoped token (s1-…), and the admin
+// API resets that bucket by it; the default bucket is its own.
+func TestDynamicLimitAdminReset(t *testing.T) {
+	tc := newTester(t)
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	z := zoneName("dyn_admin")
+	load(t, tc, config(logGlobal(logPath, "INFO"), "http://localhost:@A@ {"+dynamicPlansSite+"}\n", "ZONE", z))
+	user, pro := "X-User: admin-"+nonce, "X-Plan: pro"
+	for i := 1; i <= 20; i++ {
+		expect(t, get(t, tc.Client, siteA+"/", user, pro), 200, "pro #"+strconv.Itoa(i))
+	}
+	expect(t, get(t, tc.Client, siteA+"/", user, pro), 429, "pro #21")
+	r := expect(t, get(t, tc.Client, siteA+"/", user), 200, "the same client on the default plan")
+	expectLimitHeaders(t, r, 5, 4, "the same client on the default plan")
+
+	lines, _ := readLog(t, logPath)
+	token := ""
+	for _, l := range lines {
+		if l.str("msg") == "rate limit exceeded" && l.str("zone") == z {
+			token = l.str("key")
+		}
+	}
+	if !strings.HasPrefix(token, "s1-") {
+		t.Fatalf("refusal log token %q, want a scoped token s1-…", token)
+	}
+	if code, body := adminAPI(t, http.MethodDelete, "/rate_limit/zones/"+z+"/tokens/"+token); code != http.StatusOK {
+		t.Fatalf("DELETE the pro bucket by its token: %d %v", code, body)
+	}
+	r = expect(t, get(t, tc.Client, siteA+"/", user, pro), 200, "pro after the reset")
+	expectLimitHeaders(t, r, 20, 19, "pro after the reset")
+	r = expect(t, get(t, tc.Client, siteA+"/", user), 200, "the default plan, untouched by the reset")
+	expectLimitHeaders(t, r, 5, 3, "the default plan, untouched by the reset")
 }

@@ -677,3 +677,22 @@ func TestExampleCluster(t *testing.T) {
 		expectNoLimitHeaders(t, r, "a page, Redis down")
 	}
 }
+
+// TestEveryExampleIsTested: each examples/*.Caddyfile is loaded by a test
+// of this file, so none can rot unnoticed.
+func TestEveryExampleIsTested(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "examples", "*.Caddyfile"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	src, err := os.ReadFile("examples_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		name := filepath.Base(f)
+		if !regexp.MustCompile(`loadExample(Edited)?\(t, "` + regexp.QuoteMeta(name) + `"`).Match(src) {
+			t.Errorf("examples/%s is loaded by no test in examples_test.go", name)
+		}
+	}
+}
