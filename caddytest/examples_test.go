@@ -481,20 +481,28 @@ func TestExampleTenants(t *testing.T) {
 	expect(t, get(t, c, siteA+"/v1/items", "Authorization: Bearer nobody"), 401, "bad credentials")
 
 	bearer := func(tenant, user string) string { return "Authorization: Bearer " + tenant + nonce + ":" + user }
-	// One tenant, four users at full speed: each gets its 50 (0.83 a second
-	// refill), which together spend the tenant's 200 (3.3 a second).
+	// Requests go one at a time (workers = 1): with concurrent requests,
+	// Caddy v2.11.9's HTTP transport may still be dialing for forward_auth
+	// (a dial goroutine reading the request's vars) when the request, served
+	// by another connection meanwhile, reaches reverse_proxy, which writes
+	// the same vars: a data race inside Caddy that -race reports. The limits'
+	// exactness under concurrency is tested elsewhere.
+	const workers = 1
+	// One tenant, four users in turn, each at full speed: each gets its 50
+	// (0.83 a second refill), which together spend the tenant's 200 (3.3 a
+	// second).
 	// The fourth may lose to the tenant zone what the first three got
 	// refilled beyond their 50.
 	start := time.Now()
 	extra := 0
 	for u := 1; u <= 4; u++ {
-		out, took := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 60, 20, bearer("acme", "u"+strconv.Itoa(u)))
+		out, took := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 60, workers, bearer("acme", "u"+strconv.Itoa(u)))
 		ok, _ := countBurst(t, out, "acme user")
 		lo := 50
 		if u == 4 {
 			lo -= extra
 		}
-		expectBetween(t, ok, lo, 50+refilled(50.0/60, took), fmt.Sprintf("acme user %d: 60 at once (in %v): passed", u, took))
+		expectBetween(t, ok, lo, 50+refilled(50.0/60, took), fmt.Sprintf("acme user %d: 60 requests (in %v): passed", u, took))
 		extra += ok - 50
 		for _, o := range out {
 			if o.code != http.StatusTooManyRequests {
@@ -506,7 +514,7 @@ func TestExampleTenants(t *testing.T) {
 		}
 	}
 	// A fifth user: the tenant's budget is spent (but for what it refilled).
-	out, _ := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 20, 20, bearer("acme", "u5"))
+	out, _ := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 20, workers, bearer("acme", "u5"))
 	ok, refused := countBurst(t, out, "acme user 5")
 	expectBetween(t, ok, 0, refilled(200.0/60, time.Since(start)), "acme user 5, after four users spent the tenant's 200: passed")
 	if refused == 0 {
@@ -523,7 +531,7 @@ func TestExampleTenants(t *testing.T) {
 
 	// A tenant whose quota is 400: five users spend 250 and all pass.
 	for u := 1; u <= 5; u++ {
-		out, _ := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 50, 20, bearer("initech", "u"+strconv.Itoa(u))+":400")
+		out, _ := burstDo(t, c, http.MethodGet, siteA+"/v1/items", 50, workers, bearer("initech", "u"+strconv.Itoa(u))+":400")
 		if ok, _ := countBurst(t, out, "initech"); ok != 50 {
 			t.Errorf("initech (quota 400) user %d: %d of 50 passed, want all", u, ok)
 		}
