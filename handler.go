@@ -289,7 +289,7 @@ type errorLog struct {
 // Intervals of the rate-limited log lines.
 const (
 	storeErrorInterval = 5 * time.Second
-	badValueInterval   = time.Minute // unusable per-request cost or limit, per zone
+	badCostInterval    = time.Minute
 )
 
 // log reports a store error.
@@ -297,31 +297,19 @@ func (e *errorLog) log(logger *zap.Logger, err error) {
 	e.write(logger, zap.ErrorLevel, storeErrorInterval, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 }
 
-func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
-	if !e.due(every) {
-		return
-	}
-	if ce := logger.Check(lvl, msg); ce != nil {
-		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
-	}
+// logf reports unusable input (a cost that is not a positive integer).
+func (e *errorLog) logf(logger *zap.Logger, msg string, fields ...zap.Field) {
+	e.write(logger, zap.WarnLevel, badCostInterval, msg, fields...)
 }
 
-// due reports whether a line may be written now (at most one per every),
-// counting the line as suppressed when not. A caller whose fields cost
-// something to build checks due first, then writes with writeDue.
-func (e *errorLog) due(every time.Duration) bool {
+func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
 	now := time.Now().UnixNano()
 	last := e.last.Load()
 	if now-last < int64(every) || !e.last.CompareAndSwap(last, now) {
 		e.suppressed.Add(1)
-		return false
+		return
 	}
-	return true
-}
-
-// writeDue writes a line that due admitted.
-func (e *errorLog) writeDue(logger *zap.Logger, msg string, fields ...zap.Field) {
-	if ce := logger.Check(zap.WarnLevel, msg); ce != nil {
+	if ce := logger.Check(lvl, msg); ce != nil {
 		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
 	}
 }

@@ -554,7 +554,7 @@ func (z *zone) limitOf(repl *caddy.Replacer, tok identity.Token, scratch []byte,
 	}
 	if err := l.Validate(); err != nil {
 		z.countFallback(fieldLimit)
-		if z.badValue.due(badValueInterval) {
+		if z.badValue.due(badCostInterval) {
 			z.badValue.writeDue(logger, "rate limit chosen per request is not a valid limit; using the zone's default",
 				zap.String("zone", z.name), zap.String("field", fieldNames[fieldLimit]),
 				zap.String("resolved", describeLimit(l)), zap.String("default", describeLimit(z.limit)), zap.Error(err))
@@ -581,7 +581,7 @@ func limitScope(b *[25]byte, l *algorithms.Limit) []byte {
 // placeholder falls back on every request, and must not allocate each time.
 func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v []byte, def int64) {
 	z.countFallback(field)
-	if !z.badValue.due(badValueInterval) {
+	if !z.badValue.due(badCostInterval) {
 		return
 	}
 	what := "cost"
@@ -591,6 +591,27 @@ func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v
 	z.badValue.writeDue(logger, "rate limit "+what+" chosen per request is empty or unusable; using the zone's default",
 		zap.String("zone", z.name), zap.String("field", fieldNames[field]), zap.String("placeholder", ph.String()),
 		zap.String("value", string(v)), zap.Int64("default", def))
+}
+
+// due reports whether a line may be written now (at most one per every),
+// counting the line as suppressed when not: errorLog.write's rule, for a
+// caller whose fields cost something to build (it checks due first, then
+// builds them and writes with writeDue).
+func (e *errorLog) due(every time.Duration) bool {
+	now := time.Now().UnixNano()
+	last := e.last.Load()
+	if now-last < int64(every) || !e.last.CompareAndSwap(last, now) {
+		e.suppressed.Add(1)
+		return false
+	}
+	return true
+}
+
+// writeDue writes a warning that due admitted.
+func (e *errorLog) writeDue(logger *zap.Logger, msg string, fields ...zap.Field) {
+	if ce := logger.Check(zap.WarnLevel, msg); ce != nil {
+		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
+	}
 }
 
 func (z *zone) countFallback(field int) {
