@@ -64,6 +64,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 // used in several places carries one limit.
 type zoneDecl struct {
 	limit algorithms.Limit
+	dyn   string // the placeholders of a limit chosen per request
 	place string
 }
 
@@ -94,11 +95,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 		if err != nil {
 			return nil, fmt.Errorf("zone %s (%s): %w", name, places[name], err)
 		}
-		if prev, ok := decls[name]; ok && prev.limit != l {
+		dyn := z.dynamicSpec()
+		if prev, ok := decls[name]; ok && (prev.limit != l || prev.dyn != dyn) {
 			return nil, fmt.Errorf("zone %s: defined at %s with %s and at %s with %s; a zone name is one shared bucket, so every use must carry the same limit (rename one of them)",
-				name, prev.place, describeLimit(prev.limit), places[name], describeLimit(l))
+				name, prev.place, describeDynamic(prev.limit, prev.dyn), places[name], describeDynamic(l, dyn))
 		}
-		decls[name] = zoneDecl{limit: l, place: places[name]}
+		decls[name] = zoneDecl{limit: l, dyn: dyn, place: places[name]}
 	}
 	return handler, nil
 }
@@ -108,11 +110,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	rate_limit [<matcher>] {
 //	    zone <name> {
 //	        key         <candidate>...
-//	        events      <n>
-//	        window      <duration>
-//	        burst       <n>
-//	        algorithm   token_bucket
-//	        cost        <n>|<placeholder>
+//	        events      <n>|<placeholder> <default n>
+//	        window      <duration>|<placeholder> <default duration>
+//	        burst       <n>|<placeholder> <default n>
+//	        algorithm   token_bucket|gcra|sliding_window|fixed_window|sliding_log
+//	        cost        <n>|<placeholder> [<default n>]
 //	        match       { <matchers> }
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
@@ -135,6 +137,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    report_only
 //	    enabled  true|false
 //	}
+//
+// events, window and burst take either a value, or a placeholder resolved per
+// request and the default used when its value is empty or unusable (events
+// {plan_events} 60); cost takes a value or a placeholder, with an optional
+// default (1).
 //
 // caddy-ratelimit's sweep_interval and disable_metrics are accepted;
 // its distributed and storage are refused with the Sluice equivalent.
@@ -318,11 +325,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 	errf := func(format string, args ...any) error {
 		return d.Errf("zone %s: "+format, append([]any{name}, args...)...)
 	}
-	intArg := func(field string, min, max int64) (int64, error) {
-		v, err := oneArg(d, "zone "+name+": "+field)
-		if err != nil {
-			return 0, err
-		}
+	checkInt := func(field, v string, min, max int64) (int64, error) {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return 0, errf("%s must be an integer, got %q", field, v)
@@ -334,6 +337,31 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			return 0, errf("%s must be between %d and %d, got %d", field, min, max, n)
 		}
 		return n, nil
+	}
+	intArg := func(field string, min, max int64) (int64, error) {
+		v, err := oneArg(d, "zone "+name+": "+field)
+		if err != nil {
+			return 0, err
+		}
+		return checkInt(field, v, min, max)
+	}
+	// perRequest reads `<field> <value>` or `<field> <placeholder>
+	// <default>`: a value chosen per request needs a default, used when the
+	// placeholder's value is empty or unusable.
+	perRequest := func(field, example string) (ph, def string, err error) {
+		args := d.RemainingArgs()
+		isPh := func(a string) bool { return strings.Contains(a, "{") }
+		switch {
+		case len(args) == 0:
+			return "", "", errf("%s needs a value", field)
+		case len(args) == 1 && !isPh(args[0]):
+			return "", args[0], nil
+		case len(args) == 1:
+			return "", "", errf("%s %s needs a default, used when the placeholder's value is empty or unusable: %s %s %s", field, args[0], field, args[0], example)
+		case len(args) == 2 && isPh(args[0]) && !isPh(args[1]):
+			return args[0], args[1], nil
+		}
+		return "", "", errf("%s takes a value, or a placeholder and a default (%s {plan_%s} %s), got %q", field, field, field, example, strings.Join(args, " "))
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
@@ -352,12 +380,22 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			}
 			z.Key = args
 		case "events":
-			z.MaxEvents, err = intArg(field, 1, 1<<62)
+			var ph, v string
+			if ph, v, err = perRequest(field, "60"); err != nil {
+				return nil, err
+			}
+			z.MaxEventsFrom = ph
+			z.MaxEvents, err = checkInt(field, v, 1, 1<<62)
 		case "burst":
-			z.Burst, err = intArg(field, 1, 1<<62)
+			var ph, v string
+			if ph, v, err = perRequest(field, "20"); err != nil {
+				return nil, err
+			}
+			z.BurstFrom = ph
+			z.Burst, err = checkInt(field, v, 1, 1<<62)
 		case "window":
-			var v string
-			if v, err = oneArg(d, "zone "+name+": window"); err != nil {
+			var ph, v string
+			if ph, v, err = perRequest(field, "1m"); err != nil {
 				return nil, err
 			}
 			dur, perr := caddy.ParseDuration(v)
@@ -368,6 +406,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, errf("window must be positive, got %q", v)
 			}
 			z.Window = caddy.Duration(dur)
+			z.WindowFrom = ph
 		case "algorithm":
 			var v string
 			if v, err = oneArg(d, "zone "+name+": algorithm"); err != nil {
@@ -375,11 +414,18 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			}
 			z.Algorithm = v
 		case "cost":
-			var v string
-			if v, err = oneArg(d, "zone "+name+": cost"); err != nil {
-				return nil, err
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 0:
+				return nil, errf("cost needs a value")
+			case len(args) == 2 && strings.Contains(args[0], "{"):
+				if z.CostDefault, err = checkInt("cost's default", args[1], 1, 1<<62); err != nil {
+					return nil, err
+				}
+			case len(args) != 1:
+				return nil, errf("cost takes an integer, or a placeholder and an optional default (cost {cost} 1), got %q", strings.Join(args, " "))
 			}
-			z.Cost = caddyhttp.WeakString(v)
+			z.Cost = caddyhttp.WeakString(args[0])
 		case "report_only":
 			if d.NextArg() {
 				return nil, errf("report_only takes no argument, got %q", d.Val())
@@ -436,7 +482,17 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 	if z.Window == 0 {
 		return nil, errf("window is required")
 	}
-	if _, err := z.limit(); err != nil {
+	l, err := z.limit()
+	if err != nil {
+		return nil, errf("%v", err)
+	}
+	// The per-request fields and the cost, checked now so that the error
+	// names the file and line.
+	check := &zone{limit: l, cost: 1}
+	if err := check.compileCost(string(z.Cost), z.CostDefault); err != nil {
+		return nil, errf("%v", err)
+	}
+	if err := check.compileDynamic(z); err != nil {
 		return nil, errf("%v", err)
 	}
 	return z, nil

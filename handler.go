@@ -123,9 +123,17 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		var tok identity.Token
 		var cost int64
 		tok, s.buf = z.deriver.Derive(repl, s.buf)
+		lim, seen := z.limit, z
+		if z.dyn != nil {
+			// The limit is chosen per request; a limit other than the
+			// default has a bucket of its own (zone.limitOf), and its own
+			// header values (zone.view).
+			lim, tok, s.buf = z.limitOf(repl, tok, s.buf, h.logger)
+			seen = z.view(lim)
+		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: z.limit, Cost: cost, ReportOnly: z.reportOnly})
-		s.zones = append(s.zones, z)
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
+		s.zones = append(s.zones, seen)
 	}
 	if len(s.reqs) == 0 {
 		return verdict{}, pass, nil

@@ -23,6 +23,7 @@ var metrics = struct {
 	decisions     *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -52,8 +53,12 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Store calls that failed, by store and kind (timeout, connection, readonly, oom, noscript, circuit_open, other).",
 		}, []string{"store", "kind"})
+		metrics.fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "dynamic_fallbacks_total",
+			Help: "Per-request values (events, window, burst, cost) that were empty or unusable, or resolved to an invalid limit (limit), so the zone's default applied; by zone and field.",
+		}, []string{"zone", "field"})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
@@ -65,14 +70,24 @@ func initMetrics(registry *prometheus.Registry) error {
 // path only does an atomic add.
 type zoneMetrics struct {
 	allowed, refused, vetoed, reportOnly, failedOpen, failedClosed, failedLocal prometheus.Counter
+	// fallbacks counts unusable per-request values by field; nil for a
+	// zone with nothing chosen per request.
+	fallbacks *[numFields]prometheus.Counter
 }
 
-func newZoneMetrics(zone string) *zoneMetrics {
+func newZoneMetrics(zone string, perRequest bool) *zoneMetrics {
 	c := func(outcome string) prometheus.Counter { return metrics.decisions.WithLabelValues(zone, outcome) }
-	return &zoneMetrics{
+	m := &zoneMetrics{
 		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed), reportOnly: c(outcomeReportOnly),
 		failedOpen: c(outcomeFailedOpen), failedClosed: c(outcomeFailedClosed), failedLocal: c(outcomeFailedLocal),
 	}
+	if perRequest {
+		m.fallbacks = new([numFields]prometheus.Counter)
+		for f, name := range fieldNames {
+			m.fallbacks[f] = metrics.fallbacks.WithLabelValues(zone, name)
+		}
+	}
+	return m
 }
 
 // storeMetrics observe one store's calls.

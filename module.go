@@ -208,7 +208,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 		for _, z := range h.zones {
-			z.metrics = newZoneMetrics(z.name)
+			z.metrics = newZoneMetrics(z.name, z.costExpr != nil || z.dyn != nil)
 		}
 		name := "custom"
 		if m, ok := h.store.(caddy.Module); ok {

@@ -22,6 +22,7 @@ import (
 
 type zoneUse struct {
 	limit algorithms.Limit
+	dyn   string // the placeholders of a limit chosen per request
 	store string
 	refs  int
 }
@@ -58,14 +59,14 @@ func registerZones(scope any, zones []*zone, store string) error {
 	for i, z := range zones {
 		u := m[z.name]
 		if u == nil {
-			m[z.name] = &zoneUse{limit: z.limit, store: store, refs: 1}
+			m[z.name] = &zoneUse{limit: z.limit, dyn: z.dynSpec, store: store, refs: 1}
 			continue
 		}
 		var err error
 		switch {
-		case u.limit != z.limit:
+		case u.limit != z.limit || u.dyn != z.dynSpec:
 			err = fmt.Errorf("zone %q: defined with %s here but with %s in another rate_limit handler of this config; a zone name is one shared bucket, so every use must carry the same limit (rename one of them)",
-				z.name, describeLimit(z.limit), describeLimit(u.limit))
+				z.name, describeDynamic(z.limit, z.dynSpec), describeDynamic(u.limit, u.dyn))
 		case u.store != store:
 			err = fmt.Errorf("zone %q: uses store %q here but %q in another rate_limit handler of this config; a zone name is one shared bucket, so every use must use the same store (rename one of them)",
 				z.name, store, u.store)
@@ -97,6 +98,15 @@ func unregisterLocked(scope any, zones []*zone) {
 	if len(m) == 0 {
 		delete(registry.scopes, scope)
 	}
+}
+
+// describeDynamic renders a limit and the placeholders that choose it per
+// request.
+func describeDynamic(l algorithms.Limit, dyn string) string {
+	if dyn == "" {
+		return describeLimit(l)
+	}
+	return describeLimit(l) + " " + dyn
 }
 
 // describeLimit renders a limit as the Caddyfile would write it.

@@ -118,14 +118,15 @@ func ParseToken(s string) (Token, bool) {
 		if len(payload) != 8 || !decodeHex(t[2:6], payload) {
 			return Token{}, false
 		}
-	case KindIPv6, KindHash:
+	case KindIPv6, KindHash, KindScoped:
 		if len(payload) != 2*(Size-2) || !decodeHex(t[2:], payload) {
 			return Token{}, false
 		}
 	default:
 		return Token{}, false
 	}
-	if t.Kind() != KindEmpty && n == 0 || t.String() != s {
+	// Only the empty bucket, and a scope of it, come from no candidate.
+	if n == 0 && t.Kind() != KindEmpty && t.Kind() != KindScoped || t.String() != s {
 		return Token{}, false // leading zeros, a "+", or a candidate 0 that is not the empty bucket
 	}
 	return t, true

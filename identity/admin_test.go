@@ -71,6 +71,9 @@ func TestParseToken(t *testing.T) {
 			toks = append(toks, tok)
 		}
 	}
+	for _, tok := range toks[:len(toks):len(toks)] {
+		toks = append(toks, tok.Scope([]byte("plan")))
+	}
 	for _, tok := range toks {
 		s := tok.String()
 		got, ok := ParseToken(s)
@@ -88,7 +91,7 @@ func TestParseToken(t *testing.T) {
 		"", "e", "e0", "e1-", "e0-00", "40-c0000201", "41-c00002", "41-c000020100", "41-c000020g", "h1-00",
 		"h1-" + strings.Repeat("0", 34), "h01-" + strings.Repeat("0", 32), "h+1-" + strings.Repeat("0", 32),
 		"h17-" + strings.Repeat("0", 32), "x1-" + strings.Repeat("0", 32), "h1" + strings.Repeat("0", 32),
-		"h999-" + strings.Repeat("0", 32), "61-" + strings.Repeat("0", 31),
+		"h999-" + strings.Repeat("0", 32), "61-" + strings.Repeat("0", 31), "s1-00", "s01-" + strings.Repeat("0", 32),
 	} {
 		if tok, ok := ParseToken(bad); ok {
 			t.Errorf("ParseToken(%q) = %s, want an error", bad, tok)

@@ -39,6 +39,10 @@ const (
 	KindIPv4  Kind = '4' // a masked IPv4 address (IPv4-mapped IPv6 included)
 	KindIPv6  Kind = '6' // a masked IPv6 address
 	KindHash  Kind = 'h' // any other value, hashed
+	// KindScoped is a token moved to a bucket of its own by Scope (a zone
+	// whose limit is chosen per request gives each resolved limit its own
+	// bucket): the payload hashes the original token and the scope.
+	KindScoped Kind = 's'
 )
 
 // Kind returns how the token was made.
@@ -64,6 +68,33 @@ func (t Token) AppendText(b []byte) []byte {
 		return hex.AppendEncode(b, t[2:6])
 	}
 	return hex.AppendEncode(b, t[2:])
+}
+
+// MaxScope bounds the scope Token.Scope accepts, in bytes.
+const MaxScope = 64
+
+// Scope returns the token of the same client in a separate bucket named by
+// scope: byte 0 (the candidate) is kept, the kind becomes KindScoped, and
+// the payload is SHA-256 of the token and the scope, truncated to 128 bits.
+// The same token and scope always give the same result; another scope, or
+// another token, gives another token (up to the hash's collisions). The
+// result reveals neither the original token nor the scope. Sluice scopes
+// the key of a zone whose limit is chosen per request by the limit
+// resolved, so that each limit (each plan) has a bucket of its own. Scope
+// does not allocate; it panics if scope is longer than MaxScope.
+func (t Token) Scope(scope []byte) Token {
+	if len(scope) > MaxScope {
+		panic("identity: scope longer than MaxScope")
+	}
+	var buf [Size + MaxScope]byte
+	n := copy(buf[:], t[:])
+	n += copy(buf[n:], scope)
+	sum := sha256.Sum256(buf[:n])
+	var s Token
+	s[0] = t[0]
+	s[1] = byte(KindScoped)
+	copy(s[2:], sum[:Size-2])
+	return s
 }
 
 // Resolver reads a placeholder's value; *caddy.Replacer satisfies it.

@@ -539,3 +539,46 @@ func TestMultiPartMasksAddresses(t *testing.T) {
 		t.Errorf("a multi-part key must be hashed")
 	}
 }
+
+// TestScope: a scoped token is deterministic, keeps the candidate, differs
+// per scope and per original token, never equals an unscoped token, reveals
+// neither input in its text form, and costs no allocation.
+func TestScope(t *testing.T) {
+	d := mustDeriver(t, 32, 64, "{v}")
+	ip, key := derive(d, "192.0.2.1"), derive(d, "api-key-1")
+	free, pro := []byte("events=60"), []byte("events=600")
+	seen := map[Token]string{}
+	for _, c := range []struct {
+		name string
+		tok  Token
+	}{
+		{"ip", ip}, {"key", key}, {"empty", EmptyToken()},
+		{"ip/free", ip.Scope(free)}, {"ip/pro", ip.Scope(pro)},
+		{"key/free", key.Scope(free)}, {"key/pro", key.Scope(pro)},
+		{"empty/free", EmptyToken().Scope(free)}, {"ip/nil", ip.Scope(nil)},
+	} {
+		if prev, dup := seen[c.tok]; dup {
+			t.Errorf("%s and %s give the same token %s", prev, c.name, c.tok)
+		}
+		seen[c.tok] = c.name
+	}
+	if ip.Scope(pro) != ip.Scope([]byte("events=600")) {
+		t.Error("Scope is not deterministic")
+	}
+	s := key.Scope(pro)
+	if s.Kind() != KindScoped || s.Candidate() != key.Candidate() {
+		t.Errorf("scoped token kind %q candidate %d, want %q and %d", s.Kind(), s.Candidate(), KindScoped, key.Candidate())
+	}
+	if txt := s.String(); !isTextSafe(txt) || strings.Contains(txt, "c0000201") || !strings.HasPrefix(txt, "s1-") {
+		t.Errorf("scoped token text %q: want s1-<hash>, text-safe, without the address", txt)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = ip.Scope(pro) }); n != 0 {
+		t.Errorf("Scope allocates %v times", n)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a scope longer than MaxScope did not panic")
+		}
+	}()
+	ip.Scope(make([]byte, MaxScope+1))
+}
