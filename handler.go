@@ -300,11 +300,6 @@ func (e *errorLog) log(logger *zap.Logger, err error) {
 	e.write(logger, zap.ErrorLevel, storeErrorInterval, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 }
 
-// logf reports unusable input (a cost that is not a positive integer).
-func (e *errorLog) logf(logger *zap.Logger, msg string, fields ...zap.Field) {
-	e.write(logger, zap.WarnLevel, badCostInterval, msg, fields...)
-}
-
 func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
 	now := time.Now().UnixNano()
 	last := e.last.Load()
