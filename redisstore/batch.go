@@ -53,19 +53,26 @@ const (
 
 // call is one script evaluation travelling through a batcher.
 type call struct {
-	ctx  context.Context
-	keys []string
-	args []any
-	cmd  *redis.Cmd    // the reply, set by the worker before done
-	done chan struct{} // capacity 1: a worker never blocks on it
+	ctx      context.Context // the caller's: its end (client gone) ends the wait
+	deadline time.Time       // the decision's: the wait and the round trip end by it
+	timer    *time.Timer     // fires at deadline; kept with the call, no allocation per wait
+	keys     []string
+	args     []any
+	cmd      *redis.Cmd    // the reply, set by the worker before done
+	done     chan struct{} // capacity 1: a worker never blocks on it
 }
 
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+var callPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &call{done: make(chan struct{}, 1), timer: t}
+}}
 
-// getCall returns an empty call from the pool.
-func getCall(ctx context.Context) *call {
+// getCall returns an empty call from the pool for a decision ending at
+// deadline.
+func getCall(ctx context.Context, deadline time.Time) *call {
 	c := callPool.Get().(*call)
-	c.ctx = ctx
+	c.ctx, c.deadline = ctx, deadline
 	return c
 }
 
@@ -107,20 +114,30 @@ func (b *batcher) close() {
 	b.wg.Wait()
 }
 
-// do sends c and waits for its reply or the end of its context. On a nil
-// error the reply is c.cmd and c is the caller's again. owned reports
-// whether the caller may reuse c: false when it stopped waiting while a
-// worker may still hold c.
+// do sends c and waits for its reply, its deadline or the end of its
+// context. On a nil error the reply is c.cmd and c is the caller's again.
+// owned reports whether the caller may reuse c: false when it stopped
+// waiting while a worker may still hold c. The wait uses the call's own
+// timer, not a context per decision (which would also register with the
+// request's context: a lock and a map entry each time).
 func (b *batcher) do(c *call) (owned bool, err error) {
+	c.timer.Reset(time.Until(c.deadline))
 	select {
 	case b.queue <- c:
+	case <-c.timer.C:
+		return true, context.DeadlineExceeded
 	case <-c.ctx.Done():
+		c.timer.Stop()
 		return true, c.ctx.Err()
 	}
 	select {
 	case <-c.done:
+		c.timer.Stop()
 		return true, nil
+	case <-c.timer.C:
+		return false, context.DeadlineExceeded
 	case <-c.ctx.Done():
+		c.timer.Stop()
 		return false, c.ctx.Err()
 	}
 }
@@ -153,25 +170,22 @@ func (b *batcher) work() {
 // context ended while queued are left alone: their callers have gone.
 func (b *batcher) exec(batch []*call) {
 	var deadline time.Time
+	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
-		if c.ctx.Err() != nil {
+		if c.ctx.Err() != nil || !now.Before(c.deadline) {
 			continue
 		}
-		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
+		if c.deadline.After(deadline) {
+			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, c := range live {
 		c.cmd = b.scripts.queue(ctx, pipe, c.keys, c.args)

@@ -192,18 +192,25 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		start = denycache.Now()
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	c := getCall(ctx)
+	c := getCall(ctx, time.Now().Add(s.timeout))
 	for i := range reqs {
 		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
 	}
-	if !s.cluster || sameSlot(c.keys) {
+	switch oneSlot := !s.cluster || sameSlot(c.keys); {
+	case oneSlot && s.batch != nil:
+		// The pipeline workers bound the wait by c.deadline themselves.
 		err = s.runCall(c, reqs, out, false)
-	} else {
+	case oneSlot:
+		dctx, cancel := context.WithDeadline(ctx, c.deadline)
+		c.ctx = dctx
+		err = s.runCall(c, reqs, out, false)
+		cancel()
+	default:
+		dctx, cancel := context.WithDeadline(ctx, c.deadline)
 		keys := slices.Clone(c.keys)
 		putCall(c)
-		err = s.takeAcrossSlots(ctx, keys, reqs, out)
+		err = s.takeAcrossSlots(dctx, keys, reqs, out)
+		cancel()
 	}
 	if err != nil {
 		// The caller gone (its context done first) says nothing about Redis.
@@ -279,7 +286,11 @@ func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) boo
 
 // run evaluates the script once for keys/reqs (all in one slot).
 func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
-	c := getCall(ctx)
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(s.timeout)
+	}
+	c := getCall(ctx, deadline)
 	c.keys = append(c.keys, keys...)
 	return s.runCall(c, reqs, out, refund)
 }
