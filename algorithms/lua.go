@@ -7,7 +7,7 @@ import (
 	"strconv"
 )
 
-// The Lua twins, one file per algorithm, and the script's main body.
+// The Lua twins, one file per algorithm, and the decision for a request.
 var (
 	//go:embed lua/common.lua
 	luaCommon string
@@ -25,23 +25,26 @@ var (
 	luaTake string
 )
 
-// luaDefs are the helpers and every algorithm; luaBody is the script after
-// its entry point: luaDefs, then the main body that dispatches on each
-// zone's algorithm.
-var (
-	luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog
-	luaBody = luaDefs + luaTake
-)
+// luaDefs are the helpers, every algorithm and take (lua/take.lua), which
+// decides a request. They read the upvalues `now` (Unix milliseconds) and
+// `compact` (whether states are written in the binary form of
+// lua/common.lua, or in the text form of the Sluice versions before it;
+// both forms are always read), which each entry point defines first.
+var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
 
-// The script's entry points define `now` (Unix milliseconds), `argbase`
-// (how many ARGV entries precede the zones') and `compact` (whether states
-// are written in the binary form of lua/common.lua, or in the text form of
-// the Sluice versions before it; both forms are always read).
+// The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
+// in tests, which then pass the zones' arguments after it) and the form
+// states are written in. TIME's fields are decimal strings, which Lua's
+// arithmetic converts as tonumber does; now is seconds x 1000 plus
+// floor(microseconds / 1000).
 const (
-	luaClock    = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nlocal argbase = 0\n"
-	luaTestTime = "local now = tonumber(ARGV[1])\nlocal argbase = 1\n"
+	luaNow      = "t[1] * 1000 + (t[2] - t[2] % 1000) / 1000"
+	luaClock    = "local t = redis.call('TIME')\nlocal now = " + luaNow + "\n"
+	luaTestTime = "local now = tonumber(ARGV[1])\n"
 	luaCompact  = "local compact = true\n"
 	luaText     = "local compact = false\n"
+	luaRun      = "\nreturn take(KEYS, ARGV, 0)\n"
+	luaTestRun  = "\nreturn take(KEYS, ARGV, 1)\n"
 )
 
 // LuaScript is the production decision script: the Lua twin of Step for a
@@ -49,21 +52,21 @@ const (
 // time from redis.call('TIME') and accepts none from the caller. It stores
 // states in the compact binary form (see EncodeLua) and reads that form and
 // the text form older Sluice versions wrote.
-var LuaScript = luaClock + luaCompact + luaBody
+var LuaScript = luaClock + luaCompact + luaDefs + luaRun
 
 // LuaScriptText is LuaScript writing the text form of the Sluice versions
 // before the binary one (see EncodeLuaText), which those versions can read:
 // the first phase of a rolling upgrade from such a version, while instances
 // running it may still read keys this one writes (an older version takes a
 // binary value for no state: a full allowance). It reads both forms.
-var LuaScriptText = luaClock + luaText + luaBody
+var LuaScriptText = luaClock + luaText + luaDefs + luaRun
 
 // LuaTestScript is LuaScript for tests: ARGV[1] is the current time in Unix
 // milliseconds, so the Lua twin runs the same vectors as Step.
-var LuaTestScript = luaTestTime + luaCompact + luaBody
+var LuaTestScript = luaTestTime + luaCompact + luaDefs + luaTestRun
 
 // LuaTestScriptText is LuaScriptText for tests, with the time in ARGV[1].
-var LuaTestScriptText = luaTestTime + luaText + luaBody
+var LuaTestScriptText = luaTestTime + luaText + luaDefs + luaTestRun
 
 // LuaFunction names the function of LuaLibrary: FCALL LuaFunction runs
 // exactly what LuaScript runs (same KEYS, ARGV and reply). The name carries
@@ -72,19 +75,18 @@ var LuaTestScriptText = luaTestTime + luaText + luaBody
 var LuaFunction, LuaLibrary = luaLibrary()
 
 // luaLibrary builds LuaScript as a Redis Function library (Redis 7): the
-// helpers and the algorithms are defined once, when the library loads, not
-// on every call as an EVAL script's body must (about 2 µs of Redis's CPU
-// per call); the function sets the clock the helpers share as upvalues and
-// runs the main body.
+// helpers, the algorithms and take are defined once, when the library
+// loads, not on every call as an EVAL script's body must (about 2 µs of
+// Redis's CPU per call); the function sets the clock they share as an
+// upvalue and calls take.
 func luaLibrary() (name, code string) {
-	sum := sha1.Sum([]byte(luaCompact + luaBody))
+	defs := "local now\n" + luaCompact + luaDefs
+	call := "local t = redis.call('TIME')\nnow = " + luaNow + "\nreturn take(keys, args, 0)\n"
+	sum := sha1.Sum([]byte(defs + call))
 	tag := hex.EncodeToString(sum[:6])
 	name = "sluice_take_" + tag
-	code = "#!lua name=sluice_" + tag + "\n" +
-		"local now, argbase\n" + luaCompact + luaDefs +
-		"\nredis.register_function('" + name + "', function(KEYS, ARGV)\n" +
-		"local t = redis.call('TIME')\nnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\nargbase = 0\n" +
-		luaTake + "\nend)\n"
+	code = "#!lua name=sluice_" + tag + "\n" + defs +
+		"\nredis.register_function('" + name + "', function(keys, args)\n" + call + "end)\n"
 	return name, code
 }
 

@@ -4,10 +4,43 @@
 
 local margin = 1000 -- ms a key outlives its return to full, so expired == full
 
+-- Cost. Redis runs this on every request, so the code avoids what costs
+-- its CPU most: a table per call, calls through globals (string.byte looks
+-- up two tables first), converting a decimal string (strtod), math.floor
+-- (x - x % 1 floors without a call). The library functions used on every
+-- call are upvalues, set by bind() on the first call: a Redis Function
+-- library sees no standard library while it loads.
+local byte, char, unpk, tonum, call
+local function bind()
+  byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
+end
+
+-- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
+-- few strings on every call, and a lookup costs far less than strtod. It
+-- is emptied when it reaches 1000 entries, so costs or limits that vary
+-- cannot grow it without bound. num(s) is tonumber(s), remembered; the hot
+-- path writes `nums[s] or num(s)`, which calls num only on a miss.
+local nums, nnums = {}, 0
+local function num(s)
+  local v = nums[s]
+  if v then
+    return v
+  end
+  v = tonum(s)
+  if v then
+    if nnums >= 1000 then
+      nums, nnums = {}, 0
+    end
+    nums[s], nnums = v, nnums + 1
+  end
+  return v
+end
+
 -- idiv is floor(a/b) for |a| < 2^53, 0 < b, corrected for the rounding of
 -- the double division.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = a / b
+  q = q - q % 1
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -28,10 +61,6 @@ local function gcd(a, b)
     a, b = b, a - idiv(a, b) * b
   end
   return a
-end
-
-local function fmt(x)
-  return string.format('%.0f', x)
 end
 
 -- The stored state. The constant-size states (token bucket, gcra, sliding
@@ -68,58 +97,37 @@ end
 --   unit    0: 1 ms, 1: 1000 (a second), 2: 60000 (a minute), 3: 3600000 (an
 --           hour), the largest that divides the last field
 
--- be returns bytes i..j of s as a big-endian unsigned integer (0 if j < i).
--- A value of 2^53 or more may be rounded, but never below 2^53.
+-- be returns bytes i..j of s, at most 7 of them, as a big-endian unsigned
+-- integer (0 if j < i). A value of 2^53 or more may be rounded, but never
+-- below 2^53. One string.byte call returns them all; those past j are nil.
 local function be(s, i, j)
-  local v = 0
-  for k = i, j do
-    v = v * 256 + string.byte(s, k)
+  if j < i then
+    return 0
   end
+  local v, b, c, d, e, f, g = byte(s, i, j)
+  if b then v = v * 256 + b end
+  if c then v = v * 256 + c end
+  if d then v = v * 256 + d end
+  if e then v = v * 256 + e end
+  if f then v = v * 256 + f end
+  if g then v = v * 256 + g end
   return v
 end
 
--- put appends the big-endian bytes of x >= 0 (none for 0) to the byte list
--- b, whose length is n; it returns the new length.
-local function put(b, n, x)
-  local first = n + 1
-  while x > 0 do
-    local d = x % 256
-    n = n + 1
-    b[n] = d
-    x = (x - d) / 256
-  end
-  local i, j = first, n -- least significant first so far: reverse
-  while i < j do
-    b[i], b[j] = b[j], b[i]
-    i, j = i + 1, j - 1
-  end
-  return n
-end
+-- buf holds the bytes pack writes, overwritten by every pack: in a Redis
+-- Function library it outlives the call, so writing a state allocates
+-- nothing but the string.
+local buf = {}
 
 -- pack returns the binary state of algorithm alg: its instant at, counts f1
 -- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead.
+-- be written instead. It writes buf backwards from buf[32], each field
+-- least significant byte first, so no field's length is needed before its
+-- bytes are written.
 local function pack(alg, at, f1, f2, last)
   local x = at - 1600000000000
   if not compact or x < 0 or x >= 1099511627776 then
     return nil
-  end
-  local b, n = {0}, 1
-  if f2 then
-    b[2], n = 0, 2
-  end
-  for i = n + 5, n + 1, -1 do
-    local d = x % 256
-    b[i] = d
-    x = (x - d) / 256
-  end
-  n = n + 5
-  local e1 = put(b, n, f1)
-  local n1 = e1 - n
-  n = e1
-  if f2 then
-    n = put(b, n, f2)
-    b[2] = n - e1
   end
   local k, u = 0, 1
   if last % 3600000 == 0 then
@@ -129,9 +137,50 @@ local function pack(alg, at, f1, f2, last)
   elseif last % 1000 == 0 then
     k, u = 1, 1000
   end
-  n = put(b, n, last / u)
-  b[1] = 128 + 32 * alg + 4 * n1 + k
-  return string.char(unpack(b, 1, n))
+  local i, d = 32, 0
+  last = last / u
+  while last >= 1 do
+    d = last % 256
+    buf[i] = d
+    i = i - 1
+    last = (last - d) / 256
+  end
+  local e, n2 = i, nil
+  if f2 then
+    while f2 >= 1 do
+      d = f2 % 256
+      buf[i] = d
+      i = i - 1
+      f2 = (f2 - d) / 256
+    end
+    n2, e = e - i, i
+  end
+  while f1 >= 1 do
+    d = f1 % 256
+    buf[i] = d
+    i = i - 1
+    f1 = (f1 - d) / 256
+  end
+  local n1 = e - i
+  d = x % 256 -- the instant's 5 bytes
+  buf[i] = d
+  x = (x - d) / 256
+  d = x % 256
+  buf[i - 1] = d
+  x = (x - d) / 256
+  d = x % 256
+  buf[i - 2] = d
+  x = (x - d) / 256
+  d = x % 256
+  buf[i - 3] = d
+  buf[i - 4] = (x - d) / 256
+  i = i - 5
+  if n2 then
+    buf[i] = n2
+    i = i - 1
+  end
+  buf[i] = 128 + 32 * alg + 4 * n1 + k
+  return char(unpk(buf, i, 32))
 end
 
 -- load_state reads a stored state of algorithm alg: the binary form, or
@@ -140,7 +189,8 @@ end
 -- window's) and the last field. It returns at, f1, f2 (0 without), last;
 -- nil when raw is another algorithm's or malformed.
 local function load_state(raw, alg, pattern, ati)
-  local h = (string.byte(raw) or 0) - 128
+  local h, b2, b3, b4, b5, b6, b7 = byte(raw, 1, 7)
+  h = (h or 0) - 128
   if h < 0 then
     local c1, c2, c3, c4 = string.match(raw, pattern)
     if not c1 then
@@ -162,20 +212,25 @@ local function load_state(raw, alg, pattern, ati)
   local n1 = (h - k) / 4
   local p, n2 = 2, 0
   if alg == 2 then -- the sliding window: two counts
-    n2 = string.byte(raw, 2)
+    n2 = b2
     if not n2 or n2 > 7 then
       return nil
     end
     p = 3
+    b2, b3, b4, b5, b6 = b3, b4, b5, b6, b7
   end
   local e1 = p + 4 + n1
   local e2 = e1 + n2
-  local rest = #raw - e2
+  local len = #raw
+  local rest = len - e2
   if rest < 1 or rest > 7 then
     return nil
   end
-  local f1, f2 = be(raw, p + 5, e1), be(raw, e1 + 1, e2)
-  local last = be(raw, e2 + 1, #raw)
+  -- b2..b6 are the instant (rest >= 1: raw is long enough)
+  local f1, f2, last = be(raw, p + 5, e1), 0, be(raw, e2 + 1, len)
+  if n2 > 0 then
+    f2 = be(raw, e1 + 1, e2)
+  end
   if k == 1 then
     last = last * 1000
   elseif k == 2 then
@@ -186,5 +241,5 @@ local function load_state(raw, alg, pattern, ati)
   if f1 >= 9007199254740992 or f2 >= 9007199254740992 or last >= 9007199254740992 then
     return nil
   end
-  return 1600000000000 + be(raw, p, p + 4), f1, f2, last
+  return 1600000000000 + (((b2 * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6, f1, f2, last
 end

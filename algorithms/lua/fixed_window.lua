@@ -15,31 +15,32 @@ local function fw_load(raw, w)
   return count, start, length
 end
 
-local function fw_result(r, count, start, length)
+-- fw_result returns the reset-after (ms) and the value that stores the
+-- state.
+local function fw_result(count, start, length)
   local full_at = now
   if count > 0 then full_at = start + length end
-  r.val = pack(3, start, count, nil, length) or ('f' .. fmt(count) .. ':' .. fmt(start) .. ':' .. fmt(length))
-  r.reset = full_at - now
-  return r
+  return full_at - now,
+    pack(3, start, count, nil, length) or string.format('f%.0f:%.0f:%.0f', count, start, length)
 end
 
+-- fixed_window returns allowed (1/0), remaining, retry-after, then
+-- fw_result's reset-after and value.
 local function fixed_window(raw, events, w, capacity, cost)
   local count, start, length = fw_load(raw, w)
-  local r = {allowed = 0, retry = 0}
   if cost > events then
-    r.retry = w
+    return 0, math.max(events - count, 0), w, fw_result(count, start, length)
   elseif cost <= events - count then
     count = count + cost
-    r.allowed = 1
-  else
-    r.retry = start + length - now
+    return 1, math.max(events - count, 0), 0, fw_result(count, start, length)
   end
-  r.rem = math.max(events - count, 0)
-  return fw_result(r, count, start, length)
+  return 0, math.max(events - count, 0), start + length - now, fw_result(count, start, length)
 end
 
+-- fixed_window_refund returns fw_result's reset-after and value, or nothing
+-- without a state.
 local function fixed_window_refund(raw, events, w, capacity, cost)
   if not raw then return nil end
   local count, start, length = fw_load(raw, w)
-  return fw_result({}, math.max(count - cost, 0), start, length)
+  return fw_result(math.max(count - cost, 0), start, length)
 end

@@ -33,23 +33,25 @@ local function gcra_load(raw, u)
   return q - now, r
 end
 
--- gcra_result fills in remaining, reset and the state to store.
-local function gcra_result(r, ahead, rest, d, over, u, ei, tau)
-  r.rem = 0
+-- gcra_result returns a decision: allowed and retry as given, then the
+-- remaining, the reset-after (ms) and the value that stores the TAT.
+local function gcra_result(allowed, retry, ahead, rest, d, over, u, ei, tau)
+  local rem = 0
   if not over and d < tau then
-    r.rem = idiv(tau - d, ei)
+    rem = idiv(tau - d, ei)
   end
-  r.reset = 0
-  local at = now
+  local reset, at = 0, now
   if ahead >= 0 then
-    r.reset = ahead
-    if rest > 0 then r.reset = ahead + 1 end
+    reset = ahead
+    if rest > 0 then reset = ahead + 1 end
     at = now + ahead
   end
-  r.val = pack(1, at, rest, nil, u) or ('g' .. fmt(at) .. ':' .. fmt(rest) .. ':' .. fmt(u))
-  return r
+  return allowed, rem, retry, reset,
+    pack(1, at, rest, nil, u) or string.format('g%.0f:%.0f:%.0f', at, rest, u)
 end
 
+-- gcra returns allowed (1/0), remaining, retry-after, reset-after (ms) and
+-- the value to store.
 local function gcra(raw, events, w, capacity, cost)
   local u, ei, tau = gcra_units(events, w, capacity)
   local ahead, rest = gcra_load(raw, u)
@@ -59,32 +61,32 @@ local function gcra(raw, events, w, capacity, cost)
     d = ahead * u + rest
   end
   local need = cost * ei
-  local r = {allowed = 0, retry = 0}
   if cost > capacity then
-    r.retry = w
+    return gcra_result(0, w, ahead, rest, d, over, u, ei, tau)
   elseif not over and need <= tau - d then
     d = d + need
-    r.allowed = 1
     ahead = idiv(d, u)
-    rest = d - ahead * u
-  else
-    r.retry = ahead - idiv(tau - need - rest, u)
+    return gcra_result(1, 0, ahead, d - ahead * u, d, over, u, ei, tau)
   end
-  return gcra_result(r, ahead, rest, d, over, u, ei, tau)
+  return gcra_result(0, ahead - idiv(tau - need - rest, u), ahead, rest, d, over, u, ei, tau)
 end
 
--- gcra_refund moves the TAT back by cost emission intervals, never before now.
+-- gcra_refund moves the TAT back by cost emission intervals, never before
+-- now; it returns the reset-after and the value, or nothing without a state.
 local function gcra_refund(raw, events, w, capacity, cost)
   if not raw then return nil end
   local u, ei, tau = gcra_units(events, w, capacity)
   local ahead, rest = gcra_load(raw, u)
+  local _, reset, val
   if ahead < 0 then
-    return gcra_result({}, -1, 0, 0, false, u, ei, tau)
+    _, _, _, reset, val = gcra_result(1, 0, -1, 0, 0, false, u, ei, tau)
+    return reset, val
   end
   -- the TAT in units from now, less the refund; ahead is at most the
   -- capacity plus the time of one request here (the refund follows a charge)
   local d = math.max(ahead * u + rest - cost * ei, 0)
   local a = idiv(d, u)
   if d == 0 then a = -1 end
-  return gcra_result({}, a, d - math.max(a, 0) * u, d, false, u, ei, tau)
+  _, _, _, reset, val = gcra_result(1, 0, a, d - math.max(a, 0) * u, d, false, u, ei, tau)
+  return reset, val
 end

@@ -3,6 +3,8 @@
 -- ",<t-base>*<cost>" (cost 1 is implied); base is the oldest event's time.
 
 -- sl_load returns the events still in the window: times, costs, their sum.
+-- (The captures are decimal digits: arithmetic converts them as tonumber
+-- would.)
 local function sl_load(raw, w)
   local ts, cs, sum = {}, {}, 0
   if not raw then
@@ -13,47 +15,49 @@ local function sl_load(raw, w)
     return ts, cs, sum
   end
   base = tonumber(base)
+  local k = 0
   for d, c in string.gmatch(raw, ',(%d+)%*?(%d*)') do
-    local t = base + tonumber(d)
+    local t = base + d
     if t + w > now then
       local cost = 1
-      if c ~= '' then cost = tonumber(c) end
-      ts[#ts + 1] = t
-      cs[#cs + 1] = cost
+      if c ~= '' then cost = c + 0 end
+      k = k + 1
+      ts[k] = t
+      cs[k] = cost
       sum = sum + cost
     end
   end
   return ts, cs, sum
 end
 
-local function sl_result(r, ts, cs, w)
+-- sl_result returns the reset-after (ms) and the value that stores the
+-- events (nil: nothing to keep, the key is deleted).
+local function sl_result(ts, cs, w)
   local k = #ts
   if k == 0 then
-    r.reset = 0
-    r.val = nil -- nothing to keep: the key is deleted
-    return r
+    return 0, nil
   end
-  r.reset = ts[k] + w - now
   local base = ts[1]
-  local parts = {'l' .. fmt(base)}
+  local parts = {string.format('l%.0f', base)}
   for i = 1, k do
-    local p = ',' .. fmt(ts[i] - base)
     if cs[i] ~= 1 then
-      p = p .. '*' .. fmt(cs[i])
+      parts[i + 1] = string.format(',%.0f*%.0f', ts[i] - base, cs[i])
+    else
+      parts[i + 1] = string.format(',%.0f', ts[i] - base)
     end
-    parts[i + 1] = p
   end
-  r.val = table.concat(parts)
-  return r
+  return ts[k] + w - now, table.concat(parts)
 end
 
+-- sliding_log returns allowed (1/0), remaining, retry-after, then
+-- sl_result's reset-after and value.
 local function sliding_log(raw, n, w, capacity, cost)
   local ts, cs, sum = sl_load(raw, w)
-  local r = {allowed = 0, retry = 0}
+  local allowed, retry = 0, 0
   if cost > n then
-    r.retry = w
+    retry = w
   elseif cost <= n - sum then
-    r.allowed = 1
+    allowed = 1
     if cost > 0 then
       local at = now
       local k = #ts
@@ -67,16 +71,16 @@ local function sliding_log(raw, n, w, capacity, cost)
     for i = 1, #ts do
       freed = freed + cs[i]
       if sum - freed <= n - cost then
-        r.retry = ts[i] + w - now
+        retry = ts[i] + w - now
         break
       end
     end
   end
-  r.rem = math.max(n - sum, 0)
-  return sl_result(r, ts, cs, w)
+  return allowed, math.max(n - sum, 0), retry, sl_result(ts, cs, w)
 end
 
--- sliding_log_refund removes the newest event of exactly this cost.
+-- sliding_log_refund removes the newest event of exactly this cost; it
+-- returns sl_result's reset-after and value, or nothing without a state.
 local function sliding_log_refund(raw, n, w, capacity, cost)
   if not raw then return nil end
   local ts, cs = sl_load(raw, w)
@@ -87,5 +91,5 @@ local function sliding_log_refund(raw, n, w, capacity, cost)
       break
     end
   end
-  return sl_result({}, ts, cs, w)
+  return sl_result(ts, cs, w)
 end

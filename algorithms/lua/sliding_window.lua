@@ -30,50 +30,49 @@ local function sw_load(raw, n, w)
   return s, prev, cur, vnow
 end
 
-local function sw_result(r, s, prev, cur, vnow, n, w)
-  r.rem = math.max(n - cur - ceildiv(prev * (w - (vnow - s)), w), 0)
+-- sw_result returns a decision: allowed and retry as given, then the
+-- remaining, the reset-after (ms) and the value that stores the state.
+local function sw_result(allowed, retry, s, prev, cur, vnow, n, w)
   local full_at = now
   if cur > 0 then
     full_at = s + 2 * w
   elseif prev > 0 then
     full_at = s + w
   end
-  r.reset = full_at - now
-  r.val = pack(2, s, prev, cur, w) or ('s' .. fmt(prev) .. ':' .. fmt(cur) .. ':' .. fmt(s) .. ':' .. fmt(w))
-  return r
+  return allowed, math.max(n - cur - ceildiv(prev * (w - (vnow - s)), w), 0), retry, full_at - now,
+    pack(2, s, prev, cur, w) or string.format('s%.0f:%.0f:%.0f:%.0f', prev, cur, s, w)
 end
 
+-- sliding_window returns allowed (1/0), remaining, retry-after,
+-- reset-after (ms) and the value to store.
 local function sliding_window(raw, n, w, capacity, cost)
   local s, prev, cur, vnow = sw_load(raw, n, w)
   local weighted = prev * (w - (vnow - s))
-  local r = {allowed = 0, retry = 0}
   if cost > n then
-    r.retry = w
+    return sw_result(0, w, s, prev, cur, vnow, n, w)
   elseif cost <= n - cur and weighted <= (n - cur - cost) * w then
-    cur = cur + cost
-    r.allowed = 1
-  else
-    local t
-    local a = n - cur - cost
-    if a >= 0 and prev > 0 then
-      t = s + w - idiv(a * w, prev)
-    else
-      t = s + w
-      if cur > 0 then
-        t = t + math.max(w - idiv((n - cost) * w, cur), 0)
-      end
-    end
-    r.retry = t - now
+    return sw_result(1, 0, s, prev, cur + cost, vnow, n, w)
   end
-  return sw_result(r, s, prev, cur, vnow, n, w)
+  local t
+  local a = n - cur - cost
+  if a >= 0 and prev > 0 then
+    t = s + w - idiv(a * w, prev)
+  else
+    t = s + w
+    if cur > 0 then
+      t = t + math.max(w - idiv((n - cost) * w, cur), 0)
+    end
+  end
+  return sw_result(0, t - now, s, prev, cur, vnow, n, w)
 end
 
--- sliding_window_refund takes cost off the current count, then the previous.
+-- sliding_window_refund takes cost off the current count, then the
+-- previous; it returns the reset-after and the value, or nothing without a
+-- state.
 local function sliding_window_refund(raw, n, w, capacity, cost)
   if not raw then return nil end
   local s, prev, cur, vnow = sw_load(raw, n, w)
   local c = math.min(cost, cur)
-  cur = cur - c
-  prev = math.max(prev - (cost - c), 0)
-  return sw_result({}, s, prev, cur, vnow, n, w)
+  local _, _, _, reset, val = sw_result(1, 0, s, math.max(prev - (cost - c), 0), cur - c, vnow, n, w)
+  return reset, val
 end

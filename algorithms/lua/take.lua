@@ -1,19 +1,26 @@
--- Sluice: the main body of the decision script, shared by the production
--- entry point (time from redis.call('TIME')) and the test entry point (time
--- from ARGV[1]). The entry point defines `now` (Unix milliseconds),
--- `argbase` (how many ARGV entries precede the zones') and `compact` (write
--- states in binary); then common.lua and every algorithm's file are
--- included (see algorithms/lua.go), then this.
+-- Sluice: the decision for a whole request, shared by every entry point
+-- (see algorithms/lua.go): the EVAL scripts define `now` (Unix
+-- milliseconds) and `compact` (write states in binary), include common.lua
+-- and every algorithm's file, then this, and return take(KEYS, ARGV, base);
+-- the Redis Function library defines all of it once, when it loads, and
+-- its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[argbase + 6(i-1) + 1..6]
+-- KEYS[i] is zone i's state key. For zone i, ARGV[base + 6(i-1) + 1..6]
 -- are: algorithm id, events, window (ms), capacity, cost, mode (0 take,
--- 1 refund). It decides every zone, whatever its algorithm, against the
--- state as it is, and writes only if every zone allows (all-or-nothing; a
--- refusal never consumes). Refund mode gives back cost (for a veto in
--- another Cluster slot).
+-- 1 refund, 2 take for a report-only zone). It decides every zone, whatever
+-- its algorithm, against the state as it is, and writes only if every zone
+-- allows (all-or-nothing; a refusal never consumes; a report-only zone
+-- never vetoes). Refund mode gives back cost (for a veto in another Cluster
+-- slot).
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
 -- (ms) and reset-after (ms).
+--
+-- Every algorithm's step returns allowed, remaining, retry-after,
+-- reset-after and the value to store (nil: delete the key); its refund
+-- returns the last two, or nothing when there is no state to refund. They
+-- return values, not tables: a table per call costs Redis more CPU than
+-- the arithmetic of a decision.
 
 local steps = {[0] = token_bucket, [1] = gcra, [2] = sliding_window,
   [3] = fixed_window, [4] = sliding_log}
@@ -21,60 +28,88 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
   [4] = sliding_log_refund}
 
--- store writes r's state with a TTL of its time to full plus the margin,
--- or deletes the key when the state is empty.
-local function store(key, r)
-  if r.val then
-    redis.call('SET', key, r.val, 'PX', fmt(math.max(r.reset, 0) + margin))
+-- store writes a state with a TTL of its time to full (reset, ms) plus the
+-- margin, or deletes the key when there is no state (val nil). A number
+-- argument reaches Redis as its integer digits (every Redis converts an
+-- integral double below 2^53 exactly).
+local function store(key, val, reset)
+  if val then
+    if reset < 0 then reset = 0 end
+    call('SET', key, val, 'PX', reset + margin)
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
-local n = #KEYS
-local zones = {}
-local all = true
-for i = 1, n do
-  local b = argbase + 6 * (i - 1)
-  local z = {
-    alg = tonumber(ARGV[b + 1]),
-    events = tonumber(ARGV[b + 2]),
-    w = tonumber(ARGV[b + 3]),
-    capacity = tonumber(ARGV[b + 4]),
-    cost = tonumber(ARGV[b + 5]),
-    raw = redis.call('GET', KEYS[i]),
-  }
-  if not steps[z.alg] then
-    return redis.error_reply('sluice: unknown algorithm id ' .. tostring(ARGV[b + 1]))
-  end
-  if z.raw == false then z.raw = nil end
-  if ARGV[b + 6] == '1' then
-    local r = refunds[z.alg](z.raw, z.events, z.w, z.capacity, z.cost)
-    if r then store(KEYS[i], r) end
-    z.r = {allowed = 1, rem = 0, retry = 0, reset = 0}
-  else
-    z.r = steps[z.alg](z.raw, z.events, z.w, z.capacity, z.cost)
-    z.report = ARGV[b + 6] == '2'
-    -- a report-only zone never vetoes
-    if z.r.allowed == 0 and not z.report then all = false end
-    z.take = true
-  end
-  zones[i] = z
-end
+-- What the second pass needs of zone i < #KEYS: its value and reset-after
+-- (false: refunded, nothing to write), and the stored value it was
+-- decided against. Overwritten by every call: in a Redis Function library
+-- they outlive the call (holding a value each until the next), so a
+-- decision allocates no table but its reply. The last zone needs none:
+-- when it decides, every zone has.
+local vals, resets, raws = {}, {}, {}
 
-local out = {}
-for i = 1, n do
-  local z = zones[i]
-  local r = z.r
-  if z.take and all and r.allowed == 1 then
-    store(KEYS[i], r)
-  elseif z.take and not all and r.allowed == 1 then
-    -- vetoed: nothing is charged; show this zone as it stands
-    r = steps[z.alg](z.raw, z.events, z.w, z.capacity, 0)
+local function take(keys, argv, base)
+  if not byte then bind() end
+  local n = #keys
+  local out = {nil, nil, nil, nil} -- room for one zone without a resize
+  local all = true
+  local lastval, lastreset -- the last zone's state, when it is written
+  for i = 1, n do
+    local b = base + 6 * (i - 1)
+    local a = argv[b + 1]
+    local alg = nums[a] or num(a)
+    local step = steps[alg]
+    if not step then
+      return redis.error_reply('sluice: unknown algorithm id ' .. tostring(a))
+    end
+    local s2, s3, s4, s5 = argv[b + 2], argv[b + 3], argv[b + 4], argv[b + 5]
+    local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
+    local capacity, cost = nums[s4] or num(s4), nums[s5] or num(s5)
+    local raw = call('GET', keys[i])
+    if raw == false then raw = nil end
+    local mode = argv[b + 6]
+    local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
+    if mode == '1' then
+      reset, val = refunds[alg](raw, events, w, capacity, cost)
+      if reset then store(keys[i], val, reset) end
+      reset = 0
+      if i < n then resets[i] = false end
+    else
+      allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost)
+      -- a report-only zone never vetoes
+      if allowed == 0 and mode ~= '2' then all = false end
+      if i < n then
+        vals[i], resets[i], raws[i] = val, reset, raw
+      elseif allowed == 1 then
+        if all then
+          lastval, lastreset = val, reset
+        else
+          -- vetoed: nothing is charged; show this zone as it stands
+          allowed, rem, retry, reset = step(raw, events, w, capacity, 0)
+        end
+      end
+    end
+    local o = 4 * i - 4
+    out[o + 1] = allowed
+    out[o + 2] = rem
+    out[o + 3] = retry
+    out[o + 4] = reset
   end
-  out[#out + 1] = r.allowed
-  out[#out + 1] = r.rem
-  out[#out + 1] = r.retry
-  out[#out + 1] = r.reset
+  -- every zone has decided: write the zones that allowed, if all did
+  for i = 1, n - 1 do
+    local o = 4 * i - 4
+    if resets[i] and out[o + 1] == 1 then
+      if all then
+        store(keys[i], vals[i], resets[i])
+      else
+        -- vetoed, as above
+        local b = base + 6 * (i - 1)
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
+          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0)
+      end
+    end
+  end
+  if lastreset then store(keys[n], lastval, lastreset) end
+  return out
 end
-return out

@@ -53,38 +53,32 @@ local function tb_advance(raw, events, w, capacity)
   return debt, at
 end
 
-local function tb_result(r, debt, at, events, w)
-  r.val = pack(0, at, debt, nil, w) or (fmt(debt) .. ':' .. fmt(at) .. ':' .. fmt(w))
-  r.reset = (at - now) + ceildiv(debt, events)
-  return r
+-- tb_state returns the reset-after (ms) of a debt counted at `at`, and the
+-- value that stores it.
+local function tb_state(debt, at, events, w)
+  return (at - now) + ceildiv(debt, events),
+    pack(0, at, debt, nil, w) or string.format('%.0f:%.0f:%.0f', debt, at, w)
 end
 
+-- token_bucket returns allowed (1/0), remaining, retry-after (ms), then
+-- tb_state's reset-after and value.
 local function token_bucket(raw, events, w, capacity, cost)
   local debt, at = tb_advance(raw, events, w, capacity)
-  local full = capacity * w
-  local lag = at - now
-  local t = full - debt
-  local r = {allowed = 0, retry = 0}
+  local t = capacity * w - debt
   if cost > capacity then
-    r.rem, r.retry = idiv(t, w), w
-    return tb_result(r, debt, at, events, w)
+    return 0, idiv(t, w), w, tb_state(debt, at, events, w)
   end
   local need = cost * w
   if t >= need then
-    t = t - need
-    debt = debt + need
-    r.allowed = 1
-  else
-    r.retry = lag + ceildiv(need - t, events)
+    return 1, idiv(t - need, w), 0, tb_state(debt + need, at, events, w)
   end
-  r.rem = idiv(t, w)
-  return tb_result(r, debt, at, events, w)
+  return 0, idiv(t, w), (at - now) + ceildiv(need - t, events), tb_state(debt, at, events, w)
 end
 
--- token_bucket_refund gives back cost, never below zero debt.
+-- token_bucket_refund gives back cost, never below zero debt; it returns
+-- tb_state's reset-after and value, or nothing without a state.
 local function token_bucket_refund(raw, events, w, capacity, cost)
   if not raw then return nil end
   local debt, at = tb_advance(raw, events, w, capacity)
-  debt = math.max(debt - cost * w, 0)
-  return tb_result({}, debt, at, events, w)
+  return tb_state(math.max(debt - cost * w, 0), at, events, w)
 end
