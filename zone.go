@@ -522,33 +522,9 @@ var fieldNames = [numFields]string{"events", "window", "burst", "cost", "limit"}
 func (z *zone) limitOf(repl *caddy.Replacer, tok identity.Token, scratch []byte, logger *zap.Logger) (algorithms.Limit, identity.Token, []byte) {
 	l := z.limit
 	d := z.dyn
-	if d.events != nil {
-		v, ok := d.events.AppendValue(repl, scratch[:0])
-		scratch = v
-		if n, good := parseCount(v); ok && good {
-			l.Events = n
-		} else {
-			z.fallback(logger, fieldEvents, d.events, v, z.limit.Events)
-		}
-	}
-	if d.window != nil {
-		v, ok := d.window.AppendValue(repl, scratch[:0])
-		scratch = v
-		if ms, good := parseWindow(v); ok && good {
-			l.Window = ms
-		} else {
-			z.fallback(logger, fieldWindow, d.window, v, z.limit.Window)
-		}
-	}
-	if d.burst != nil {
-		v, ok := d.burst.AppendValue(repl, scratch[:0])
-		scratch = v
-		if n, good := parseCount(v); ok && good {
-			l.Burst = n
-		} else {
-			z.fallback(logger, fieldBurst, d.burst, v, z.limit.Burst)
-		}
-	}
+	l.Events, scratch = z.resolveField(repl, logger, fieldEvents, d.events, parseCount, l.Events, scratch)
+	l.Window, scratch = z.resolveField(repl, logger, fieldWindow, d.window, parseWindow, l.Window, scratch)
+	l.Burst, scratch = z.resolveField(repl, logger, fieldBurst, d.burst, parseCount, l.Burst, scratch)
 	if l == z.limit {
 		return l, tok, scratch
 	}
@@ -579,6 +555,21 @@ func limitScope(b *[25]byte, l *algorithms.Limit) []byte {
 // not be used.
 // The fields are built only for a line that is written: a misconfigured
 // placeholder falls back on every request, and must not allocate each time.
+// resolveField resolves one per-request field (nil ph: none, def stands):
+// its value parsed by parse, or def when unusable (logged and counted by
+// fallback). It returns the value and scratch, the buffer it used.
+func (z *zone) resolveField(repl *caddy.Replacer, logger *zap.Logger, field int, ph *identity.Candidate, parse func([]byte) (int64, bool), def int64, scratch []byte) (int64, []byte) {
+	if ph == nil {
+		return def, scratch
+	}
+	v, ok := ph.AppendValue(repl, scratch[:0])
+	if n, good := parse(v); ok && good {
+		return n, v
+	}
+	z.fallback(logger, field, ph, v, def)
+	return def, v
+}
+
 func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v []byte, def int64) {
 	z.countFallback(field)
 	if !z.badValue.due(badCostInterval) {
