@@ -35,11 +35,13 @@ var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixed
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
 // in tests, which then pass the zones' arguments after it) and the form
 // states are written in. TIME's fields are decimal strings, which Lua's
-// arithmetic converts as tonumber does; now is seconds x 1000 plus
+// arithmetic converts as tonumber does (each conversion is a strtod: us
+// holds the microseconds' once); now is seconds x 1000 plus
 // floor(microseconds / 1000).
 const (
-	luaNow      = "t[1] * 1000 + (t[2] - t[2] % 1000) / 1000"
-	luaClock    = "local t = redis.call('TIME')\nlocal now = " + luaNow + "\n"
+	luaTime     = "local t = redis.call('TIME')\nlocal us = t[2] + 0\n"
+	luaNow      = "t[1] * 1000 + (us - us % 1000) / 1000"
+	luaClock    = luaTime + "local now = " + luaNow + "\n"
 	luaTestTime = "local now = tonumber(ARGV[1])\n"
 	luaCompact  = "local compact = true\n"
 	luaText     = "local compact = false\n"
@@ -81,7 +83,7 @@ var LuaFunction, LuaLibrary = luaLibrary()
 // upvalue and calls take.
 func luaLibrary() (name, code string) {
 	defs := "local now\n" + luaCompact + luaDefs
-	call := "local t = redis.call('TIME')\nnow = " + luaNow + "\nreturn take(keys, args, 0)\n"
+	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0)\n"
 	sum := sha1.Sum([]byte(defs + call))
 	tag := hex.EncodeToString(sum[:6])
 	name = "sluice_take_" + tag

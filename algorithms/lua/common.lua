@@ -10,9 +10,10 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call
+local byte, char, unpk, tonum, call, min, max
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
+  min, max = math.min, math.max
 end
 
 -- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
@@ -49,11 +50,21 @@ local function idiv(a, b)
   return q
 end
 
+-- ceildiv is ceil(a/b) for a >= 0: idiv(a + b - 1, b), inlined (a call
+-- costs more than the division).
 local function ceildiv(a, b)
   if a <= 0 then
     return 0
   end
-  return idiv(a + b - 1, b)
+  a = a + b - 1
+  local q = a / b
+  q = q - q % 1
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
 end
 
 local function gcd(a, b)
@@ -90,7 +101,8 @@ end
 -- until no old one remains.
 
 -- The constants are written out below, not named: each local of this
--- chunk that a function uses costs every script call an upvalue.
+-- chunk that a function uses costs every EVAL call an upvalue (an EVAL
+-- script creates its functions on every call; the library, once).
 --   EPOCH   1600000000000 (2020-09-13T12:26:40Z; EPOCH + 2^40 ms is in 2055)
 --   2^40    1099511627776
 --   2^53    9007199254740992
@@ -114,16 +126,17 @@ local function be(s, i, j)
   return v
 end
 
--- buf holds the bytes pack writes, overwritten by every pack: in a Redis
--- Function library it outlives the call, so writing a state allocates
--- nothing but the string.
+-- buf holds the variable-length fields pack writes, overwritten by every
+-- pack: in a Redis Function library it outlives the call, so writing a
+-- state allocates nothing but the string.
 local buf = {}
 
 -- pack returns the binary state of algorithm alg: its instant at, counts f1
 -- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead. It writes buf backwards from buf[32], each field
--- least significant byte first, so no field's length is needed before its
--- bytes are written.
+-- be written instead. It writes the fields after the instant backwards,
+-- ending at buf[32], each least significant byte first, so no field's
+-- length is needed before its bytes are written; the header and the
+-- instant go to string.char as arguments.
 local function pack(alg, at, f1, f2, last)
   local x = at - 1600000000000
   if not compact or x < 0 or x >= 1099511627776 then
@@ -161,26 +174,19 @@ local function pack(alg, at, f1, f2, last)
     i = i - 1
     f1 = (f1 - d) / 256
   end
-  local n1 = e - i
-  d = x % 256 -- the instant's 5 bytes
-  buf[i] = d
-  x = (x - d) / 256
-  d = x % 256
-  buf[i - 1] = d
-  x = (x - d) / 256
-  d = x % 256
-  buf[i - 2] = d
-  x = (x - d) / 256
-  d = x % 256
-  buf[i - 3] = d
-  buf[i - 4] = (x - d) / 256
-  i = i - 5
+  local h = 128 + 32 * alg + 4 * (e - i) + k
+  local x5 = x % 256 -- the instant's 5 bytes: char's arguments
+  x = (x - x5) / 256
+  local x4 = x % 256
+  x = (x - x4) / 256
+  local x3 = x % 256
+  x = (x - x3) / 256
+  local x2 = x % 256
+  local x1 = (x - x2) / 256
   if n2 then
-    buf[i] = n2
-    i = i - 1
+    return char(h, n2, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
   end
-  buf[i] = 128 + 32 * alg + 4 * n1 + k
-  return char(unpk(buf, i, 32))
+  return char(h, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
 end
 
 -- load_state reads a stored state of algorithm alg: the binary form, or

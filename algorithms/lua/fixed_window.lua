@@ -29,12 +29,12 @@ end
 local function fixed_window(raw, events, w, capacity, cost)
   local count, start, length = fw_load(raw, w)
   if cost > events then
-    return 0, math.max(events - count, 0), w, fw_result(count, start, length)
+    return 0, max(events - count, 0), w, fw_result(count, start, length)
   elseif cost <= events - count then
     count = count + cost
-    return 1, math.max(events - count, 0), 0, fw_result(count, start, length)
+    return 1, max(events - count, 0), 0, fw_result(count, start, length)
   end
-  return 0, math.max(events - count, 0), start + length - now, fw_result(count, start, length)
+  return 0, max(events - count, 0), start + length - now, fw_result(count, start, length)
 end
 
 -- fixed_window_refund returns fw_result's reset-after and value, or nothing
@@ -42,5 +42,5 @@ end
 local function fixed_window_refund(raw, events, w, capacity, cost)
   if not raw then return nil end
   local count, start, length = fw_load(raw, w)
-  return fw_result(math.max(count - cost, 0), start, length)
+  return fw_result(max(count - cost, 0), start, length)
 end

@@ -84,9 +84,9 @@ local function gcra_refund(raw, events, w, capacity, cost)
   end
   -- the TAT in units from now, less the refund; ahead is at most the
   -- capacity plus the time of one request here (the refund follows a charge)
-  local d = math.max(ahead * u + rest - cost * ei, 0)
+  local d = max(ahead * u + rest - cost * ei, 0)
   local a = idiv(d, u)
   if d == 0 then a = -1 end
-  _, _, _, reset, val = gcra_result(1, 0, a, d - math.max(a, 0) * u, d, false, u, ei, tau)
+  _, _, _, reset, val = gcra_result(1, 0, a, d - max(a, 0) * u, d, false, u, ei, tau)
   return reset, val
 end

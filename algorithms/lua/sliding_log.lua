@@ -76,7 +76,7 @@ local function sliding_log(raw, n, w, capacity, cost)
       end
     end
   end
-  return allowed, math.max(n - sum, 0), retry, sl_result(ts, cs, w)
+  return allowed, max(n - sum, 0), retry, sl_result(ts, cs, w)
 end
 
 -- sliding_log_refund removes the newest event of exactly this cost; it

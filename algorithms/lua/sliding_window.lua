@@ -12,16 +12,16 @@ local function sw_load(raw, n, w)
     a, p, c, sc = load_state(raw, 2, '^s(%d+):(%d+):(%-?%d+):(%d+)$', 3)
   end
   if p and sc > 0 then
-    prev, cur, s = math.min(p, n), math.min(c, n), a
+    prev, cur, s = min(p, n), min(c, n), a
     if sc ~= w then
       s = idiv(s, w) * w
-      cur = cur + math.min(prev, n - cur)
+      cur = cur + min(prev, n - cur)
       prev = 0
     end
   else
     s, prev, cur = idiv(now, w) * w, 0, 0
   end
-  local vnow = math.max(now, s)
+  local vnow = max(now, s)
   if vnow >= s + 2 * w then
     prev, cur, s = 0, 0, idiv(vnow, w) * w
   elseif vnow >= s + w then
@@ -39,7 +39,7 @@ local function sw_result(allowed, retry, s, prev, cur, vnow, n, w)
   elseif prev > 0 then
     full_at = s + w
   end
-  return allowed, math.max(n - cur - ceildiv(prev * (w - (vnow - s)), w), 0), retry, full_at - now,
+  return allowed, max(n - cur - ceildiv(prev * (w - (vnow - s)), w), 0), retry, full_at - now,
     pack(2, s, prev, cur, w) or string.format('s%.0f:%.0f:%.0f:%.0f', prev, cur, s, w)
 end
 
@@ -60,7 +60,7 @@ local function sliding_window(raw, n, w, capacity, cost)
   else
     t = s + w
     if cur > 0 then
-      t = t + math.max(w - idiv((n - cost) * w, cur), 0)
+      t = t + max(w - idiv((n - cost) * w, cur), 0)
     end
   end
   return sw_result(0, t - now, s, prev, cur, vnow, n, w)
@@ -72,7 +72,7 @@ end
 local function sliding_window_refund(raw, n, w, capacity, cost)
   if not raw then return nil end
   local s, prev, cur, vnow = sw_load(raw, n, w)
-  local c = math.min(cost, cur)
-  local _, _, _, reset, val = sw_result(1, 0, s, math.max(prev - (cost - c), 0), cur - c, vnow, n, w)
+  local c = min(cost, cur)
+  local _, _, _, reset, val = sw_result(1, 0, s, max(prev - (cost - c), 0), cur - c, vnow, n, w)
   return reset, val
 end

@@ -80,5 +80,5 @@ end
 local function token_bucket_refund(raw, events, w, capacity, cost)
   if not raw then return nil end
   local debt, at = tb_advance(raw, events, w, capacity)
-  return tb_state(math.max(debt - cost * w, 0), at, events, w)
+  return tb_state(max(debt - cost * w, 0), at, events, w)
 end
