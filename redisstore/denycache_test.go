@@ -180,8 +180,10 @@ func TestDenyCacheSoundEveryAlgorithm(t *testing.T) {
 			keys := []algorithms.Key{freshKey(t), freshKey(t), freshKey(t)}
 			rng := rand.New(rand.NewPCG(uint64(alg)+1, 7))
 			var hits, checked, local, redisAllowed, redisRefused int
-			deadline := time.Now().Add(3 * time.Second)
-			for i := 0; i < 3000 && time.Now().Before(deadline); i++ {
+			// Until 60 local refusals were checked (or 3000 requests, or
+			// 20 s on a loaded machine: each request reads INFO twice).
+			deadline := time.Now().Add(20 * time.Second)
+			for i := 0; i < 3000 && hits < 60 && time.Now().Before(deadline); i++ {
 				r := algorithms.Request{Zone: "snd", Key: keys[rng.IntN(len(keys))], Limit: l, Cost: 1 + rng.Int64N(3)}
 				calls := scriptCalls(t, srv)
 				before := time.Now()
