@@ -94,7 +94,7 @@ func (m *scripts) queueEval(ctx context.Context, p redis.Pipeliner, c *call) *re
 // load loads the library (on every master of a Cluster). A library already
 // loaded is not an error.
 func (m *scripts) load(ctx context.Context) error {
-	one := func(ctx context.Context, c *redis.Client) error {
+	one := func(ctx context.Context, c redis.Cmdable) error {
 		err := c.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
 			err = nil
@@ -102,16 +102,9 @@ func (m *scripts) load(ctx context.Context) error {
 		return err
 	}
 	if cc, ok := m.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, one)
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return one(ctx, c) })
 	}
-	if c, ok := m.client.(*redis.Client); ok {
-		return one(ctx, c)
-	}
-	err := m.client.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
-	if err != nil && strings.Contains(err.Error(), "already exists") {
-		err = nil
-	}
-	return err
+	return one(ctx, m.client)
 }
 
 // prepare readies the server at Provision: loads the library, or, on a
