@@ -1,7 +1,10 @@
 package sluice
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -179,14 +182,20 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 			if d.NextArg() {
 				return nil, d.Errf("zone %s: unexpected argument %q", name, d.Val())
 			}
-			if _, dup := h.RateLimits[name]; dup {
-				return nil, d.Errf("zone %s: defined twice in this rate_limit block", name)
-			}
-			places[name] = d.File() + ":" + strconv.Itoa(d.Line())
+			place := d.File() + ":" + strconv.Itoa(d.Line())
 			z, err := parseZone(d, name)
 			if err != nil {
 				return nil, err
 			}
+			if prev, dup := h.RateLimits[name]; dup {
+				// caddy-ratelimit accepts a zone repeated as it is; one
+				// repeated with other settings is two limits for one bucket.
+				if !sameZone(prev, z) {
+					return nil, fmt.Errorf("zone %s: defined at %s and again, with other settings, at %s; a zone name is one bucket with one limit (rename one of them)", name, places[name], place)
+				}
+				continue
+			}
+			places[name] = place
 			if h.RateLimits == nil {
 				h.RateLimits = map[string]*Zone{}
 			}
@@ -236,13 +245,15 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 				return nil, err
 			}
 			j, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-			if err == nil && strings.HasSuffix(v, "%") {
+			// NaN and ±Inf parse, but JSON cannot carry them: the handler
+			// would be lost from the adapted config with a misleading error.
+			if err != nil || math.IsNaN(j) || math.IsInf(j, 0) {
+				return nil, d.Errf("rate_limit: jitter must be a fraction (0.2) or a percentage (20%%), got %q", v)
+			}
+			if strings.HasSuffix(v, "%") {
 				j /= 100
 			}
-			if err != nil || j < 0 || j > 1 {
-				return nil, d.Errf("rate_limit: jitter must be a fraction between 0 and 1 (or a percentage), got %q", v)
-			}
-			h.Jitter = j
+			h.Jitter = j // checked by Validate
 
 		case "report_only":
 			if err := once(field); err != nil {
@@ -312,10 +323,15 @@ func (h *Handler) unmarshal(d *caddyfile.Dispenser) (map[string]string, error) {
 	if len(h.RateLimits) == 0 {
 		return nil, d.Err("rate_limit: at least one zone is required")
 	}
-	if h.StoreRaw != nil && h.SweepInterval != 0 {
-		return nil, d.Err("rate_limit: sweep_interval configures the default memory store; with an explicit store, set it there (store memory { sweep_interval ... })")
-	}
 	return places, nil
+}
+
+// sameZone reports whether two zone configurations are the same, as their
+// JSON says.
+func sameZone(a, b *Zone) bool {
+	ja, errA := json.Marshal(a)
+	jb, errB := json.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
 }
 
 // parseZone parses a zone block; the dispenser is on the zone's name.
@@ -463,11 +479,11 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 		case "ipv4_prefix":
 			var n int64
-			n, err = intArg(field, 1, 32)
+			n, err = intArg(field, 0, 32) // 0: not set (caddy-ratelimit's meaning)
 			z.IPv4Prefix = int(n)
 		case "ipv6_prefix":
 			var n int64
-			n, err = intArg(field, 1, 128)
+			n, err = intArg(field, 0, 128)
 			z.IPv6Prefix = int(n)
 		default:
 			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)

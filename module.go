@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -56,8 +57,8 @@ type Handler struct {
 	Response *Response `json:"response,omitempty"`
 
 	// Jitter adds up to this fraction of random extra time to Retry-After
-	// (0.2 adds up to 20%), so refused clients do not all come back at
-	// once. Between 0 and 1. Default: 0.
+	// (0.2 adds up to 20%, 1.5 up to 150%), so refused clients do not all
+	// come back at once. At least 0. Default: 0.
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// LogKey logs the raw key value (an IP address, an API key) in refusal
@@ -131,17 +132,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.storeErrors = new(errorLog)
 	h.refusalLog = new(lineSampler)
-	if err := h.checkCompat(); err != nil {
-		return err
-	}
 	if h.Headers == "" {
 		h.Headers = headersLegacy
+	}
+	if err := h.Validate(); err != nil {
+		return err
 	}
 	h.legacy = h.Headers == headersLegacy || h.Headers == headersBoth
 	h.draft = h.Headers == headersDraft || h.Headers == headersBoth
 	h.enabled = h.Enabled == nil || *h.Enabled
 
 	if h.StoreRaw == nil {
+		// (LoadModule clears StoreRaw once loaded, so Validate, which Caddy
+		// calls after Provision, does not see sweep_interval beside a store.)
 		mem := &memstore.Memory{SweepInterval: h.SweepInterval}
 		h.StoreRaw = caddyconfig.JSONModuleObject(mem, "module", "memory", nil)
 	}
@@ -251,21 +254,30 @@ func (h *Handler) checkCompat() error {
 	return nil
 }
 
-// Validate checks the handler's configuration.
+// Validate checks the handler's configuration; Provision calls it first,
+// before it loads anything.
 func (h *Handler) Validate() error {
+	if err := h.checkCompat(); err != nil {
+		return err
+	}
 	if len(h.RateLimits) == 0 {
 		return errors.New("at least one zone is required")
 	}
 	switch h.Headers {
-	case headersLegacy, headersDraft, headersBoth, headersOff:
+	case "", headersLegacy, headersDraft, headersBoth, headersOff:
 	default:
 		return fmt.Errorf("headers: unknown mode %q (known: legacy, draft, both, off)", h.Headers)
 	}
-	if h.Jitter < 0 || h.Jitter > 1 {
-		return fmt.Errorf("jitter must be between 0 and 1, got %v", h.Jitter)
+	if math.IsNaN(h.Jitter) || math.IsInf(h.Jitter, 0) || h.Jitter < 0 {
+		return fmt.Errorf("jitter must be a fraction of at least 0 (0.2 adds up to 20%% to Retry-After), got %v", h.Jitter)
 	}
-	if h.SweepInterval < 0 {
-		return fmt.Errorf("sweep_interval must be positive, got %s", time.Duration(h.SweepInterval))
+	if h.SweepInterval != 0 {
+		if h.StoreRaw != nil {
+			return errors.New("sweep_interval configures the default memory store, but this handler's store is set (by `store` or by the global rate_limit option): set it in the store instead (store memory { sweep_interval ... })")
+		}
+		if time.Duration(h.SweepInterval) < memstore.MinSweepInterval {
+			return fmt.Errorf("sweep_interval must be at least %s, got %s", memstore.MinSweepInterval, time.Duration(h.SweepInterval))
+		}
 	}
 	return h.Response.validate()
 }

@@ -190,10 +190,16 @@ func ceilSeconds(d time.Duration) int64 {
 // 0, with the configured jitter added.
 func (h *Handler) retryAfterSeconds(d time.Duration) int64 {
 	if h.Jitter > 0 {
-		d += time.Duration(rand.Float64() * h.Jitter * float64(d))
+		// Any jitter ≥ 0 is accepted (caddy-ratelimit's range); the extra
+		// time is capped so that a huge one cannot overflow.
+		d += time.Duration(min(rand.Float64()*h.Jitter*float64(d), maxJitter))
 	}
 	return max(1, ceilSeconds(d))
 }
+
+// maxJitter caps the time jitter adds to Retry-After: 100 years, the
+// longest a key can take to refill (algorithms.MaxRefill).
+const maxJitter = float64(algorithms.MaxRefill) * float64(time.Millisecond)
 
 // eventExceeded is the Caddy event emitted on every refusal (the name
 // caddy-ratelimit uses).

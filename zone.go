@@ -53,7 +53,8 @@ type Zone struct {
 	Key KeyCandidates `json:"key,omitempty"`
 
 	// Window is the period over which MaxEvents are allowed; the token
-	// bucket refills MaxEvents per Window, continuously. Resolution: 1ms.
+	// bucket refills MaxEvents per Window, continuously. A whole number of
+	// milliseconds, at least 1ms.
 	// Required; with WindowFrom, it is the default.
 	Window caddy.Duration `json:"window,omitempty"`
 
@@ -95,11 +96,13 @@ type Zone struct {
 	// reaches the handler.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	// IPv4Prefix is the prefix length an IPv4 key is masked to. Default: 32.
+	// IPv4Prefix is the prefix length an IPv4 key is masked to; 0 means
+	// not set. Default: 32.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
 	// IPv6Prefix is the prefix length an IPv6 key is masked to, so that one
-	// client cannot rotate through its /64 for fresh buckets. Default: 64.
+	// client cannot rotate through its /64 for fresh buckets; 0 means not
+	// set. Default: 64.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// Cost is what one request spends: an integer (default 1), or a
@@ -262,6 +265,11 @@ func (z *Zone) limit() (algorithms.Limit, error) {
 		return algorithms.Limit{}, errors.New("window is required")
 	case time.Duration(z.Window) < time.Millisecond:
 		return algorithms.Limit{}, fmt.Errorf("window must be at least 1ms, got %s", time.Duration(z.Window))
+	case time.Duration(z.Window)%time.Millisecond != 0:
+		// Refused rather than truncated: 1500us read as 1ms nearly doubles
+		// the rate.
+		w := time.Duration(z.Window)
+		return algorithms.Limit{}, fmt.Errorf("window must be a whole number of milliseconds (the limiter's resolution), got %s; use %s", w, w.Truncate(time.Millisecond)+time.Millisecond)
 	case z.Burst < 0:
 		return algorithms.Limit{}, fmt.Errorf("burst must be positive, got %d", z.Burst)
 	}

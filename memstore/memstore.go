@@ -28,6 +28,11 @@ const evictionSample = 8
 const (
 	DefaultMaxKeys       = 1_000_000
 	DefaultSweepInterval = time.Minute
+	// MinSweepInterval is the shortest sweep interval a configuration may
+	// ask for: a sweep walks every shard, and one much more often than a
+	// second keeps a core busy for nothing (keys are back to full after a
+	// window, rarely sooner).
+	MinSweepInterval = time.Second
 )
 
 // Config configures a Store.

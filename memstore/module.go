@@ -42,7 +42,7 @@ type Memory struct {
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// SweepInterval is how often keys that are back to full are dropped.
-	// Default: 1m.
+	// At least 1s. Default: 1m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	store   *Store
@@ -103,8 +103,8 @@ func (m *Memory) Validate() error {
 	if m.MaxKeys < 0 {
 		return fmt.Errorf("store memory: max_keys must be positive, got %d", m.MaxKeys)
 	}
-	if m.SweepInterval < 0 {
-		return fmt.Errorf("store memory: sweep_interval must be positive, got %s", time.Duration(m.SweepInterval))
+	if m.SweepInterval != 0 && time.Duration(m.SweepInterval) < MinSweepInterval {
+		return fmt.Errorf("store memory: sweep_interval must be at least %s, got %s", MinSweepInterval, time.Duration(m.SweepInterval))
 	}
 	return nil
 }

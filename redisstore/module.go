@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -199,6 +200,13 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	rawURL := repl.ReplaceAll(r.URL, "")
 	username := repl.ReplaceAll(r.Username, "")
 	password := repl.ReplaceAll(r.Password, "")
+	for _, f := range []struct{ name, raw, val string }{
+		{"url", r.URL, rawURL}, {"username", r.Username, username}, {"password", r.Password, password},
+	} {
+		if err := checkResolved(f.name, f.raw, f.val); err != nil {
+			return err
+		}
+	}
 
 	if err := registerStoreMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("store redis: registering metrics: %w", err)
@@ -234,6 +242,35 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkResolved fails when a field set with placeholders resolved to
+// nothing: an unset environment variable, most likely. Named here, at
+// load, rather than as a failed connection on every request.
+func checkResolved(field, raw, val string) error {
+	if !strings.Contains(raw, "{") || strings.TrimSpace(val) != "" {
+		return nil
+	}
+	var unset []string
+	for rest := raw; ; {
+		i := strings.Index(rest, "{env.")
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len("{env."):]
+		end := strings.IndexByte(rest, '}')
+		if end < 0 {
+			break
+		}
+		if name := rest[:end]; os.Getenv(name) == "" {
+			unset = append(unset, name)
+		}
+		rest = rest[end+1:]
+	}
+	if len(unset) > 0 {
+		return fmt.Errorf("store redis: %s %q is empty: the environment variable %s is not set or empty", field, raw, strings.Join(unset, ", "))
+	}
+	return fmt.Errorf("store redis: %s %q is empty once its placeholders are replaced", field, raw)
 }
 
 // validate checks what can be checked before placeholders are resolved.
