@@ -112,14 +112,20 @@ func TestHeaderKeyIsUnambiguous(t *testing.T) {
 		{name: "lower-case name", header: http.Header{"x-login-user": {"alice"}}, want: "alice"},
 		{name: "two name cases, identical", header: http.Header{"X-Login-User": {"alice"}, "x-login-user": {"alice"}}, want: "alice"},
 		{name: "two name cases, different", header: http.Header{"X-Login-User": {"alice"}, "x-login-user": {"mallory"}}, amb: amb},
-		// CGI and FastCGI name both HTTP_X_LOGIN_USER.
+		// CGI and FastCGI name all three HTTP_X_LOGIN_USER (Caddy drops
+		// the '_' and '.' spellings unless its servers options keep
+		// them).
 		{name: "underscores", header: http.Header{"X_login_user": {"alice"}}, want: "alice"},
+		{name: "dots", header: http.Header{"X.login.user": {"alice"}}, want: "alice"},
+		{name: "hyphens and dots, different", header: http.Header{"X-Login-User": {"alice"}, "X.login.user": {"mallory"}}, amb: amb},
+		{name: "underscores and dots, different", header: http.Header{"X_login_user": {"alice"}, "X.Login.User": {"mallory"}}, amb: amb},
 		{name: "hyphens and underscores, identical", header: http.Header{"X-Login-User": {"alice"}, "X_login_user": {"alice"}}, want: "alice"},
 		{name: "hyphens and underscores, different", header: http.Header{"X-Login-User": {"alice"}, "X_login_user": {"mallory"}}, amb: amb},
 		{name: "mixed separators, different", header: http.Header{"X-Login-User": {"alice"}, "X_login-user": {"mallory"}}, amb: amb},
 		// Not the same header.
 		{name: "longer name", header: http.Header{"X-Login-User": {"alice"}, "X-Login-Users": {"mallory"}}, want: "alice"},
-		{name: "other separator", header: http.Header{"X-Login-User": {"alice"}, "X.login.user": {"mallory"}}, want: "alice"},
+		{name: "other separator", header: http.Header{"X-Login-User": {"alice"}, "X~login~user": {"mallory"}}, want: "alice"},
+		{name: "no separator", header: http.Header{"X-Login-User": {"alice"}, "XxLoginxUser": {"mallory"}}, want: "alice"},
 	}
 	single := func(v string) *http.Request { return newReq("/", http.Header{"X-Login-User": {v}}) }
 	checkKeys(t, mustDeriver(t, 32, 64, "{http.request.header.X-Login-User}", "{fb}"), single, cases)
@@ -304,6 +310,7 @@ func TestHeaderNameSpellingsOverHTTP(t *testing.T) {
 		{"X-LOGIN-USER: mallory\r\nx-login-user: alice\r\n", true},
 		{"X_Login_User: alice\r\n", false},
 		{"X-Login-User: alice\r\nx_login_user: mallory\r\n", true},
+		{"X-Login-User: alice\r\nX.Login.User: mallory\r\n", true},
 	} {
 		what := "HTTP/1.1 " + strings.ReplaceAll(tc.lines, "\r\n", " | ")
 		conn, err := net.Dial("tcp", srv.Listener.Addr().String())

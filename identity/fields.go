@@ -55,11 +55,16 @@ func (o *oneOf) add(x string) bool {
 }
 
 // headerValue reads header name from h: every field whose name equals
-// name ignoring ASCII case and '-' versus '_' counts. net/http stores
-// field names canonicalised (x-api-key and X-API-KEY are one entry, over
-// HTTP/1, 2 and 3), but X_Api_Key is an entry of its own, and CGI and
-// FastCGI (Caddy's php_fastcgi included) hand both spellings to the
-// application as the one variable HTTP_X_API_KEY.
+// name ignoring ASCII case and the separators '-', '_' and '.' counts.
+// net/http stores field names canonicalised (x-api-key and X-API-KEY are
+// one entry, over HTTP/1, 2 and 3), but X_Api_Key and X.Api.Key are entries
+// of their own, and CGI and FastCGI backends (PHP's $_SERVER, Caddy's
+// php_fastcgi) see all three as the one variable HTTP_X_API_KEY. Caddy's
+// server drops every header whose name holds '_' or '.' before any handler
+// runs, unless the servers options expected_underscore_headers or
+// expected_dot_headers keep it (and then drop its hyphenated spelling), so
+// in Caddy the other spellings reach a zone only through those options:
+// where they do, they are the same header here.
 func headerValue(h http.Header, name string) (string, bool) {
 	var o oneOf
 	for k, vals := range h {
@@ -76,20 +81,20 @@ func headerValue(h http.Header, name string) (string, bool) {
 }
 
 // sameHeaderName reports whether header names a and b, of equal length,
-// are equal ignoring ASCII case and '-' versus '_'.
+// are equal ignoring ASCII case and which of '-', '_' and '.' separates
+// their words.
 func sameHeaderName(a, b string) bool {
 	for i := 0; i < len(a); i++ {
 		x, y := a[i], b[i]
-		if x == y {
-			continue
-		}
-		if lower(x) == lower(y) || (x == '-' || x == '_') && (y == '-' || y == '_') {
+		if x == y || lower(x) == lower(y) || isSep(x) && isSep(y) {
 			continue
 		}
 		return false
 	}
 	return true
 }
+
+func isSep(c byte) bool { return c == '-' || c == '_' || c == '.' }
 
 func lower(c byte) byte {
 	if 'A' <= c && c <= 'Z' {

@@ -269,9 +269,9 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 // meaningless). Backends read a repeated field differently (the first
 // value, the last, all of them joined), so no value of an ambiguous field
 // is known to be the one the backend acts on. Names match as backends may
-// match them: a header's ignoring case and '-' versus '_' (CGI and FastCGI
-// pass both spellings as one HTTP_* variable), a cookie's and a query
-// argument's ignoring case. A candidate that is empty in another part is
+// match them: a header's ignoring case and which of '-', '_' and '.'
+// separates its words (CGI, FastCGI and PHP give all three spellings one
+// HTTP_* variable), a cookie's and a query argument's ignoring case. A candidate that is empty in another part is
 // empty whatever the ambiguous part holds, and the next candidate is tried;
 // the first candidate that is ambiguous or present decides. With a nil req,
 // every placeholder is read through r (as Caddy renders it).
