@@ -292,3 +292,50 @@ func TestExhaustedAPIKeyRepeatedHeader(t *testing.T) {
 		t.Errorf("the comma-holding key: the backend saw %d requests, want 1", n)
 	}
 }
+
+// TestCaseNormalisingMap checks the map docs/identity-ambiguous.md
+// suggests for an application that reads account names ignoring case:
+// the canonical (lower-case) name keys its own bucket, every other
+// spelling, and every repeated header (Caddy's map reads the joined
+// value, which holds a comma), shares one bucket, and a request without
+// the header falls back to the address.
+func TestCaseNormalisingMap(t *testing.T) {
+	zone := zoneName("login_norm")
+	load(t, newTester(t), config("", `http://localhost:@A@ {
+	map {http.request.header.X-Login-User} {login_user} {
+		~^$                      ""
+		~^([a-z0-9._@-]{1,64})$  "${1}"
+		default                  "non-canonical"
+	}
+	rate_limit {
+		zone @ZONE@ {
+			key {login_user} {client_ip}
+			events 2
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`, "ZONE", zone))
+	alice := "alice-" + nonce
+	c := clientFrom(t, "127.0.6.1")
+	for i, tc := range []struct {
+		fields []string
+		code   int
+	}{
+		{[]string{"X-Login-User", alice}, 200},
+		{[]string{"X-Login-User", alice}, 200},
+		{[]string{"X-Login-User", alice}, 429}, // alice's 2 spent
+		{[]string{"X-Login-User", strings.ToUpper(alice)}, 200},
+		{[]string{"X-Login-User", "Alice-" + nonce}, 200},
+		{[]string{"X-Login-User", "aLice-" + nonce}, 429},                      // the non-canonical bucket's 2 spent
+		{[]string{"X-Login-User", alice, "X-Login-User", alice}, 429},          // joined "alice,alice": non-canonical
+		{[]string{"X-Login-User", "bob-" + nonce, "X-Login-User", alice}, 429}, // joined: non-canonical
+		{[]string{"X-Login-User", "bob-" + nonce}, 200},
+		{nil, 200}, // the address
+		{nil, 200},
+		{nil, 429},
+	} {
+		expect(t, sendFields(t, c, http.MethodGet, siteA+"/", tc.fields...), tc.code, "request "+strconv.Itoa(i+1)+" "+strings.Join(tc.fields, " "))
+	}
+}
