@@ -6,8 +6,8 @@ import (
 )
 
 // This file reads the request fields a key may name (headers, cookies,
-// query arguments) from the request itself, under the rule Deriver.DeriveRequest
-// states: one value, or several byte-identical ones, is that value; several
+// query arguments) from the request itself, under the rule that
+// Deriver.DeriveRequest states: one value, or several byte-identical ones, is that value; several
 // different values are ambiguous. Caddy's placeholders join repeated
 // headers and query arguments with "," (and take the first cookie whose
 // name matches), so a client that repeats a field would otherwise choose
@@ -57,7 +57,8 @@ func (o *oneOf) add(x string) bool {
 // headerValue reads header name from h: every field whose name equals
 // name ignoring ASCII case and the separators '-', '_' and '.' counts.
 // net/http stores field names canonicalised (x-api-key and X-API-KEY are
-// one entry, over HTTP/1, 2 and 3), but X_Api_Key and X.Api.Key are entries
+// one entry, over HTTP/1.1 and HTTP/2; a name stored in any other spelling
+// is matched here all the same), but X_Api_Key and X.Api.Key are entries
 // of their own, and CGI and FastCGI backends (PHP's $_SERVER, Caddy's
 // php_fastcgi) see all three as the one variable HTTP_X_API_KEY. Caddy's
 // server drops every header whose name holds '_' or '.' before any handler
