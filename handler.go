@@ -122,7 +122,14 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		}
 		var tok identity.Token
 		var cost int64
-		tok, s.buf = z.deriver.Derive(repl, s.buf)
+		var amb *identity.Ambiguity
+		tok, s.buf, amb = z.deriver.DeriveRequest(repl, r, s.buf)
+		if amb != nil {
+			if err := h.ambiguousKey(z, amb); err != nil {
+				return verdict{}, pass, err
+			}
+			continue // report only: this zone decides nothing for the request
+		}
 		lim, seen := z.limit, z
 		if z.dyn != nil {
 			// The limit is chosen per request; a limit other than the
@@ -158,6 +165,58 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		return h.failover(r, s)
 	}
 	return h.pick(s)
+}
+
+// ambiguousKey answers a request whose key, in zone z, reads a request
+// field the request carries several times with different values (see
+// identity.Deriver.DeriveRequest): no value of it is known to be the
+// identity the backend acts on, so the request is refused with 400 Bad
+// Request, as a Caddy error (the site's handle_errors routes apply),
+// before any store call: no zone is charged and no rate limit header is
+// sent. A report-only zone refuses nothing: ambiguousKey returns nil, and
+// the zone is left out of the request's decision (not charged, as the
+// refusal it reports would charge nothing; the other zones decide). Either
+// way the request is counted (ambiguous_key, report_only_ambiguous_key)
+// and logged, sampled with the refusals, naming the zone and the field,
+// never its values.
+func (h *Handler) ambiguousKey(z *zone, field *identity.Ambiguity) error {
+	if z.metrics != nil {
+		if z.reportOnly {
+			z.metrics.reportOnlyAmbiguous.Inc()
+		} else {
+			z.metrics.ambiguous.Inc()
+		}
+	}
+	if h.refusalLog.take() {
+		msg := "rate limit key is ambiguous: request refused with 400"
+		if z.reportOnly {
+			msg = "rate limit key is ambiguous (report only: passed, not charged in this zone)"
+		}
+		if ce := h.logger.Check(zap.InfoLevel, msg); ce != nil {
+			ce.Write(
+				zap.String("zone", z.name),
+				zap.String("source", field.Source),
+				zap.String("name", field.Name),
+				zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
+			)
+		}
+	}
+	if z.reportOnly {
+		return nil
+	}
+	return caddyhttp.Error(http.StatusBadRequest, errAmbiguousKey{zone: z.name, field: field})
+}
+
+// errAmbiguousKey is the error of a request refused because its key is
+// ambiguous. It names the zone and the field, never the field's values.
+type errAmbiguousKey struct {
+	zone  string
+	field *identity.Ambiguity
+}
+
+func (e errAmbiguousKey) Error() string {
+	return "rate limit key is ambiguous in zone " + e.zone + ": the request carries " +
+		e.field.Source + " " + e.field.Name + " several times with different values"
 }
 
 // pick chooses the verdict among s's decisions. A report-only zone that

@@ -35,6 +35,12 @@ const (
 	outcomeFailedOpen   = "failed_open"
 	outcomeFailedClosed = "failed_closed"
 	outcomeFailedLocal  = "failed_local"
+	// The request carried a field its key reads (a header, a cookie, a
+	// query argument) several times with different values: refused with
+	// 400, nothing charged in any zone; in a report-only zone, passed and
+	// not charged in that zone.
+	outcomeAmbiguous           = "ambiguous_key"
+	outcomeReportOnlyAmbiguous = "report_only_ambiguous_key"
 )
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -42,7 +48,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	metrics.once.Do(func() {
 		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, report_only_refused, failed_open, failed_closed, failed_local).",
+			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, report_only_refused, failed_open, failed_closed, failed_local, ambiguous_key, report_only_ambiguous_key).",
 		}, []string{"zone", "outcome"})
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -70,6 +76,9 @@ func initMetrics(registry *prometheus.Registry) error {
 // path only does an atomic add.
 type zoneMetrics struct {
 	allowed, refused, vetoed, reportOnly, failedOpen, failedClosed, failedLocal prometheus.Counter
+	// ambiguous counts requests whose key was ambiguous (refused with 400,
+	// or passed uncharged in a report-only zone: reportOnlyAmbiguous).
+	ambiguous, reportOnlyAmbiguous prometheus.Counter
 	// fallbacks counts unusable per-request values by field; nil for a
 	// zone with nothing chosen per request.
 	fallbacks *[numFields]prometheus.Counter
@@ -80,6 +89,7 @@ func newZoneMetrics(zone string, perRequest bool) *zoneMetrics {
 	m := &zoneMetrics{
 		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed), reportOnly: c(outcomeReportOnly),
 		failedOpen: c(outcomeFailedOpen), failedClosed: c(outcomeFailedClosed), failedLocal: c(outcomeFailedLocal),
+		ambiguous: c(outcomeAmbiguous), reportOnlyAmbiguous: c(outcomeReportOnlyAmbiguous),
 	}
 	if perRequest {
 		m.fallbacks = new([numFields]prometheus.Counter)

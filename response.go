@@ -213,7 +213,7 @@ const (
 
 // logRefusal writes one line per refusal (zone, key token, retry-after,
 // cost), sampled by h.refusalLog so that an attack cannot flood the log.
-func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Replacer, now time.Time) {
+func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Request, repl *caddy.Replacer, now time.Time) {
 	lvl := zap.InfoLevel
 	if !h.refusalLog.takeAt(now.Unix()) {
 		return
@@ -227,7 +227,7 @@ func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Re
 			zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
 		}
 		if h.LogKey {
-			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl)))
+			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl, r)))
 		}
 		ce.Write(fields...)
 	}
@@ -271,7 +271,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 			"retry_after": retry,
 		})
 	}
-	h.logRefusal(msg, v, retry, repl, now)
+	h.logRefusal(msg, v, retry, r, repl, now)
 
 	// The default body needs no placeholder: it is rendered first, so that
 	// its Content-Length joins the other numbers in one string.

@@ -48,7 +48,11 @@ type Zone struct {
 	// too. A value that is an IP address is canonicalised and masked to
 	// ipv4_prefix / ipv6_prefix; any other value is hashed before it reaches
 	// the store or a log. When every candidate is empty, the request counts
-	// against one bucket shared by all such requests of the zone.
+	// against one bucket shared by all such requests of the zone. A
+	// request header, cookie or query argument in a candidate counts by
+	// its one value; a request that carries it several times with
+	// different values is refused with 400 (counted as ambiguous_key; a
+	// report-only zone passes it uncharged).
 	// Default: "{http.vars.client_ip}".
 	Key KeyCandidates `json:"key,omitempty"`
 

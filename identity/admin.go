@@ -20,7 +20,8 @@ func (d *Deriver) Prefixes() (v4bits, v6bits int) { return d.v4bits, d.v6bits }
 
 // TokenFor returns the token Derive gives a request whose first non-empty
 // candidate is candidate i (0-based) and whose value is raw, the value as
-// the candidate renders it (what Raw returns, what log_key logs): for a
+// the candidate renders it (what Raw returns, what log_key logs; for a
+// request field, its one value, as DeriveRequest reads it): for a
 // candidate made of one placeholder, an IP address in any of its forms is
 // masked to the zone's prefix, any other value hashed; a candidate with
 // literal text around one placeholder must see that text around the value;
@@ -62,7 +63,7 @@ func (d *Deriver) TokenFor(i int, raw string) (tok Token, ok bool) {
 			return Token{}, false
 		}
 		v := raw[len(prefix) : len(raw)-len(suffix)]
-		buf, ok := c.appendValue(oneValue{name: ph, value: v}, nil, d)
+		buf, ok, _ := c.appendValue(oneValue{name: ph, value: v}, nil, nil, d)
 		if !ok {
 			return Token{}, false
 		}

@@ -1,7 +1,10 @@
 package identity
 
 import (
+	"net/http"
 	"net/netip"
+	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -89,4 +92,53 @@ func mask(a netip.Addr) netip.Prefix {
 	}
 	p, _ := a.Prefix(64)
 	return p
+}
+
+// FuzzRequestFields checks the readers of request fields on any input:
+// they never panic; a cookie or query value sent once reads back as sent
+// (a query value escaped as url.QueryEscape escapes it); the same field
+// repeated identically reads the same; two copies are ambiguous exactly
+// when their values differ.
+func FuzzRequestFields(f *testing.F) {
+	for _, s := range []string{"", "alice", "a b", "a+b", "%", "%4", "%41", "%zz", "a;b", "a&b", "a=b", `"q"`, "\"", "é", "\x00\xff"} {
+		f.Add(s, s+"x")
+		f.Add(s, s)
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		// Arbitrary raw text never panics.
+		for _, raw := range []string{a, b, a + ";" + b, a + "&" + b} {
+			queryValue(raw, "user")
+			cookieValue(http.Header{"Cookie": {raw, b}}, "session")
+			headerValue(http.Header{raw: {a}, "X-User": {b}}, "X-User")
+		}
+
+		qa, qb := "user="+url.QueryEscape(a), "user="+url.QueryEscape(b)
+		if v, amb := queryValue(qa, "user"); amb || v != a {
+			t.Fatalf("query %q: %q ambiguous=%v, want %q", qa, v, amb, a)
+		}
+		if v, amb := queryValue(qa+"&"+qa, "user"); amb || v != a {
+			t.Fatalf("query %q twice: %q ambiguous=%v, want %q", qa, v, amb, a)
+		}
+		if _, amb := queryValue(qa+"&"+qb, "user"); amb != (a != b) {
+			t.Fatalf("query %q then %q: ambiguous=%v", qa, qb, amb)
+		}
+
+		// A cookie value as a client may send it: no ';', no surrounding
+		// white space.
+		if strings.ContainsAny(a, ";") || trimOWS(a) != a {
+			return
+		}
+		want := a
+		if len(a) > 1 && a[0] == '"' && a[len(a)-1] == '"' {
+			want = a[1 : len(a)-1]
+		}
+		h := http.Header{"Cookie": {"x=1; session=" + a}}
+		if v, amb := cookieValue(h, "session"); amb || v != want {
+			t.Fatalf("cookie session=%q: %q ambiguous=%v, want %q", a, v, amb, want)
+		}
+		h = http.Header{"Cookie": {"session=" + a, "SESSION=" + a}}
+		if v, amb := cookieValue(h, "session"); amb || v != want {
+			t.Fatalf("cookie session=%q twice: %q ambiguous=%v, want %q", a, v, amb, want)
+		}
+	})
 }

@@ -6,6 +6,12 @@
 // log line ever holds a raw credential, and values of any length or bytes map
 // to distinct fixed-size tokens.
 //
+// A placeholder that reads one field of the request (a header, a cookie, a
+// query argument) is read from the request itself, not through Caddy's
+// placeholder, which joins repeated fields with ",": the field must be
+// unambiguous (see Deriver.DeriveRequest), so that no repetition of a field can
+// buy a bucket other than the one its value names.
+//
 // Candidates are compiled once (at Provision); deriving a token per request
 // allocates nothing for the common single-placeholder candidates.
 package identity
@@ -16,6 +22,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -111,6 +118,44 @@ type Candidate struct {
 type part struct {
 	lit string // literal text, when ph is empty
 	ph  string // placeholder name, without braces
+	// field is the request field the placeholder reads (a header, a
+	// cookie, a query argument), read from the request itself when there
+	// is one; nil for any other placeholder, read through the Resolver.
+	field *Ambiguity
+}
+
+// Field sources, the values of Ambiguity.Source.
+const (
+	SourceHeader = "header"
+	SourceCookie = "cookie"
+	SourceQuery  = "query"
+)
+
+// Ambiguity names a request field a key candidate reads, which a request
+// carried several times with different values.
+type Ambiguity struct {
+	Source string // SourceHeader, SourceCookie or SourceQuery
+	Name   string // the field's name, as the placeholder spells it
+}
+
+// Placeholder prefixes of the request fields read from the request itself
+// (the Caddyfile's {header.X}, {cookie.X} and {query.X} expand to them).
+const (
+	headerPrefix = "http.request.header."
+	cookiePrefix = "http.request.cookie."
+	queryPrefix  = "http.request.uri.query."
+)
+
+// fieldOf returns the request field placeholder ph reads, or nil.
+func fieldOf(ph string) *Ambiguity {
+	for _, f := range [...]struct{ prefix, source string }{
+		{headerPrefix, SourceHeader}, {cookiePrefix, SourceCookie}, {queryPrefix, SourceQuery},
+	} {
+		if name, ok := strings.CutPrefix(ph, f.prefix); ok && name != "" {
+			return &Ambiguity{Source: f.source, Name: name}
+		}
+	}
+	return nil
 }
 
 // Compile parses a candidate such as "{http.vars.client_ip}" or
@@ -137,7 +182,7 @@ func Compile(s string) (Candidate, error) {
 		if name == "" || strings.ContainsAny(name, "{ ") {
 			return Candidate{}, fmt.Errorf("key candidate %q: malformed placeholder", s)
 		}
-		c.parts = append(c.parts, part{ph: name})
+		c.parts = append(c.parts, part{ph: name, field: fieldOf(name)})
 		rest = rest[open+end+1:]
 	}
 	return c, nil
@@ -199,67 +244,119 @@ func NewDeriver(cands []Candidate, v4bits, v6bits int) (*Deriver, error) {
 }
 
 // Derive returns the token of the first non-empty candidate, or the empty
-// token when every candidate is empty. scratch is a buffer the caller may
-// reuse between calls; Derive returns it, possibly grown.
+// token when every candidate is empty, every placeholder read through r (a
+// request field as Caddy's placeholder renders it: repeated values joined).
+// It serves callers without a request (tests, tools); a server deciding a
+// request calls DeriveRequest. scratch is a buffer the caller may reuse
+// between calls; Derive returns it, possibly grown.
 func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
+	tok, scratch, _ := d.DeriveRequest(r, nil, scratch)
+	return tok, scratch
+}
+
+// DeriveRequest returns the token of the first non-empty candidate, or the
+// empty token when every candidate is empty. scratch is a buffer the caller
+// may reuse between calls; DeriveRequest returns it, possibly grown.
+//
+// req is the request the candidates' request fields are read from: a
+// header ({http.request.header.<Name>}), a cookie
+// ({http.request.cookie.<name>}) or a query argument
+// ({http.request.uri.query.<name>}). Each must be unambiguous: carried
+// once, or several times with byte-identical values, it gives that one
+// value (not the values joined, as Caddy's placeholder renders them);
+// carried several times with different values, it makes the candidate
+// ambiguous, and DeriveRequest returns which field did (the token is then
+// meaningless). Backends read a repeated field differently (the first
+// value, the last, all of them joined), so no value of an ambiguous field
+// is known to be the one the backend acts on. Names match as backends may
+// match them: a header's ignoring case and which of '-', '_' and '.'
+// separates its words (CGI, FastCGI and PHP give all three spellings one
+// HTTP_* variable), a cookie's and a query argument's ignoring case. A candidate that is empty in another part is
+// empty whatever the ambiguous part holds, and the next candidate is tried;
+// the first candidate that is ambiguous or present decides. With a nil req,
+// every placeholder is read through r (as Caddy renders it).
+func (d *Deriver) DeriveRequest(r Resolver, req *http.Request, scratch []byte) (Token, []byte, *Ambiguity) {
 	for i := range d.cands {
 		c := &d.cands[i]
 		if len(c.parts) == 1 && c.parts[0].ph != "" {
-			v := valueString(r, c.parts[0].ph)
+			p := &c.parts[0]
+			v, ambiguous := p.value(r, req)
+			if ambiguous {
+				return Token{}, scratch, p.field
+			}
 			if v == "" {
 				continue
 			}
 			if tok, ok := d.addrToken(i, v); ok {
-				return tok, scratch
+				return tok, scratch, nil
 			}
 			scratch = append(scratch[:0], v...)
-			return hashToken(i, scratch), scratch
+			return hashToken(i, scratch), scratch, nil
 		}
-		buf, ok := c.appendValue(r, scratch[:0], d)
+		buf, ok, amb := c.appendValue(r, req, scratch[:0], d)
 		scratch = buf
+		if amb != nil {
+			return Token{}, scratch, amb
+		}
 		if !ok {
 			continue
 		}
-		return hashToken(i, buf), scratch
+		return hashToken(i, buf), scratch, nil
 	}
 	var t Token
 	t[1] = byte(KindEmpty)
-	return t, scratch
+	return t, scratch, nil
 }
 
-// Raw returns the raw value of the first non-empty candidate (for log_key).
-// It allocates; call it only when the value is logged.
-func (d *Deriver) Raw(r Resolver) string {
+// Raw returns the raw value of the first non-empty candidate (for log_key),
+// read as DeriveRequest reads it; "" when every candidate is empty, or when the
+// first that is not is ambiguous. It allocates; call it only when the
+// value is logged.
+func (d *Deriver) Raw(r Resolver, req *http.Request) string {
 	for i := range d.cands {
-		if buf, ok := d.cands[i].appendValue(r, nil, nil); ok {
+		buf, ok, amb := d.cands[i].appendValue(r, req, nil, nil)
+		if amb != nil {
+			return ""
+		}
+		if ok {
 			return string(buf)
 		}
 	}
 	return ""
 }
 
-// AppendValue appends the candidate's plain value to b; ok is false when any
-// of its placeholders is empty or unknown.
+// AppendValue appends the candidate's plain value to b, every placeholder
+// read through r; ok is false when any of its placeholders is empty or
+// unknown.
 func (c *Candidate) AppendValue(r Resolver, b []byte) ([]byte, bool) {
-	return c.appendValue(r, b, nil)
+	b, ok, _ := c.appendValue(r, nil, b, nil)
+	return b, ok
 }
 
 // appendValue appends the candidate's value to b; ok is false when any of its
 // placeholders is empty or unknown (a candidate is only as present as all of
-// its parts). With a Deriver (the hashing path), each placeholder's value is
+// its parts), and amb names the first ambiguous request field when none is
+// empty. With a Deriver (the hashing path), each placeholder's value is
 // framed by its length, so that "{a}{b}" with ("ab", "c") and ("a", "bc")
 // hash differently, and a value that is an IP address is replaced by its
 // canonical masked form, so that "{host}-{client_ip}" still gives one
 // bucket per /64 and not one per address.
-func (c *Candidate) appendValue(r Resolver, b []byte, d *Deriver) ([]byte, bool) {
-	for _, p := range c.parts {
+func (c *Candidate) appendValue(r Resolver, req *http.Request, b []byte, d *Deriver) (_ []byte, ok bool, amb *Ambiguity) {
+	for i := range c.parts {
+		p := &c.parts[i]
 		if p.ph == "" {
 			b = append(b, p.lit...)
 			continue
 		}
-		v := valueString(r, p.ph)
+		v, ambiguous := p.value(r, req)
+		if ambiguous {
+			if amb == nil {
+				amb = p.field
+			}
+			continue
+		}
 		if v == "" {
-			return b, false
+			return b, false, nil
 		}
 		if d == nil {
 			b = append(b, v...)
@@ -275,7 +372,10 @@ func (c *Candidate) appendValue(r Resolver, b []byte, d *Deriver) ([]byte, bool)
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
 	}
-	return b, true
+	if amb != nil {
+		return b, false, amb
+	}
+	return b, true, nil
 }
 
 // mask returns addr masked to the zone's prefix length for its family.

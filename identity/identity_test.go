@@ -228,13 +228,13 @@ func TestHashedValueNeverShown(t *testing.T) {
 		t.Errorf("hashing is not deterministic")
 	}
 	// Raw (for log_key) returns the value itself, and only on demand.
-	if got := d.Raw(mapResolver{"v": "hunter2"}); got != "hunter2" {
+	if got := d.Raw(mapResolver{"v": "hunter2"}, nil); got != "hunter2" {
 		t.Errorf("Raw = %q", got)
 	}
-	if got := d.Raw(mapResolver{"v": "", "w": "x"}); got != "key-x" {
+	if got := d.Raw(mapResolver{"v": "", "w": "x"}, nil); got != "key-x" {
 		t.Errorf("Raw falling back to the second candidate = %q, want key-x", got)
 	}
-	if got := d.Raw(mapResolver{"v": "", "w": ""}); got != "" {
+	if got := d.Raw(mapResolver{"v": "", "w": ""}, nil); got != "" {
 		t.Errorf("Raw of all-empty = %q", got)
 	}
 }
@@ -378,7 +378,7 @@ func TestCompile(t *testing.T) {
 		t.Errorf("{a}{b}: (ab,c)=%s (a,bc)=%s (ab,c) again=%s", t1, t2, t3)
 	}
 	// The raw value (for log_key) is the plain joined text.
-	if got := d2.Raw(mapResolver{"a": "ab", "b": "c"}); got != "abc" {
+	if got := d2.Raw(mapResolver{"a": "ab", "b": "c"}, nil); got != "abc" {
 		t.Errorf("Raw = %q, want abc", got)
 	}
 }
