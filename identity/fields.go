@@ -107,8 +107,7 @@ func lower(c byte) byte {
 // cookieValue reads cookie name from the Cookie header fields of h: every
 // "name=value" pair whose name equals name ignoring ASCII case counts (as
 // Caddy's placeholder matches it), and two pairs differ unless their values
-// are byte-identical as sent. The value is returned as net/http parses it:
-// one pair of surrounding double quotes removed. Unlike net/http, no pair
+// are the same once decoded (cookieDecode). Unlike net/http, no pair
 // is skipped for bytes a cookie should not hold, and there is no bound on
 // the number of pairs (net/http ignores every cookie past 3000): a backend
 // that reads such a pair still finds it counted.
@@ -122,16 +121,29 @@ func cookieValue(h http.Header, name string) (string, bool) {
 			if !equalFoldASCII(trimOWS(n), name) {
 				continue
 			}
-			if !o.add(trimOWS(v)) {
+			if !o.add(cookieDecode(trimOWS(v))) {
 				return "", true
 			}
 		}
 	}
-	v := o.v
+	return o.v, false
+}
+
+// cookieDecode is a cookie value as the most lenient backend reads it:
+// one pair of surrounding double quotes removed (net/http), then "%XX"
+// and "+" decoded (PHP's urldecode; Node decodes "%XX" too). Keying on the
+// decoded value can only merge values that some backend reads as one
+// identity (alice and %61lice), never split one: so an encoding variant
+// of a cookie buys no fresh bucket. A value that holds an escape costs one
+// allocation.
+func cookieDecode(v string) string {
 	if len(v) > 1 && v[0] == '"' && v[len(v)-1] == '"' {
 		v = v[1 : len(v)-1]
 	}
-	return v, false
+	if escaped(v) {
+		v = queryUnescape(v)
+	}
+	return v
 }
 
 // trimOWS removes leading and trailing spaces and tabs (and CR, LF, as
