@@ -16,6 +16,8 @@ package sluice
 //   - TestDocsJSONSkeletons: the JSON of docs/reference.md loads into the
 //     handler and its store with unknown fields refused, is valid as a
 //     whole config, and together names every JSON field.
+//   - TestDocsMetricsTable: every collector the code registers is in
+//     docs/operating.md's metrics table, with its type and labels.
 //   - TestDocsLinks, TestDocsReadme: relative links and anchors resolve;
 //     the README keeps its two commands and its length.
 //
@@ -762,5 +764,89 @@ func TestDocsReadme(t *testing.T) {
 		if !strings.Contains(readme, "]("+filepath.ToSlash(e)+")") {
 			t.Errorf("README.md's examples table does not link %s", e)
 		}
+	}
+}
+
+// TestDocsMetricsTable: every Prometheus collector the handler and the
+// stores register (read from metrics.go, redisstore/metrics.go and
+// memstore/module.go) has a row in docs/operating.md's metrics table with
+// its type and labels (issue 13, item 20: the circuit and deny cache
+// metrics were missing).
+func TestDocsMetricsTable(t *testing.T) {
+	raw, err := os.ReadFile("docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(l, "| `caddy_rate_limit_") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(l, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[strings.Trim(cells[0], "`")] = cells
+	}
+	fset := token.NewFileSet()
+	n := 0
+	for _, file := range []string{"metrics.go", "redisstore/metrics.go", "memstore/module.go"} {
+		f, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(node ast.Node) bool {
+			call, ok := node.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || !strings.HasPrefix(sel.Sel.Name, "New") || len(call.Args) == 0 {
+				return true
+			}
+			kind := ""
+			for _, k := range []string{"Counter", "Gauge", "Histogram"} {
+				if strings.HasPrefix(sel.Sel.Name, "New"+k) {
+					kind = strings.ToLower(k)
+				}
+			}
+			opts, ok := call.Args[0].(*ast.CompositeLit)
+			if kind == "" || !ok {
+				return true
+			}
+			var name string
+			for _, e := range opts.Elts {
+				if kv, ok := e.(*ast.KeyValueExpr); ok && fmt.Sprint(kv.Key) == "Name" {
+					name, _ = stringLit(kv.Value)
+				}
+			}
+			var labels []string
+			if len(call.Args) > 1 {
+				if lit, ok := call.Args[1].(*ast.CompositeLit); ok {
+					for _, e := range lit.Elts {
+						if s, ok := stringLit(e); ok {
+							labels = append(labels, s)
+						}
+					}
+				}
+			}
+			full := "caddy_rate_limit_" + name
+			n++
+			row, ok := rows[full]
+			if !ok {
+				t.Errorf("docs/operating.md: no row for %s (%s)", full, file)
+				return true
+			}
+			if row[1] != kind {
+				t.Errorf("docs/operating.md: %s is a %s, the table says %q", full, kind, row[1])
+			}
+			if got := spans(row[2]); !slices.Equal(got, labels) {
+				t.Errorf("docs/operating.md: %s has labels %v, the table says %v", full, labels, got)
+			}
+			return true
+		})
+	}
+	if n < 8 || len(rows) != n {
+		t.Errorf("%d collectors in the source, %d rows in the table", n, len(rows))
 	}
 }
