@@ -133,6 +133,21 @@ func wholeCaddyfile(text string) (string, string) {
 	return ":0 {\n" + text + "\n}\n", "directives, in a site"
 }
 
+var (
+	redisURLRe     = regexp.MustCompile(`rediss?(\+sentinel)?://[^\s"{}]+`)
+	redisClusterRe = regexp.MustCompile(`(?m)^(\s*cluster)( +[^\s{}]+)+$`)
+	jsonClusterRe  = regexp.MustCompile(`"cluster": *\[[^\]]*\]`)
+)
+
+// noRedisAddrs points the Redis addresses of a snippet at a port that
+// refuses connections, so that validating it never touches a Redis that
+// happens to run there (provisioning the store loads its code into Redis).
+func noRedisAddrs(text string) string {
+	text = redisURLRe.ReplaceAllString(text, "redis://127.0.0.1:1")
+	text = redisClusterRe.ReplaceAllString(text, "${1} 127.0.0.1:1")
+	return jsonClusterRe.ReplaceAllString(text, `"cluster": ["127.0.0.1:1"]`)
+}
+
 // globalOnly reports whether text is one global options block and nothing
 // else.
 func globalOnly(text string) bool {
@@ -191,7 +206,7 @@ func TestDocsCaddySnippets(t *testing.T) {
 				t.Errorf("%s: unknown snippet marker %q", s.where(), s.kind)
 				continue
 			}
-			cfg, how := wholeCaddyfile(s.text)
+			cfg, how := wholeCaddyfile(noRedisAddrs(s.text))
 			if err := validateCaddyfile(t, cfg); err != nil {
 				t.Errorf("%s (%s): %v\n%s", s.where(), how, err, cfg)
 				continue
@@ -646,7 +661,7 @@ func TestDocsJSONSkeletons(t *testing.T) {
 			}
 		}
 		// And the whole handler loads, as `caddy validate` would load it.
-		cfg := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"docs":{"listen":[":0"],"routes":[{"handle":[` + s.text + `]}]}}}}}`
+		cfg := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"docs":{"listen":[":0"],"routes":[{"handle":[` + noRedisAddrs(s.text) + `]}]}}}}}`
 		var c caddy.Config
 		if err := json.Unmarshal([]byte(cfg), &c); err != nil {
 			t.Fatalf("%s: %v", s.where(), err)
@@ -848,5 +863,21 @@ func TestDocsMetricsTable(t *testing.T) {
 	}
 	if n < 8 || len(rows) != n {
 		t.Errorf("%d collectors in the source, %d rows in the table", n, len(rows))
+	}
+}
+
+func TestDocsNoRedisAddrs(t *testing.T) {
+	for in, want := range map[string]string{
+		"store redis redis://10.0.0.5:6379\n":                       "store redis redis://127.0.0.1:1\n",
+		"\tstore redis rediss://u:p@h:6380/2 {\n":                   "\tstore redis redis://127.0.0.1:1 {\n",
+		"url redis+sentinel://s:26379/0?master_name=m\n":            "url redis://127.0.0.1:1\n",
+		"\t\tcluster 10.0.0.11:6379 10.0.0.12:6379\n":               "\t\tcluster 127.0.0.1:1\n",
+		`"url": "redis://127.0.0.1:6379",`:                          `"url": "redis://127.0.0.1:1",`,
+		`"cluster": ["10.0.0.11:6379", "10.0.0.12:6379"],`:          `"cluster": ["127.0.0.1:1"],`,
+		"store redis {env.REDIS_URL}\n\t\tcluster {$CLUSTER:a:1}\n": "store redis {env.REDIS_URL}\n\t\tcluster {$CLUSTER:a:1}\n",
+	} {
+		if got := noRedisAddrs(in); got != want {
+			t.Errorf("noRedisAddrs(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
