@@ -118,15 +118,22 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        burst       <n>|<placeholder> <default n>
 //	        algorithm   token_bucket|gcra|sliding_window|fixed_window|sliding_log
 //	        cost        <n>|<placeholder> [<default n>]
-//	        match       { <matchers> }
+//	        match {
+//	            <matchers>
+//	        }
 //	        ipv4_prefix <bits>
 //	        ipv6_prefix <bits>
 //	        fail        open|closed|local
 //	        report_only
 //	        enabled     true|false
 //	    }
-//	    store memory { max_keys <n>; sweep_interval <duration> }
-//	    store redis [<url>] { url; cluster <addr>...; username; password; tls; timeout; key_prefix; pool_size }
+//	    store memory {
+//	        max_keys       <n>
+//	        sweep_interval <duration>
+//	    }
+//	    store redis [<url>] {
+//	        ...                        # see redisstore.Redis.UnmarshalCaddyfile
+//	    }
 //	    headers  legacy|draft|both|off
 //	    response handle_errors
 //	    response {
@@ -135,12 +142,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        body         <template>
 //	        header       <name> <value>
 //	    }
-//	    jitter   <fraction>
+//	    jitter   <fraction>|<percent>%
 //	    log_key
 //	    report_only
 //	    enabled  true|false
+//	    sweep_interval  <duration>
+//	    disable_metrics
 //	}
 //
+// A Caddyfile has no ';': every block opens at the end of a line and closes
+// on a line of its own. docs/reference.md documents every setting.
 // events, window and burst take either a value, or a placeholder resolved per
 // request and the default used when its value is empty or unusable (events
 // {plan_events} 60); cost takes a value or a placeholder, with an optional
@@ -523,6 +534,12 @@ func parseStore(d *caddyfile.Dispenser) ([]byte, error) {
 	modID := "http.handlers.rate_limit.stores." + name
 	unm, err := caddyfile.UnmarshalModule(d, modID)
 	if err != nil {
+		// The stores name themselves in their errors ("store redis: ...",
+		// with the file and line): prefixing those again would read
+		// "store redis: store redis: ...".
+		if strings.HasPrefix(err.Error(), "store "+name+":") {
+			return nil, err
+		}
 		return nil, d.Errf("store %s: %v", name, err)
 	}
 	return caddyconfig.JSONModuleObject(unm, "module", name, nil), nil

@@ -19,7 +19,8 @@
 #   5. stops its servers, then runs the Go benchmarks (-benchmem) and the
 #      memory-per-key tests once
 #   6. writes bench/results/<UTC timestamp>.md (raw data in the folder of the
-#      same name) and copies it to bench/RESULTS.md
+#      same name) and copies it to bench/RESULTS.md, keeping that file's
+#      "## History" section
 #
 # Knobs (environment): BENCH_ROUNDS (5), BENCH_DURATION (5, seconds),
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
@@ -394,7 +395,13 @@ fi
 
 echo "load after   $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/meta.txt"
 "$BT" report "$OUT" >"$REPORT"
+# RESULTS.md is the new report followed by the previous RESULTS.md's
+# "## History" section (the earlier runs, kept by hand).
+history="$(sed -n '/^## History$/,$p' "$ROOT/bench/RESULTS.md" 2>/dev/null || true)"
 cp "$REPORT" "$ROOT/bench/RESULTS.md"
+if [ -n "$history" ]; then
+	printf '\n%s\n' "$history" >>"$ROOT/bench/RESULTS.md"
+fi
 echo
 cat "$REPORT"
 echo

@@ -80,7 +80,7 @@ type Redis struct {
 	// Timeout bounds each decision end to end: waiting for a pooled
 	// connection, connecting, the script and its NOSCRIPT retry. When it
 	// passes, the zones' fail policy decides. Default: 100ms (measured:
-	// see the README's Redis store section).
+	// see docs/redis.md, "Timeout").
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".
@@ -94,9 +94,9 @@ type Redis struct {
 
 	// Pipelines is the number of pipeline workers: concurrent decisions
 	// share round trips, each worker sending every call queued behind the
-	// first as one pipeline (see the README's Redis store section). More
+	// first as one pipeline (see docs/redis.md). More
 	// workers mean more round trips in flight and smaller batches.
-	// Default: 2 (measured: see the README's Performance section).
+	// Default: 2 (measured: see docs/performance.md).
 	Pipelines int `json:"pipelines,omitempty"`
 
 	// Breaker is the circuit breaker in front of Redis. After Failures
@@ -482,6 +482,7 @@ func redactErr(err error, secrets ...string) error {
 //	    timeout    <duration>
 //	    key_prefix <string>
 //	    pool_size  <n>
+//	    pipelines  <n>                # pipeline workers; default 2
 //	    breaker    off | {
 //	        failures     <n>          # consecutive failures that open it; default 5
 //	        cooldown     <duration>   # open this long before one probe; default 1s
@@ -608,7 +609,7 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.DenyCacheSize = &n
 		default:
-			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, key_prefix, pool_size, breaker, deny_cache, deny_cache_size)", field)
+			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
 		}
 	}
 	if err := r.validate(); err != nil {

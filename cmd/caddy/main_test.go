@@ -174,7 +174,7 @@ func tryStartDemo(t *testing.T, bin string) (*demo, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "run", "--config", "../../Caddyfile.example")
 	cmd.Env = append(os.Environ(),
-		"SLUICE_DEMO_PORT="+strconv.Itoa(httpPort),
+		"SLUICE_PORT="+strconv.Itoa(httpPort),
 		"SLUICE_ADMIN_PORT="+strconv.Itoa(adminPort),
 		// Keep Caddy's autosave and data out of the real home directory.
 		"HOME="+home,
