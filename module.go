@@ -34,7 +34,10 @@ type Handler struct {
 	// RateLimits are the zones, keyed by zone name. Zone names are global
 	// across the whole configuration: one name used in two places is one
 	// shared bucket (given the same store) and must carry the same limit.
-	// Names may use letters, digits, '_', '-' and '.'.
+	// A name is any string of up to 256 bytes of valid UTF-8 without
+	// control or format characters ("api/v1", "login:v2", "my zone");
+	// wherever it cannot go as it is (store keys, admin API paths, header
+	// fields, JSON bodies) it is encoded.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// StoreRaw is the state store, a module in the

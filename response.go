@@ -47,8 +47,10 @@ type Response struct {
 	Headers http.Header `json:"headers,omitempty"`
 }
 
-// defaultBody is the refusal body when none is configured. Zone names are
-// restricted to characters that need no JSON escaping.
+// defaultBody is the refusal body when none is configured, as a template.
+// refuse renders it without the replacer (appendDefaultBody), with the zone
+// name JSON-escaped: the template's {http.rate_limit.zone} is the raw name,
+// which a custom JSON body must not hold if it may contain '"' or '\'.
 const defaultBody = `{"status":{http.rate_limit.status},"error":"{http.rate_limit.error}","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
 
 type compiledResponse struct {
@@ -143,18 +145,18 @@ const (
 	hdrState  = "Ratelimit"
 )
 
-// policyItem is a zone's RateLimit-Policy list member: its name, quota
-// (q, events) and window (w, whole seconds; a window under a second, or not
-// a whole number of seconds, is rounded up, which understates the rate).
-func policyItem(name string, l algorithms.Limit) string {
+// formatPolicyItem is the zone's RateLimit-Policy list member under limit
+// l: its policy identifier (see zone.setNames), quota (q, events) and window
+// (w, whole seconds; a window under a second, or not a whole number of
+// seconds, is rounded up, which understates the rate).
+func (z *zone) formatPolicyItem(l algorithms.Limit) string {
 	w := (l.Window + 999) / 1000
-	return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + ";w=" + strconv.FormatInt(w, 10)
+	return z.sfName + ";q=" + strconv.FormatInt(l.Events, 10) + ";w=" + strconv.FormatInt(w, 10)
 }
 
 // draftFields formats RateLimit-Policy and RateLimit for every zone decided:
 // one list member per zone, with the remaining quota (r) and the seconds
-// until the key is back to full (t). Zone names need no escaping: they are
-// restricted to characters that sf-strings carry as they are.
+// until the key is back to full (t).
 func draftFields(s *scratch) (policy, state string) {
 	var pb, sb []byte
 	var pbuf, sbuf [256]byte
@@ -166,9 +168,8 @@ func draftFields(s *scratch) (policy, state string) {
 		}
 		pb = append(pb, z.policyItem...)
 		d := &s.decs[i]
-		sb = append(sb, '"')
-		sb = append(sb, z.name...)
-		sb = append(sb, `";r=`...)
+		sb = append(sb, z.sfName...)
+		sb = append(sb, ";r="...)
 		sb = strconv.AppendInt(sb, max(d.Remaining, 0), 10)
 		sb = append(sb, ";t="...)
 		sb = strconv.AppendInt(sb, ceilSeconds(d.ResetAfter), 10)
@@ -227,7 +228,10 @@ func (h *Handler) logRefusal(msg string, v *verdict, retry int64, repl *caddy.Re
 	}
 }
 
-// errRefused is the error handed to handle_errors routes.
+// errRefused is the error handed to handle_errors routes. Its message holds
+// the zone name JSON-escaped, so that a route writing it into a JSON string
+// ({"error":"{err.message}"}) writes valid JSON; the names of every zone
+// accepted before names could hold any character need no escaping.
 type errRefused struct{ msg, zone string }
 
 func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
@@ -277,7 +281,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	rendered := !h.resp.handleErrors && h.resp.defaultBody
 	if rendered {
-		body = appendDefaultBody(body, status, msg, v.zone.name, retry)
+		body = appendDefaultBody(body, status, msg, v.zone.jsonName, retry)
 	}
 
 	legacy := h.legacy && !unavailable
@@ -321,7 +325,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	vals.set(hdr, hdrCacheControl, "no-store")
 
 	if h.resp.handleErrors {
-		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})
+		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.jsonName})
 	}
 	for name, hv := range h.resp.headers {
 		hdr.Del(name)
@@ -391,8 +395,9 @@ func putBody(bp *[]byte) {
 	bodyPool.Put(bp)
 }
 
-// appendDefaultBody appends the default body, exactly what defaultBody's
-// template renders to (zone names and the messages need no JSON escaping).
+// appendDefaultBody appends the default body: what defaultBody's template
+// renders to, with zone already JSON-escaped (zone.jsonName; the messages
+// need no escaping).
 func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []byte {
 	b = append(b, `{"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
@@ -471,4 +476,46 @@ func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
 		return
 	}
 	repl.Map(func(key string) (any, bool) { return p.get(key) })
+}
+
+// jsonEscape returns s escaped for the inside of a JSON string: '"', '\'
+// and control characters escaped, everything else (valid UTF-8) as it is.
+// It returns s itself when nothing needs escaping.
+func jsonEscape(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' {
+			return string(appendJSONEscaped(make([]byte, 0, len(s)+8), s))
+		}
+	}
+	return s
+}
+
+// appendJSONEscaped appends s escaped as jsonEscape does.
+func appendJSONEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+// sfString serialises s, printable ASCII only (zonename.Policy makes sure),
+// as an RFC 9651 sf-string: quoted, with '"' and '\' escaped.
+func sfString(s string) string {
+	b := make([]byte, 0, len(s)+4)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return string(append(b, '"'))
 }
