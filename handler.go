@@ -87,13 +87,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	now := time.Now()
 	if out == allow {
-		if h.legacy {
-			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+		// Another rate_limit may have decided this request already (two
+		// directives in a route): the headers report the most constrained
+		// zone of both, and the draft fields list the zones of both.
+		hdr := w.Header()
+		if h.legacy && !priorLegacyWins(hdr, false, 0, v.Remaining, resetUnix(now, v.ResetAfter)) {
+			setLegacyHeaders(hdr, v.zone, &v.Decision, now)
 		}
 		if v.policy != "" {
-			hdr := w.Header()
-			hdr[hdrPolicy] = []string{v.policy}
-			hdr[hdrState] = []string{v.state}
+			hdr[hdrPolicy] = []string{appendToPrior(hdr, hdrPolicy, v.policy)}
+			hdr[hdrState] = []string{appendToPrior(hdr, hdrState, v.state)}
 		}
 		return next.ServeHTTP(w, r)
 	}

@@ -138,6 +138,67 @@ func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.T
 	h[hdrReset] = vals[2:3:3]
 }
 
+// priorLegacyWins reports whether the response already carries the
+// X-RateLimit-* headers of a zone at least as constrained as this
+// directive's verdict (refused or not, with Retry-After retry, remaining
+// and reset Unix seconds): another rate_limit decided the request before
+// this one. A refusal beats an allowed zone and the longer Retry-After the
+// shorter; between allowed zones the least remaining wins, ties going to
+// the later reset, as pick ranks the zones of one directive. Without
+// parsable headers (the first directive), it reports false.
+func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
+	rem, ok := headerInt(h, hdrRemaining)
+	if !ok {
+		return false
+	}
+	if priorRetry, priorRefused := headerInt(h, hdrRetryAfter); priorRefused {
+		return !refused || priorRetry >= retry
+	} else if refused {
+		return false
+	}
+	rst, ok := headerInt(h, hdrReset)
+	return ok && (rem < remaining || rem == remaining && rst >= reset)
+}
+
+// headerInt parses the header's value, a decimal integer as this package
+// writes them, without allocating.
+func headerInt(h http.Header, name string) (int64, bool) {
+	v := h[name]
+	if len(v) != 1 || v[0] == "" || len(v[0]) > 19 {
+		return 0, false
+	}
+	s, neg := v[0], false
+	if s[0] == '-' {
+		s, neg = s[1:], true
+	}
+	if s == "" {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// appendToPrior returns v, or, when the response already carries the field
+// (another rate_limit decided the request), its value with v's list
+// members appended.
+func appendToPrior(h http.Header, name, v string) string {
+	prior := h[name]
+	if len(prior) == 0 || len(prior) == 1 && prior[0] == "" {
+		return v
+	}
+	return strings.Join(prior, ", ") + ", " + v
+}
+
 // IETF draft header names (draft-ietf-httpapi-ratelimit-headers), in
 // canonical form.
 const (
@@ -284,8 +345,19 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		body = appendDefaultBody(body, status, msg, v.zone.jsonName, retry)
 	}
 
-	legacy := h.legacy && !unavailable
+	// An earlier rate_limit may have decided this request (a route with two
+	// directives, or an error route after a refusal): the refusal with the
+	// longer Retry-After, else this one, gives the X-RateLimit-* headers
+	// and Retry-After; the draft fields list the zones of both.
+	hdr := w.Header()
+	priorRetry, priorRefused := headerInt(hdr, hdrRetryAfter)
+	setRetry := !priorRefused || priorRetry < retry
+	legacy := h.legacy && !unavailable && !priorLegacyWins(hdr, true, retry, v.Remaining, reset)
 	draft := v.policy != "" && !unavailable
+	policy, state := v.policy, v.state
+	if draft {
+		policy, state = appendToPrior(hdr, hdrPolicy, policy), appendToPrior(hdr, hdrState, state)
+	}
 	var nb [4 * 20]byte
 	b := strconv.AppendInt(nb[:0], retry, 10)
 	endRetry, endRemaining := len(b), len(b)
@@ -300,7 +372,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	nums := string(b)
 
-	n := 2 // Retry-After, Cache-Control
+	n := 1 // Cache-Control
+	if setRetry {
+		n++
+	}
 	if legacy {
 		n += 3
 	}
@@ -311,17 +386,18 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		n += 2 // Content-Type, Content-Length
 	}
 	vals := headerValues(make([]string, n))
-	hdr := w.Header()
 	if legacy { // the values setLegacyHeaders writes for an allowed request
 		vals.set(hdr, hdrLimit, v.zone.limitText)
 		vals.set(hdr, hdrRemaining, nums[endRetry:endRemaining])
 		vals.set(hdr, hdrReset, nums[endRemaining:endReset])
 	}
 	if draft {
-		vals.set(hdr, hdrPolicy, v.policy)
-		vals.set(hdr, hdrState, v.state)
+		vals.set(hdr, hdrPolicy, policy)
+		vals.set(hdr, hdrState, state)
 	}
-	vals.set(hdr, hdrRetryAfter, nums[:endRetry])
+	if setRetry {
+		vals.set(hdr, hdrRetryAfter, nums[:endRetry])
+	}
 	vals.set(hdr, hdrCacheControl, "no-store")
 
 	if h.resp.handleErrors {
