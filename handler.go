@@ -70,6 +70,9 @@ type verdict struct {
 	policy, state string
 	// cost is what the request would have spent in the verdict's zone.
 	cost int64
+	// violated lists the refusing zones (response problem only), as the
+	// members of a JSON array: their policy identifiers, quoted.
+	violated string
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -192,6 +195,9 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 		v.policy, v.state = draftFields(s)
 	}
 	if refused {
+		if h.resp.problem {
+			v.violated = violatedPolicies(s, false)
+		}
 		return v, refuse, nil
 	}
 	return v, allow, nil
@@ -237,8 +243,12 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 	for i, z := range s.zones {
 		switch z.fail {
 		case failClosedPolicy:
-			return verdict{zone: z, key: identity.Token(s.reqs[i].Key),
-				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}, failClosed, nil
+			v := verdict{zone: z, key: identity.Token(s.reqs[i].Key),
+				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
+			if h.resp.problem {
+				v.violated = violatedPolicies(s, true)
+			}
+			return v, failClosed, nil
 		case failLocalPolicy:
 			s.reqs[n], s.zones[n] = s.reqs[i], z
 			n++
@@ -254,6 +264,23 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		return verdict{}, pass, nil
 	}
 	return h.pick(s)
+}
+
+// violatedPolicies lists the zones that refuse the request (closed: the
+// fail-closed zones of a request the store could not decide; else the
+// enforcing zones that refused) for the problem body's violated-policies.
+func violatedPolicies(s *scratch, closed bool) string {
+	var buf [128]byte
+	b := buf[:0]
+	for i, z := range s.zones {
+		if closed && z.fail == failClosedPolicy || !closed && !s.decs[i].Allowed && !s.reqs[i].ReportOnly {
+			if len(b) > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, z.jsonPolicyID...)
+		}
+	}
+	return string(b)
 }
 
 // failClosedRetry is Retry-After on a fail-closed 503: the store is

@@ -49,8 +49,9 @@ type Handler struct {
 	// Headers selects the rate limit headers sent on every response:
 	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset, for the most constrained zone), "draft" (the IETF
-	// draft-ietf-httpapi-ratelimit-headers RateLimit-Policy and RateLimit
-	// fields, one list member per zone decided), "both", or "off".
+	// draft-ietf-httpapi-ratelimit-headers-11 RateLimit-Policy and
+	// RateLimit fields, one list member per zone decided), "both", or
+	// "off".
 	// Retry-After is sent on every refusal regardless. Default: "legacy".
 	Headers string `json:"headers,omitempty"`
 

@@ -45,6 +45,16 @@ type Response struct {
 
 	// Headers are set on the refusal; values may use placeholders.
 	Headers http.Header `json:"headers,omitempty"`
+
+	// Problem answers a refusal with an RFC 9457 problem details body
+	// (application/problem+json) as draft-ietf-httpapi-ratelimit-headers-11
+	// defines it: type quota-exceeded (429) for a refusal, or
+	// temporary-reduced-capacity (503) when a fail-closed zone's store could
+	// not decide, with title, status, detail and violated-policies (the
+	// refusing zones, named as the RateLimit fields name them). Combines
+	// with status_code and headers, not with body, content_type or
+	// handle_errors.
+	Problem bool `json:"problem,omitempty"`
 }
 
 // defaultBody is the refusal body when none is configured, as a template.
@@ -61,7 +71,9 @@ type compiledResponse struct {
 	// defaultBody: body is defaultBody, which refuse renders without the
 	// replacer (appendDefaultBody).
 	defaultBody bool
-	headers     http.Header
+	// problem: the body is the draft's problem details (appendProblem).
+	problem bool
+	headers http.Header
 }
 
 func (r *Response) validate() error {
@@ -73,6 +85,9 @@ func (r *Response) validate() error {
 	}
 	if r.HandleErrors && (r.Body != "" || r.ContentType != "" || len(r.Headers) > 0) {
 		return errors.New("response: handle_errors hands the refusal to the site's handle_errors routes; body, content_type and header belong there")
+	}
+	if r.Problem && (r.Body != "" || r.ContentType != "" || r.HandleErrors) {
+		return errors.New("response: problem writes the refusal's body and content type itself (application/problem+json); it takes status and header, not body, content_type or handle_errors")
 	}
 	return nil
 }
@@ -88,6 +103,9 @@ func (r *Response) compile(c *compiledResponse) error {
 	c.handleErrors = r.HandleErrors
 	if r.StatusCode != 0 {
 		c.status = r.StatusCode
+	}
+	if r.Problem {
+		c.problem, c.defaultBody, c.body, c.contentType = true, false, "", "application/problem+json"
 	}
 	if r.Body != "" {
 		c.body, c.defaultBody = r.Body, false
@@ -207,17 +225,39 @@ const (
 )
 
 // formatPolicyItem is the zone's RateLimit-Policy list member under limit
-// l: its policy identifier (see zone.setNames), quota (q, events) and window
-// (w, whole seconds; a window under a second, or not a whole number of
-// seconds, is rounded up, which understates the rate).
+// l, as draft-ietf-httpapi-ratelimit-headers-11 defines it: the policy
+// identifier (see zone.setNames), the quota q and the window w (whole
+// seconds; a window under a second, or not a whole number of seconds, is
+// rounded up, which understates the rate).
+//
+// The quota unit (qu) is requests, the draft's default, so it is not sent:
+// a zone whose requests each cost a static c counts q (and r) in requests,
+// its events divided by c. A cost chosen per request cannot be converted:
+// q and r then count cost units, which none of the registered units
+// (requests, content-bytes, concurrent-requests) names and qu must not
+// name otherwise, so the vendor parameter sluice-qu="cost" says so.
 func (z *zone) formatPolicyItem(l algorithms.Limit) string {
 	w := (l.Window + 999) / 1000
-	return z.sfName + ";q=" + strconv.FormatInt(l.Events, 10) + ";w=" + strconv.FormatInt(w, 10)
+	item := z.sfName + ";q=" + strconv.FormatInt(l.Events/z.draftUnit(), 10) + ";w=" + strconv.FormatInt(w, 10)
+	if z.costExpr != nil {
+		item += `;sluice-qu="cost"`
+	}
+	return item
+}
+
+// draftUnit is the size, in the zone's events, of the unit its draft
+// fields count in: the static cost, or 1 (a cost chosen per request).
+func (z *zone) draftUnit() int64 {
+	if z.costExpr != nil {
+		return 1
+	}
+	return z.cost
 }
 
 // draftFields formats RateLimit-Policy and RateLimit for every zone decided:
-// one list member per zone, with the remaining quota (r) and the seconds
-// until the key is back to full (t).
+// one list member per zone, with the available quota r (in the zone's
+// unit: see formatPolicyItem) and, where the decision tells it, the
+// effective window t (see effectiveWindow).
 func draftFields(s *scratch) (policy, state string) {
 	var pb, sb []byte
 	var pbuf, sbuf [256]byte
@@ -229,13 +269,67 @@ func draftFields(s *scratch) (policy, state string) {
 		}
 		pb = append(pb, z.policyItem...)
 		d := &s.decs[i]
+		unit := z.draftUnit()
 		sb = append(sb, z.sfName...)
 		sb = append(sb, ";r="...)
-		sb = strconv.AppendInt(sb, max(d.Remaining, 0), 10)
-		sb = append(sb, ";t="...)
-		sb = strconv.AppendInt(sb, ceilSeconds(d.ResetAfter), 10)
+		sb = strconv.AppendInt(sb, max(d.Remaining, 0)/unit, 10)
+		if t, ok := effectiveWindow(s.reqs[i].Limit, d, unit, s.reqs[i].Cost); ok {
+			sb = append(sb, ";t="...)
+			sb = strconv.AppendInt(sb, t, 10)
+		}
 	}
 	return string(pb), string(sb)
+}
+
+// effectiveWindow is the t parameter of RateLimit (draft -11, section
+// 4.1.2: "the number of seconds within which the client can use no more
+// than the available quota") for decision d under limit l, with r counted
+// in units of unit events: the time until the key has more than r units
+// available, or, when it holds all it can, until a client that spent them
+// all now could spend one more. In whole seconds rounded up (as Retry-After
+// is), so a client that waits t is sure to find more; never 0.
+//
+//   - token_bucket, gcra: the next unit's refill. The key is full in
+//     ResetAfter and refills Events per Window, so it holds the next unit
+//     (Capacity − target)·Window/Events earlier. Exact to the millisecond
+//     when that product divides evenly, else at most 1ms late.
+//   - fixed_window: the end of the current window (ResetAfter); when
+//     nothing was counted in it, its end is not in the decision and the
+//     whole window, which bounds it, is sent.
+//   - sliding_window, sliding_log: not sent (ok false). Their quota comes
+//     back as older events leave the window, which the decision does not
+//     record; what it does tell (the time to full) would overstate t up to
+//     a whole window. t is optional; Retry-After on a refusal is exact.
+//
+// On a refusal of a request costing one unit the result is at most its
+// Retry-After, which the draft asks not to end before the effective
+// window.
+func effectiveWindow(l algorithms.Limit, d *algorithms.Decision, unit, cost int64) (int64, bool) {
+	var ms int64
+	switch l.Algorithm {
+	case algorithms.TokenBucket, algorithms.GCRA:
+		target := (max(d.Remaining, 0)/unit + 1) * unit
+		ms = d.ResetAfter.Milliseconds() - floorDiv((l.Capacity()-target)*l.Window, l.Events)
+	case algorithms.FixedWindow:
+		if ms = d.ResetAfter.Milliseconds(); ms <= 0 {
+			ms = l.Window
+		}
+	default:
+		return 0, false
+	}
+	if !d.Allowed && cost == unit && d.RetryAfter > 0 {
+		ms = min(ms, d.RetryAfter.Milliseconds())
+	}
+	return max(1, (ms+999)/1000), true
+}
+
+// floorDiv returns ⌊a/b⌋ for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
 }
 
 // resetUnix is the Unix second, rounded up, at which the key is back to full.
@@ -340,8 +434,12 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		bp = bodyPool.Get().(*[]byte)
 		body = (*bp)[:0]
 	}
-	rendered := !h.resp.handleErrors && h.resp.defaultBody
-	if rendered {
+	rendered := !h.resp.handleErrors && (h.resp.defaultBody || h.resp.problem)
+	switch {
+	case !rendered:
+	case h.resp.problem:
+		body = appendProblem(body, status, unavailable, msg, retry, v.violated)
+	default:
 		body = appendDefaultBody(body, status, msg, v.zone.jsonName, retry)
 	}
 
@@ -484,6 +582,38 @@ func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []by
 	b = append(b, `","retry_after":`...)
 	b = strconv.AppendInt(b, retry, 10)
 	return append(b, '}')
+}
+
+// Problem types of draft-ietf-httpapi-ratelimit-headers-11 (section 5),
+// with their registered titles.
+const (
+	problemQuotaExceeded   = `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota Exceeded","status":`
+	problemReducedCapacity = `{"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Temporary Reduced Capacity","status":`
+)
+
+// appendProblem appends the RFC 9457 problem details of a refusal
+// (response problem): quota-exceeded, or temporary-reduced-capacity for a
+// fail-closed refusal (unavailable), with the status, a detail saying when
+// to retry, and violated-policies, the refusing zones (verdict.violated).
+func appendProblem(b []byte, status int, unavailable bool, msg string, retry int64, violated string) []byte {
+	if unavailable {
+		b = append(b, problemReducedCapacity...)
+	} else {
+		b = append(b, problemQuotaExceeded...)
+	}
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"detail":"`...)
+	b = append(b, msg...)
+	b = append(b, "; retry after "...)
+	b = strconv.AppendInt(b, retry, 10)
+	if retry == 1 {
+		b = append(b, " second"...)
+	} else {
+		b = append(b, " seconds"...)
+	}
+	b = append(b, `","violated-policies":[`...)
+	b = append(b, violated...)
+	return append(b, "]}"...)
 }
 
 // phPrefix begins the name of every placeholder a refusal sets.

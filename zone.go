@@ -219,9 +219,10 @@ type zone struct {
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
 	// The name as each sink carries it (see setNames): JSON-escaped (without
-	// the quotes), the policy identifier of the IETF RateLimit fields, and
-	// that identifier as a serialised sf-string (with its quotes).
-	jsonName, policyID, sfName string
+	// the quotes), the policy identifier of the IETF RateLimit fields, that
+	// identifier as a serialised sf-string and as a JSON string (both with
+	// their quotes).
+	jsonName, policyID, sfName, jsonPolicyID string
 }
 
 // validZoneName reports whether a zone name may be used. Any name
@@ -267,6 +268,7 @@ func (z *zone) setNames() {
 	z.jsonName = jsonEscape(z.name)
 	z.policyID = zonename.Policy(z.name)
 	z.sfName = sfString(z.policyID)
+	z.jsonPolicyID = `"` + jsonEscape(z.policyID) + `"`
 }
 
 // setDefaults fills in the zone's defaults.
