@@ -545,21 +545,28 @@ func parseStore(d *caddyfile.Dispenser) ([]byte, error) {
 	return caddyconfig.JSONModuleObject(unm, "module", name, nil), nil
 }
 
-// parseResponse parses `response handle_errors` or a response block.
+// parseResponse parses `response handle_errors`, `response problem` with
+// an optional block of status and header, or a response block.
 func parseResponse(d *caddyfile.Dispenser) (*Response, error) {
 	r := new(Response)
 	if d.NextArg() {
-		if d.Val() != "handle_errors" {
-			return nil, d.Errf("rate_limit: response: unknown mode %q (use `response handle_errors` or a block)", d.Val())
+		switch d.Val() {
+		case "handle_errors":
+			r.HandleErrors = true
+		case "problem":
+			r.Problem = true
+		default:
+			return nil, d.Errf("rate_limit: response: unknown mode %q (use `response handle_errors`, `response problem` or a block)", d.Val())
 		}
 		if d.NextArg() {
 			return nil, d.ArgErr()
 		}
-		r.HandleErrors = true
-		if d.NextBlock(d.Nesting()) {
+		if r.HandleErrors && d.NextBlock(d.Nesting()) {
 			return nil, d.Err("rate_limit: response handle_errors takes no block: shape the response in handle_errors")
 		}
-		return r, nil
+		if r.HandleErrors {
+			return r, nil
+		}
 	}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -582,12 +589,18 @@ func parseResponse(d *caddyfile.Dispenser) (*Response, error) {
 			}
 			r.StatusCode = n
 		case "content_type":
+			if r.Problem {
+				return nil, d.Err("rate_limit: response problem writes the body and its content type itself; it takes status and header only")
+			}
 			v, err := oneArg(d, "rate_limit: response: content_type")
 			if err != nil {
 				return nil, err
 			}
 			r.ContentType = v
 		case "body":
+			if r.Problem {
+				return nil, d.Err("rate_limit: response problem writes the body and its content type itself; it takes status and header only")
+			}
 			v, err := oneArg(d, "rate_limit: response: body")
 			if err != nil {
 				return nil, err
@@ -606,8 +619,8 @@ func parseResponse(d *caddyfile.Dispenser) (*Response, error) {
 			return nil, d.Errf("rate_limit: response: unknown option %q (known: status, content_type, body, header)", field)
 		}
 	}
-	if len(seen) == 0 && r.Headers == nil {
-		return nil, d.Err("rate_limit: response needs a block or handle_errors")
+	if len(seen) == 0 && r.Headers == nil && !r.Problem {
+		return nil, d.Err("rate_limit: response needs a block, handle_errors or problem")
 	}
 	return r, nil
 }

@@ -79,7 +79,7 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"no zone", site(""), []string{"at least one zone"}},
 		{"zone without name", site("\t\tzone {\n\t\t\tevents 1\n\t\t}"), []string{"zone needs a name"}},
-		{"bad zone name", site("\t\tzone a:b {\n\t\t\tevents 1\n\t\t\twindow 1s\n\t\t}"), []string{`"a:b"`, "letters, digits"}},
+		{"bad zone name", site("\t\tzone \"a\x01b\" {\n\t\t\tevents 1\n\t\t\twindow 1s\n\t\t}"), []string{`"a\x01b"`, "control"}},
 		{"missing events", zone("\t\t\twindow 1m"), []string{"zone z1", "events is required"}},
 		{"missing window", zone("\t\t\tevents 5"), []string{"zone z1", "window is required"}},
 		{"zero events", zone("\t\t\tevents 0\n\t\t\twindow 1m"), []string{"zone z1", "events must be at least 1"}},

@@ -171,7 +171,8 @@ func TestDraftHeadersAllOrNothing(t *testing.T) {
 		got := parseDraft(t, w.Header())
 		want := map[string]draftZone{
 			"burst_d": {q: 2, w: 1, r: int64(1 - i), t: 1},
-			"daily_d": {q: 100, w: 86400, r: int64(99 - i), t: int64(864 * (i + 1))},
+			// t is the effective window (draft -11): the next token, 864 s.
+			"daily_d": {q: 100, w: 86400, r: int64(99 - i), t: 864},
 		}
 		if len(got) != 2 || got["burst_d"] != want["burst_d"] || got["daily_d"] != want["daily_d"] {
 			t.Fatalf("request %d: draft fields %+v, want %+v", i+1, got, want)

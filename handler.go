@@ -70,6 +70,9 @@ type verdict struct {
 	policy, state string
 	// cost is what the request would have spent in the verdict's zone.
 	cost int64
+	// violated lists the refusing zones (response problem only), as the
+	// members of a JSON array: their policy identifiers, quoted.
+	violated string
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -87,13 +90,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	now := time.Now()
 	if out == allow {
-		if h.legacy {
-			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+		// Another rate_limit may have decided this request already (two
+		// directives in a route): the headers report the most constrained
+		// zone of both, and the draft fields list the zones of both.
+		hdr := w.Header()
+		if h.legacy && !priorLegacyWins(hdr, false, 0, v.Remaining, resetUnix(now, v.ResetAfter)) {
+			setLegacyHeaders(hdr, v.zone, &v.Decision, now)
 		}
 		if v.policy != "" {
-			hdr := w.Header()
-			hdr[hdrPolicy] = []string{v.policy}
-			hdr[hdrState] = []string{v.state}
+			hdr[hdrPolicy] = []string{appendToPrior(hdr, hdrPolicy, v.policy)}
+			hdr[hdrState] = []string{appendToPrior(hdr, hdrState, v.state)}
 		}
 		return next.ServeHTTP(w, r)
 	}
@@ -248,6 +254,9 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 		v.policy, v.state = draftFields(s)
 	}
 	if refused {
+		if h.resp.problem {
+			v.violated = violatedPolicies(s, false)
+		}
 		return v, refuse, nil
 	}
 	return v, allow, nil
@@ -293,8 +302,12 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 	for i, z := range s.zones {
 		switch z.fail {
 		case failClosedPolicy:
-			return verdict{zone: z, key: identity.Token(s.reqs[i].Key),
-				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}, failClosed, nil
+			v := verdict{zone: z, key: identity.Token(s.reqs[i].Key),
+				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
+			if h.resp.problem {
+				v.violated = violatedPolicies(s, true)
+			}
+			return v, failClosed, nil
 		case failLocalPolicy:
 			s.reqs[n], s.zones[n] = s.reqs[i], z
 			n++
@@ -310,6 +323,23 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		return verdict{}, pass, nil
 	}
 	return h.pick(s)
+}
+
+// violatedPolicies lists the zones that refuse the request (closed: the
+// fail-closed zones of a request the store could not decide; else the
+// enforcing zones that refused) for the problem body's violated-policies.
+func violatedPolicies(s *scratch, closed bool) string {
+	var buf [128]byte
+	b := buf[:0]
+	for i, z := range s.zones {
+		if closed && z.fail == failClosedPolicy || !closed && !s.decs[i].Allowed && !s.reqs[i].ReportOnly {
+			if len(b) > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, z.jsonPolicyID...)
+		}
+	}
+	return string(b)
 }
 
 // failClosedRetry is Retry-After on a fail-closed 503: the store is

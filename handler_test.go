@@ -241,7 +241,7 @@ func TestProvisionErrorsNameZoneAndField(t *testing.T) {
 		{`{"rate_limits":{"z":{"max_events":5,"window":60000000000,"ipv4_prefix":40}}}`, []string{`zone "z"`, "ipv4_prefix"}},
 		{`{"rate_limits":{"z":{"max_events":5,"window":60000000000,"ipv6_prefix":-1}}}`, []string{`zone "z"`, "ipv6_prefix"}},
 		{`{"rate_limits":{"z":{"max_events":5,"window":60000000000,"key":"{unclosed"}}}`, []string{`zone "z"`, "key", "unclosed"}},
-		{`{"rate_limits":{"a b":{"max_events":5,"window":60000000000}}}`, []string{`"a b"`}},
+		{`{"rate_limits":{"a\tb":{"max_events":5,"window":60000000000}}}`, []string{`"a\tb"`, "control"}},
 		{`{"rate_limits":{"z":{"max_events":5,"window":60000000000}},"distributed":{}}`, []string{"distributed", "store redis"}},
 		{`{"rate_limits":{"z":{"max_events":5,"window":60000000000}},"storage":{"module":"file_system"}}`, []string{"storage", "store redis"}},
 	}

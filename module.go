@@ -35,7 +35,10 @@ type Handler struct {
 	// RateLimits are the zones, keyed by zone name. Zone names are global
 	// across the whole configuration: one name used in two places is one
 	// shared bucket (given the same store) and must carry the same limit.
-	// Names may use letters, digits, '_', '-' and '.'.
+	// A name is any string of up to 256 bytes of valid UTF-8 without
+	// control or format characters ("api/v1", "login:v2", "my zone");
+	// wherever it cannot go as it is (store keys, admin API paths, header
+	// fields, JSON bodies) it is encoded.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// StoreRaw is the state store, a module in the
@@ -47,8 +50,9 @@ type Handler struct {
 	// Headers selects the rate limit headers sent on every response:
 	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset, for the most constrained zone), "draft" (the IETF
-	// draft-ietf-httpapi-ratelimit-headers RateLimit-Policy and RateLimit
-	// fields, one list member per zone decided), "both", or "off".
+	// draft-ietf-httpapi-ratelimit-headers-11 RateLimit-Policy and
+	// RateLimit fields, one list member per zone decided), "both", or
+	// "off".
 	// Retry-After is sent on every refusal regardless. Default: "legacy".
 	Headers string `json:"headers,omitempty"`
 

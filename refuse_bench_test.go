@@ -76,6 +76,14 @@ var refusalCases = []refusalCase{
 			header X-Quota-Zone {http.rate_limit.zone}
 		}
 	}`},
+	{"refuse_problem", `rate_limit {
+		zone bench_refuse_problem {
+			key {http.request.header.X-User}
+			events 1
+			window 1h
+		}
+		response problem
+	}`},
 	{"refuse_handle_errors", `rate_limit {
 		zone bench_refuse_errors {
 			key {http.request.header.X-User}

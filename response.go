@@ -45,10 +45,22 @@ type Response struct {
 
 	// Headers are set on the refusal; values may use placeholders.
 	Headers http.Header `json:"headers,omitempty"`
+
+	// Problem answers a refusal with an RFC 9457 problem details body
+	// (application/problem+json) as draft-ietf-httpapi-ratelimit-headers-11
+	// defines it: type quota-exceeded (429) for a refusal, or
+	// temporary-reduced-capacity (503) when a fail-closed zone's store could
+	// not decide, with title, status, detail and violated-policies (the
+	// refusing zones, named as the RateLimit fields name them). Combines
+	// with status_code and headers, not with body, content_type or
+	// handle_errors.
+	Problem bool `json:"problem,omitempty"`
 }
 
-// defaultBody is the refusal body when none is configured. Zone names are
-// restricted to characters that need no JSON escaping.
+// defaultBody is the refusal body when none is configured, as a template.
+// refuse renders it without the replacer (appendDefaultBody), with the zone
+// name JSON-escaped: the template's {http.rate_limit.zone} is the raw name,
+// which a custom JSON body must not hold if it may contain '"' or '\'.
 const defaultBody = `{"status":{http.rate_limit.status},"error":"{http.rate_limit.error}","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
 
 type compiledResponse struct {
@@ -59,7 +71,9 @@ type compiledResponse struct {
 	// defaultBody: body is defaultBody, which refuse renders without the
 	// replacer (appendDefaultBody).
 	defaultBody bool
-	headers     http.Header
+	// problem: the body is the draft's problem details (appendProblem).
+	problem bool
+	headers http.Header
 }
 
 func (r *Response) validate() error {
@@ -71,6 +85,9 @@ func (r *Response) validate() error {
 	}
 	if r.HandleErrors && (r.Body != "" || r.ContentType != "" || len(r.Headers) > 0) {
 		return errors.New("response: handle_errors hands the refusal to the site's handle_errors routes; body, content_type and header belong there")
+	}
+	if r.Problem && (r.Body != "" || r.ContentType != "" || r.HandleErrors) {
+		return errors.New("response: problem writes the refusal's body and content type itself (application/problem+json); it takes status and header, not body, content_type or handle_errors")
 	}
 	return nil
 }
@@ -86,6 +103,9 @@ func (r *Response) compile(c *compiledResponse) error {
 	c.handleErrors = r.HandleErrors
 	if r.StatusCode != 0 {
 		c.status = r.StatusCode
+	}
+	if r.Problem {
+		c.problem, c.defaultBody, c.body, c.contentType = true, false, "", "application/problem+json"
 	}
 	if r.Body != "" {
 		c.body, c.defaultBody = r.Body, false
@@ -136,6 +156,67 @@ func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.T
 	h[hdrReset] = vals[2:3:3]
 }
 
+// priorLegacyWins reports whether the response already carries the
+// X-RateLimit-* headers of a zone at least as constrained as this
+// directive's verdict (refused or not, with Retry-After retry, remaining
+// and reset Unix seconds): another rate_limit decided the request before
+// this one. A refusal beats an allowed zone and the longer Retry-After the
+// shorter; between allowed zones the least remaining wins, ties going to
+// the later reset, as pick ranks the zones of one directive. Without
+// parsable headers (the first directive), it reports false.
+func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
+	rem, ok := headerInt(h, hdrRemaining)
+	if !ok {
+		return false
+	}
+	if priorRetry, priorRefused := headerInt(h, hdrRetryAfter); priorRefused {
+		return !refused || priorRetry >= retry
+	} else if refused {
+		return false
+	}
+	rst, ok := headerInt(h, hdrReset)
+	return ok && (rem < remaining || rem == remaining && rst >= reset)
+}
+
+// headerInt parses the header's value, a decimal integer as this package
+// writes them, without allocating.
+func headerInt(h http.Header, name string) (int64, bool) {
+	v := h[name]
+	if len(v) != 1 || v[0] == "" || len(v[0]) > 19 {
+		return 0, false
+	}
+	s, neg := v[0], false
+	if s[0] == '-' {
+		s, neg = s[1:], true
+	}
+	if s == "" {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// appendToPrior returns v, or, when the response already carries the field
+// (another rate_limit decided the request), its value with v's list
+// members appended.
+func appendToPrior(h http.Header, name, v string) string {
+	prior := h[name]
+	if len(prior) == 0 || len(prior) == 1 && prior[0] == "" {
+		return v
+	}
+	return strings.Join(prior, ", ") + ", " + v
+}
+
 // IETF draft header names (draft-ietf-httpapi-ratelimit-headers), in
 // canonical form.
 const (
@@ -143,18 +224,40 @@ const (
 	hdrState  = "Ratelimit"
 )
 
-// policyItem is a zone's RateLimit-Policy list member: its name, quota
-// (q, events) and window (w, whole seconds; a window under a second, or not
-// a whole number of seconds, is rounded up, which understates the rate).
-func policyItem(name string, l algorithms.Limit) string {
+// formatPolicyItem is the zone's RateLimit-Policy list member under limit
+// l, as draft-ietf-httpapi-ratelimit-headers-11 defines it: the policy
+// identifier (see zone.setNames), the quota q and the window w (whole
+// seconds; a window under a second, or not a whole number of seconds, is
+// rounded up, which understates the rate).
+//
+// The quota unit (qu) is requests, the draft's default, so it is not sent:
+// a zone whose requests each cost a static c counts q (and r) in requests,
+// its events divided by c. A cost chosen per request cannot be converted:
+// q and r then count cost units, which none of the registered units
+// (requests, content-bytes, concurrent-requests) names and qu must not
+// name otherwise, so the vendor parameter sluice-qu="cost" says so.
+func (z *zone) formatPolicyItem(l algorithms.Limit) string {
 	w := (l.Window + 999) / 1000
-	return `"` + name + `";q=` + strconv.FormatInt(l.Events, 10) + ";w=" + strconv.FormatInt(w, 10)
+	item := z.sfName + ";q=" + strconv.FormatInt(l.Events/z.draftUnit(), 10) + ";w=" + strconv.FormatInt(w, 10)
+	if z.costExpr != nil {
+		item += `;sluice-qu="cost"`
+	}
+	return item
+}
+
+// draftUnit is the size, in the zone's events, of the unit its draft
+// fields count in: the static cost, or 1 (a cost chosen per request).
+func (z *zone) draftUnit() int64 {
+	if z.costExpr != nil {
+		return 1
+	}
+	return z.cost
 }
 
 // draftFields formats RateLimit-Policy and RateLimit for every zone decided:
-// one list member per zone, with the remaining quota (r) and the seconds
-// until the key is back to full (t). Zone names need no escaping: they are
-// restricted to characters that sf-strings carry as they are.
+// one list member per zone, with the available quota r (in the zone's
+// unit: see formatPolicyItem) and, where the decision tells it, the
+// effective window t (see effectiveWindow).
 func draftFields(s *scratch) (policy, state string) {
 	var pb, sb []byte
 	var pbuf, sbuf [256]byte
@@ -166,14 +269,67 @@ func draftFields(s *scratch) (policy, state string) {
 		}
 		pb = append(pb, z.policyItem...)
 		d := &s.decs[i]
-		sb = append(sb, '"')
-		sb = append(sb, z.name...)
-		sb = append(sb, `";r=`...)
-		sb = strconv.AppendInt(sb, max(d.Remaining, 0), 10)
-		sb = append(sb, ";t="...)
-		sb = strconv.AppendInt(sb, ceilSeconds(d.ResetAfter), 10)
+		unit := z.draftUnit()
+		sb = append(sb, z.sfName...)
+		sb = append(sb, ";r="...)
+		sb = strconv.AppendInt(sb, max(d.Remaining, 0)/unit, 10)
+		if t, ok := effectiveWindow(s.reqs[i].Limit, d, unit, s.reqs[i].Cost); ok {
+			sb = append(sb, ";t="...)
+			sb = strconv.AppendInt(sb, t, 10)
+		}
 	}
 	return string(pb), string(sb)
+}
+
+// effectiveWindow is the t parameter of RateLimit (draft -11, section
+// 4.1.2: "the number of seconds within which the client can use no more
+// than the available quota") for decision d under limit l, with r counted
+// in units of unit events: the time until the key has more than r units
+// available, or, when it holds all it can, until a client that spent them
+// all now could spend one more. In whole seconds rounded up (as Retry-After
+// is), so a client that waits t is sure to find more; never 0.
+//
+//   - token_bucket, gcra: the next unit's refill. The key is full in
+//     ResetAfter and refills Events per Window, so it holds the next unit
+//     (Capacity − target)·Window/Events earlier. Exact to the millisecond
+//     when that product divides evenly, else at most 1ms late.
+//   - fixed_window: the end of the current window (ResetAfter); when
+//     nothing was counted in it, its end is not in the decision and the
+//     whole window, which bounds it, is sent.
+//   - sliding_window, sliding_log: not sent (ok false). Their quota comes
+//     back as older events leave the window, which the decision does not
+//     record; what it does tell (the time to full) would overstate t up to
+//     a whole window. t is optional; Retry-After on a refusal is exact.
+//
+// On a refusal of a request costing one unit the result is at most its
+// Retry-After, which the draft asks not to end before the effective
+// window.
+func effectiveWindow(l algorithms.Limit, d *algorithms.Decision, unit, cost int64) (int64, bool) {
+	var ms int64
+	switch l.Algorithm {
+	case algorithms.TokenBucket, algorithms.GCRA:
+		target := (max(d.Remaining, 0)/unit + 1) * unit
+		ms = d.ResetAfter.Milliseconds() - floorDiv((l.Capacity()-target)*l.Window, l.Events)
+	case algorithms.FixedWindow:
+		if ms = d.ResetAfter.Milliseconds(); ms <= 0 {
+			ms = l.Window
+		}
+	default:
+		return 0, false
+	}
+	if !d.Allowed && cost == unit && d.RetryAfter > 0 {
+		ms = min(ms, d.RetryAfter.Milliseconds())
+	}
+	return max(1, (ms+999)/1000), true
+}
+
+// floorDiv returns ⌊a/b⌋ for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
 }
 
 // resetUnix is the Unix second, rounded up, at which the key is back to full.
@@ -233,7 +389,10 @@ func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Reques
 	}
 }
 
-// errRefused is the error handed to handle_errors routes.
+// errRefused is the error handed to handle_errors routes. Its message holds
+// the zone name JSON-escaped, so that a route writing it into a JSON string
+// ({"error":"{err.message}"}) writes valid JSON; the names of every zone
+// accepted before names could hold any character need no escaping.
 type errRefused struct{ msg, zone string }
 
 func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
@@ -281,13 +440,28 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		bp = bodyPool.Get().(*[]byte)
 		body = (*bp)[:0]
 	}
-	rendered := !h.resp.handleErrors && h.resp.defaultBody
-	if rendered {
-		body = appendDefaultBody(body, status, msg, v.zone.name, retry)
+	rendered := !h.resp.handleErrors && (h.resp.defaultBody || h.resp.problem)
+	switch {
+	case !rendered:
+	case h.resp.problem:
+		body = appendProblem(body, status, unavailable, msg, retry, v.violated)
+	default:
+		body = appendDefaultBody(body, status, msg, v.zone.jsonName, retry)
 	}
 
-	legacy := h.legacy && !unavailable
+	// An earlier rate_limit may have decided this request (a route with two
+	// directives, or an error route after a refusal): the refusal with the
+	// longer Retry-After, else this one, gives the X-RateLimit-* headers
+	// and Retry-After; the draft fields list the zones of both.
+	hdr := w.Header()
+	priorRetry, priorRefused := headerInt(hdr, hdrRetryAfter)
+	setRetry := !priorRefused || priorRetry < retry
+	legacy := h.legacy && !unavailable && !priorLegacyWins(hdr, true, retry, v.Remaining, reset)
 	draft := v.policy != "" && !unavailable
+	policy, state := v.policy, v.state
+	if draft {
+		policy, state = appendToPrior(hdr, hdrPolicy, policy), appendToPrior(hdr, hdrState, state)
+	}
 	var nb [4 * 20]byte
 	b := strconv.AppendInt(nb[:0], retry, 10)
 	endRetry, endRemaining := len(b), len(b)
@@ -302,7 +476,10 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	nums := string(b)
 
-	n := 2 // Retry-After, Cache-Control
+	n := 1 // Cache-Control
+	if setRetry {
+		n++
+	}
 	if legacy {
 		n += 3
 	}
@@ -313,21 +490,22 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		n += 2 // Content-Type, Content-Length
 	}
 	vals := headerValues(make([]string, n))
-	hdr := w.Header()
 	if legacy { // the values setLegacyHeaders writes for an allowed request
 		vals.set(hdr, hdrLimit, v.zone.limitText)
 		vals.set(hdr, hdrRemaining, nums[endRetry:endRemaining])
 		vals.set(hdr, hdrReset, nums[endRemaining:endReset])
 	}
 	if draft {
-		vals.set(hdr, hdrPolicy, v.policy)
-		vals.set(hdr, hdrState, v.state)
+		vals.set(hdr, hdrPolicy, policy)
+		vals.set(hdr, hdrState, state)
 	}
-	vals.set(hdr, hdrRetryAfter, nums[:endRetry])
+	if setRetry {
+		vals.set(hdr, hdrRetryAfter, nums[:endRetry])
+	}
 	vals.set(hdr, hdrCacheControl, "no-store")
 
 	if h.resp.handleErrors {
-		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})
+		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.jsonName})
 	}
 	for name, hv := range h.resp.headers {
 		hdr.Del(name)
@@ -397,8 +575,9 @@ func putBody(bp *[]byte) {
 	bodyPool.Put(bp)
 }
 
-// appendDefaultBody appends the default body, exactly what defaultBody's
-// template renders to (zone names and the messages need no JSON escaping).
+// appendDefaultBody appends the default body: what defaultBody's template
+// renders to, with zone already JSON-escaped (zone.jsonName; the messages
+// need no escaping).
 func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []byte {
 	b = append(b, `{"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
@@ -409,6 +588,38 @@ func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []by
 	b = append(b, `","retry_after":`...)
 	b = strconv.AppendInt(b, retry, 10)
 	return append(b, '}')
+}
+
+// Problem types of draft-ietf-httpapi-ratelimit-headers-11 (section 5),
+// with their registered titles.
+const (
+	problemQuotaExceeded   = `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota Exceeded","status":`
+	problemReducedCapacity = `{"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Temporary Reduced Capacity","status":`
+)
+
+// appendProblem appends the RFC 9457 problem details of a refusal
+// (response problem): quota-exceeded, or temporary-reduced-capacity for a
+// fail-closed refusal (unavailable), with the status, a detail saying when
+// to retry, and violated-policies, the refusing zones (verdict.violated).
+func appendProblem(b []byte, status int, unavailable bool, msg string, retry int64, violated string) []byte {
+	if unavailable {
+		b = append(b, problemReducedCapacity...)
+	} else {
+		b = append(b, problemQuotaExceeded...)
+	}
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"detail":"`...)
+	b = append(b, msg...)
+	b = append(b, "; retry after "...)
+	b = strconv.AppendInt(b, retry, 10)
+	if retry == 1 {
+		b = append(b, " second"...)
+	} else {
+		b = append(b, " seconds"...)
+	}
+	b = append(b, `","violated-policies":[`...)
+	b = append(b, violated...)
+	return append(b, "]}"...)
 }
 
 // phPrefix begins the name of every placeholder a refusal sets.
@@ -477,4 +688,46 @@ func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
 		return
 	}
 	repl.Map(func(key string) (any, bool) { return p.get(key) })
+}
+
+// jsonEscape returns s escaped for the inside of a JSON string: '"', '\'
+// and control characters escaped, everything else (valid UTF-8) as it is.
+// It returns s itself when nothing needs escaping.
+func jsonEscape(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' {
+			return string(appendJSONEscaped(make([]byte, 0, len(s)+8), s))
+		}
+	}
+	return s
+}
+
+// appendJSONEscaped appends s escaped as jsonEscape does.
+func appendJSONEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+// sfString serialises s, printable ASCII only (zonename.Policy makes sure),
+// as an RFC 9651 sf-string: quoted, with '"' and '\' escaped.
+func sfString(s string) string {
+	b := make([]byte, 0, len(s)+4)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return string(append(b, '"'))
 }

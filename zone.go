@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/internal/zonename"
 )
 
 // Zone is one rate limit: which requests (match), who (key), and how much
@@ -188,7 +191,11 @@ const (
 	defaultKey        = "{http.vars.client_ip}"
 	defaultIPv4Prefix = 32
 	defaultIPv6Prefix = 64
-	maxZoneNameLen    = 64
+	// maxZoneNameLen bounds a zone name, in bytes: the name travels in the
+	// RateLimit-Policy and RateLimit fields of every response (up to three
+	// times as long once percent-encoded), and proxies commonly cap a
+	// response's header section at 4 or 8 KB.
+	maxZoneNameLen = 256
 )
 
 // zone is a Zone compiled at Provision: the hot path parses nothing.
@@ -218,24 +225,57 @@ type zone struct {
 	reportOnly bool
 	// limitText is X-RateLimit-Limit's value, formatted once.
 	limitText string
+	// The name as each sink carries it (see setNames): JSON-escaped (without
+	// the quotes), the policy identifier of the IETF RateLimit fields, that
+	// identifier as a serialised sf-string and as a JSON string (both with
+	// their quotes).
+	jsonName, policyID, sfName, jsonPolicyID string
 }
 
-// validZoneName reports whether a zone name is safe everywhere it goes:
-// store keys, header values, JSON bodies, metric labels.
+// validZoneName reports whether a zone name may be used. Any name
+// caddy-ratelimit accepts is accepted (a name is one string, in a
+// Caddyfile quoted where it holds spaces), except:
+//
+//   - the empty name;
+//   - a name longer than maxZoneNameLen bytes;
+//   - a name that is not valid UTF-8: a Prometheus label value must be, and
+//     JSON bodies and logs carry text;
+//   - a name with a character that is not graphic (letters, marks,
+//     numbers, punctuation, symbols and spaces are): control characters
+//     (C0, DEL, C1), format characters (bidirectional overrides,
+//     zero-width ones) and private-use or unassigned code points. They are
+//     invisible or reorder text in logs, error messages and the admin API
+//     listing, where they could disguise one zone as another, and no name
+//     needs one.
+//
+// Every sink that cannot carry a name as it is encodes it: store keys and
+// admin API paths (internal/zonename.AppendKey), the draft header fields
+// (zonename.Policy, then sf-string escaping), JSON bodies and the
+// handle_errors message (JSON escaping). Metric labels, log fields and the
+// placeholders carry the name as it is.
 func validZoneName(name string) error {
-	if name == "" {
+	switch {
+	case name == "":
 		return errors.New("zone name must not be empty")
+	case len(name) > maxZoneNameLen:
+		return fmt.Errorf("zone name %.40q... is longer than %d bytes", name, maxZoneNameLen)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("zone name %q is not valid UTF-8", name)
 	}
-	if len(name) > maxZoneNameLen {
-		return fmt.Errorf("zone name %q is longer than %d characters", name, maxZoneNameLen)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
+	for _, r := range name {
+		if !unicode.IsGraphic(r) {
+			return fmt.Errorf("zone name %q: %U is a control, format, private-use or unassigned character; only letters, marks, numbers, punctuation, symbols and spaces are allowed", name, r)
 		}
 	}
 	return nil
+}
+
+// setNames fills in the forms of z's name each sink carries.
+func (z *zone) setNames() {
+	z.jsonName = jsonEscape(z.name)
+	z.policyID = zonename.Policy(z.name)
+	z.sfName = sfString(z.policyID)
+	z.jsonPolicyID = `"` + jsonEscape(z.policyID) + `"`
 }
 
 // setDefaults fills in the zone's defaults.
@@ -324,11 +364,12 @@ func (z *Zone) compile(name string) (*zone, error) {
 		fail:       z.Fail,
 		reportOnly: z.ReportOnly,
 		limitText:  strconv.FormatInt(l.Capacity(), 10),
-		policyItem: policyItem(name, l),
 	}
+	zn.setNames()
 	if err := zn.compileCost(string(z.Cost), z.CostDefault); err != nil {
 		return nil, err
 	}
+	zn.policyItem = zn.formatPolicyItem(l)
 	if err := zn.compileDynamic(z); err != nil {
 		return nil, err
 	}
@@ -439,7 +480,7 @@ func (z *zone) view(l algorithms.Limit) *zone {
 	*v = *z
 	v.limit = l
 	v.limitText = strconv.FormatInt(l.Capacity(), 10)
-	v.policyItem = policyItem(z.name, l)
+	v.policyItem = z.formatPolicyItem(l)
 	if old != nil && len(*old) >= maxViews {
 		return v
 	}

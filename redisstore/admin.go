@@ -134,7 +134,7 @@ func (r *Redis) AdminInfo() map[string]any {
 		"module":     "redis",
 		"target":     cfg.describe(),
 		"key_prefix": r.KeyPrefix,
-		"key_schema": r.KeyPrefix + "<zone>:{<token>}",
+		"key_schema": r.KeyPrefix + "<zone, percent-encoded outside [A-Za-z0-9_.-]>:{<token>}",
 		"timeout":    time.Duration(r.Timeout).String(),
 	}
 	if len(r.Cluster) > 0 {

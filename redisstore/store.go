@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/denycache"
+	"github.com/sluicehq/caddy-sluice/internal/zonename"
 )
 
 // script is the production decision script; its SHA is computed once.
@@ -152,14 +153,23 @@ func (s *Store) DenyCache() *denycache.Cache { return s.deny }
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
 // Key returns the Redis key of one zone's state for one identity:
-// <prefix><zone>:{<token>}. The token's text uses only [0-9a-z-] and zone
-// names only [A-Za-z0-9_.-], so no client-controlled value can break the
-// Cluster hash tag or make one zone's key collide with another's.
+// <prefix><zone>:{<token>}. The token's text uses only [0-9a-z-] and the
+// zone name is percent-encoded outside [A-Za-z0-9_.-] (zonename.AppendKey:
+// a name of those characters only, as every name once had to be, is its
+// own encoding, so existing keys are unchanged), so neither a zone name nor
+// a client-controlled value can break the Cluster hash tag or make one
+// zone's key collide with another's.
 func (s *Store) Key(zone string, key algorithms.Key) string {
 	var b strings.Builder
-	b.Grow(len(s.prefix) + len(zone) + 2*algorithms.KeySize + 8)
+	n, enc := zonename.KeyLen(zone)
+	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8)
 	b.WriteString(s.prefix)
-	b.WriteString(zone)
+	if enc {
+		var zb [128]byte
+		b.Write(zonename.AppendKey(zb[:0], zone))
+	} else {
+		b.WriteString(zone)
+	}
 	b.WriteString(":{")
 	var tok [2*algorithms.KeySize + 8]byte
 	b.Write(appendToken(tok[:0], key))

@@ -207,7 +207,7 @@ func scriptCalls(t *testing.T, r *redistest.Server) scriptStats {
 }
 
 // draftItem is one zone's RateLimit-Policy (q, w) and RateLimit (r, t)
-// parameters.
+// parameters (t -1 when absent).
 type draftItem struct{ q, w, r, t int64 }
 
 // draftOf parses RateLimit-Policy and RateLimit (structured field lists,
@@ -256,7 +256,10 @@ func draftOf(t *testing.T, res result) map[string]draftItem {
 		if !ok {
 			t.Fatalf("RateLimit names %q, absent from RateLimit-Policy (%s)", name, draftText(res))
 		}
-		z.r, z.t = param(it, "r"), param(it, "t")
+		z.r, z.t = param(it, "r"), -1
+		if _, ok := it.Params.Get("t"); ok { // optional: not sent for sliding windows
+			z.t = param(it, "t")
+		}
 		out[name] = z
 	}
 	return out
