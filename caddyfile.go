@@ -556,7 +556,7 @@ func parseResponse(d *caddyfile.Dispenser) (*Response, error) {
 		case "problem":
 			r.Problem = true
 		default:
-			return nil, d.Errf("rate_limit: response: unknown mode %q (use `response handle_errors`, `response problem` or a block)", d.Val())
+			return nil, d.Errf("rate_limit: response: unknown mode %q (known: handle_errors, problem), or write a block", d.Val())
 		}
 		if d.NextArg() {
 			return nil, d.ArgErr()
