@@ -136,6 +136,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    }
 //	    headers  legacy|draft|both|off
 //	    response handle_errors
+//	    response problem
 //	    response {
 //	        status       <code>
 //	        content_type <type>
