@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,12 +25,25 @@ import (
 //
 // Each call is still one script evaluation, atomic in Redis, with its own
 // reply: batching changes how calls travel, not what they decide, and a
-// failed command (NOSCRIPT, WRONGTYPE …) fails only its own call. A
-// request's deadline bounds its whole wait: its caller stops waiting when
-// its context ends (the fail policy decides), a worker skips calls whose
-// context ended while queued, and a batch's round trip is bounded by the
-// latest deadline among its calls (every call has the same timeout, so no
-// call's wait is stretched beyond its own).
+// failed command (NOSCRIPT, WRONGTYPE …) fails only its own call.
+//
+// Deadlines: a call is queued, then sent (a worker marks it so before it
+// puts the command in a pipeline) or abandoned (its caller marks it so
+// when the deadline passes first, or a worker finds it expired); one
+// compare-and-swap decides which, so exactly one side knows the command
+// never left. A call abandoned unsent decided nothing: its caller returns
+// the deadline error and the zones' fail policy applies. A call sent may
+// have been decided by Redis (a refusal charges nothing, an admission
+// charges), so its caller keeps waiting up to the grace (late_reply_grace)
+// past the deadline, and the reply, allowed or refused, decides: a reply
+// that comes a little late is not turned into an admission by fail open.
+// Past the grace the decision is unknown: the fail policy applies and the
+// store counts it (unknownError, caddy_rate_limit_store_unknown_decisions_total).
+// A batch's round trip (exec's context, and through it the connection's
+// read deadline) is bounded by the latest deadline among its calls plus
+// the grace; go-redis's pipeline retries are off, so a dropped connection
+// never sends a batch twice. The caller's context ending (the client gone)
+// ends every wait at once, grace included.
 //
 // Cross-slot Cluster requests (a script per slot, then refunds) also go
 // through the workers, one call at a time.
@@ -54,13 +68,33 @@ const (
 // call is one script evaluation travelling through a batcher.
 type call struct {
 	ctx      context.Context // the caller's: its end (client gone) ends the wait
-	deadline time.Time       // the decision's: the wait and the round trip end by it
-	timer    *time.Timer     // fires at deadline; kept with the call, no allocation per wait
+	deadline time.Time       // the decision's: a call not sent by then never is
+	timer    *time.Timer     // fires at deadline, then at the grace's end; kept with the call, no allocation per wait
 	keys     []string
 	args     []any
 	cmd      *redis.Cmd    // the reply, set by the worker before done
 	done     chan struct{} // capacity 1: a worker never blocks on it
+	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (the caller or an expiry)
 }
+
+// A call's states (call.state).
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+// unknownError is the error of a call that was sent but whose reply did
+// not come within the deadline and the grace (or came as a connection
+// error): Redis may have decided it, charged or not, and this instance
+// cannot know. The zones' fail policy applies; Store.Take counts it.
+type unknownError struct{ err error }
+
+func (e *unknownError) Error() string {
+	return "redis: no reply to a sent decision (decision unknown): " + e.err.Error()
+}
+
+func (e *unknownError) Unwrap() error { return e.err }
 
 var callPool = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
@@ -73,6 +107,7 @@ var callPool = sync.Pool{New: func() any {
 func getCall(ctx context.Context, deadline time.Time) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.deadline = ctx, deadline
+	c.state.Store(callQueued)
 	return c
 }
 
@@ -91,16 +126,17 @@ func putCall(c *call) {
 type batcher struct {
 	client  redis.UniversalClient
 	scripts *scripts
+	grace   time.Duration // how long past its deadline a sent call waits for its reply
 	queue   chan *call
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
-func newBatcher(client redis.UniversalClient, sc *scripts, workers int) *batcher {
+func newBatcher(client redis.UniversalClient, sc *scripts, workers int, grace time.Duration) *batcher {
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, scripts: sc, queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, scripts: sc, grace: max(grace, 0), queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()
@@ -115,7 +151,9 @@ func (b *batcher) close() {
 }
 
 // do sends c and waits for its reply, its deadline or the end of its
-// context. On a nil error the reply is c.cmd and c is the caller's again.
+// context; a call sent before its deadline waits up to the grace more for
+// its reply. On a nil error the reply is c.cmd and c is the caller's again.
+// A sent call that got no reply in time fails with an *unknownError.
 // owned reports whether the caller may reuse c: false when it stopped
 // waiting while a worker may still hold c. The wait uses the call's own
 // timer, not a context per decision (which would also register with the
@@ -135,11 +173,36 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 		c.timer.Stop()
 		return true, nil
 	case <-c.timer.C:
-		return false, context.DeadlineExceeded
 	case <-c.ctx.Done():
 		c.timer.Stop()
 		return false, c.ctx.Err()
 	}
+	// The deadline passed. A call never sent decided nothing.
+	if c.state.CompareAndSwap(callQueued, callAbandoned) || c.state.Load() == callAbandoned {
+		return false, context.DeadlineExceeded
+	}
+	// Sent: Redis decides, if its reply comes within the grace (it may
+	// already be here: a process starved of CPU wakes its timers and its
+	// network at once).
+	if b.grace > 0 {
+		c.timer.Reset(b.grace)
+		select {
+		case <-c.done:
+			c.timer.Stop()
+			return true, nil
+		case <-c.timer.C:
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return false, c.ctx.Err()
+		}
+	} else {
+		select {
+		case <-c.done:
+			return true, nil
+		default:
+		}
+	}
+	return false, &unknownError{err: context.DeadlineExceeded}
 }
 
 func (b *batcher) work() {
@@ -167,14 +230,20 @@ func (b *batcher) work() {
 }
 
 // exec sends one batch as a pipeline and wakes every caller. Calls whose
-// context ended while queued are left alone: their callers have gone.
+// context ended or whose deadline passed while queued are never sent
+// (abandoned), and calls their callers abandoned are left alone: their
+// callers have gone.
 func (b *batcher) exec(batch []*call) {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
 		if c.ctx.Err() != nil || !now.Before(c.deadline) {
+			c.state.CompareAndSwap(callQueued, callAbandoned)
 			continue
+		}
+		if !c.state.CompareAndSwap(callQueued, callSent) {
+			continue // its caller gave up first
 		}
 		if c.deadline.After(deadline) {
 			deadline = c.deadline
@@ -184,7 +253,7 @@ func (b *batcher) exec(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(b.grace))
 	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, c := range live {

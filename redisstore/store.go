@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -35,6 +36,7 @@ type Store struct {
 	breaker  *breaker         // nil: disabled
 	deny     *denycache.Cache // nil: disabled
 	denyHits prometheus.Counter
+	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
@@ -57,12 +59,13 @@ type storeOptions struct {
 	Target      string        // for the metrics' target label (no credential)
 	Logger      *zap.Logger   // state changes; nil: none
 	Workers     int           // pipeline workers; 0: defaultWorkers, < 0: no pipelining
+	Grace       time.Duration // how long past its deadline a sent call waits for its reply (batch.go)
 }
 
 // defaultOptions are the defaults of a Store.
 func defaultOptions() storeOptions {
 	return storeOptions{Failures: DefaultBreakerFailures, Cooldown: DefaultCooldown, MaxCooldown: DefaultMaxCooldown,
-		DenySize: denycache.DefaultSize}
+		DenySize: denycache.DefaultSize, Grace: DefaultLateReplyGrace}
 }
 
 // newStore wraps a client with the default breaker and deny cache.
@@ -76,11 +79,12 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize), direct: c}
 	s.scripts = scripts{client: c, cluster: cluster}
 	if o.Workers >= 0 {
-		s.batch = newBatcher(c, &s.scripts, o.Workers)
+		s.batch = newBatcher(c, &s.scripts, o.Workers, o.Grace)
 	}
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
+	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
 		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
@@ -216,6 +220,9 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		// The caller gone (its context done first) says nothing about Redis.
 		abandoned := parent.Err() != nil
 		failed := !abandoned && counts(err)
+		if !abandoned && errors.As(err, new(*unknownError)) {
+			s.unknown.Inc()
+		}
 		s.breaker.done(probe, failed, abandoned, err)
 		if failed {
 			// State may be lost (a restart breaks the pooled connections):
@@ -309,8 +316,30 @@ func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Dec
 		return err
 	}
 	err := decodeReply(c.cmd, reqs, out, refund)
+	if err != nil && s.batch != nil && unanswered(c.cmd.Err()) {
+		// Sent (the worker had it), and no reply came: Redis may have
+		// decided it.
+		err = &unknownError{err: err}
+	}
 	putCall(c)
 	return err
+}
+
+// unanswered reports whether a sent call's error leaves its decision
+// unknown: the command may have reached Redis and no reply came (a read
+// timeout, a connection lost after the write). Not so for a reply from
+// Redis (an error reply decides nothing), for failures before anything is
+// written (a dial, the pool, a closed client), nor for a library load that
+// failed before the call was sent again (function.go).
+func unanswered(err error) bool {
+	var oe *net.OpError
+	switch {
+	case err == nil, errors.As(err, new(redis.Error)), errors.As(err, new(*loadError)),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed),
+		errors.As(err, &oe) && oe.Op == "dial":
+		return false
+	}
+	return true
 }
 
 // decodeReply reads the script's reply: per zone, allowed (1/0),
