@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,21 +30,23 @@ import (
 //
 // Deadlines: a call is queued, then sent (a worker marks it so before it
 // puts the command in a pipeline) or abandoned (its caller marks it so
-// when the deadline passes first, or a worker finds it expired); one
-// compare-and-swap decides which, so exactly one side knows the command
-// never left. A call abandoned unsent decided nothing: its caller returns
-// the deadline error and the zones' fail policy applies. A call sent may
-// have been decided by Redis (a refusal charges nothing, an admission
-// charges), so its caller keeps waiting up to the grace (late_reply_grace)
-// past the deadline, and the reply, allowed or refused, decides: a reply
-// that comes a little late is not turned into an admission by fail open.
-// Past the grace the decision is unknown: the fail policy applies and the
-// store counts it (unknownError, caddy_rate_limit_store_unknown_decisions_total).
-// A batch's round trip (exec's context, and through it the connection's
-// read deadline) is bounded by the latest deadline among its calls plus
-// the grace; go-redis's pipeline retries are off, so a dropped connection
-// never sends a batch twice. The caller's context ending (the client gone)
-// ends every wait at once, grace included.
+// when its deadline passes first); one compare-and-swap decides which, so
+// exactly one side knows whether the command left. A call abandoned unsent
+// decided nothing: its caller returns errNotSent and the zones' fail
+// policy applies. A call sent may have been decided by Redis (a refusal
+// charges nothing, an admission charges), so its caller keeps waiting up
+// to the grace (late_reply_grace) past the deadline, and the reply,
+// allowed or refused, decides: a reply that comes a little late is not
+// turned into an admission by fail open. Past the grace the decision is
+// unknown: the fail policy applies and the store counts it (unknownError,
+// caddy_rate_limit_store_unknown_decisions_total). So no wait exceeds the
+// deadline plus the grace: a worker sends a call still queued (its caller
+// starved of CPU has not yet given up) only before then, and a batch's
+// round trip (exec's context, and through it the connection's read
+// deadline) ends by the latest of its calls' deadlines plus the grace.
+// go-redis's pipeline retries are off, so a dropped connection never
+// sends a batch twice. The caller's context ending (the client gone) ends
+// every wait at once, grace included.
 //
 // Cross-slot Cluster requests (a script per slot, then refunds) also go
 // through the workers, one call at a time.
@@ -68,13 +71,13 @@ const (
 // call is one script evaluation travelling through a batcher.
 type call struct {
 	ctx      context.Context // the caller's: its end (client gone) ends the wait
-	deadline time.Time       // the decision's: a call not sent by then never is
+	deadline time.Time       // the decision's: its caller gives up on a call not sent by then
 	timer    *time.Timer     // fires at deadline, then at the grace's end; kept with the call, no allocation per wait
 	keys     []string
 	args     []any
 	cmd      *redis.Cmd    // the reply, set by the worker before done
 	done     chan struct{} // capacity 1: a worker never blocks on it
-	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (the caller or an expiry)
+	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (its caller)
 }
 
 // A call's states (call.state).
@@ -83,6 +86,11 @@ const (
 	callSent
 	callAbandoned
 )
+
+// errNotSent is the error of a call whose deadline passed before a worker
+// sent it (the pipelines were busy, or this process was short of CPU):
+// Redis decided nothing, nothing was charged.
+var errNotSent = fmt.Errorf("redis: decision not sent within the timeout (pipelines busy or this process short of CPU): %w", context.DeadlineExceeded)
 
 // unknownError is the error of a call that was sent but whose reply did
 // not come within the deadline and the grace (or came as a connection
@@ -163,7 +171,7 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 	select {
 	case b.queue <- c:
 	case <-c.timer.C:
-		return true, context.DeadlineExceeded
+		return true, errNotSent
 	case <-c.ctx.Done():
 		c.timer.Stop()
 		return true, c.ctx.Err()
@@ -179,13 +187,13 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 	}
 	// The deadline passed. A call never sent decided nothing.
 	if c.state.CompareAndSwap(callQueued, callAbandoned) || c.state.Load() == callAbandoned {
-		return false, context.DeadlineExceeded
+		return false, errNotSent
 	}
 	// Sent: Redis decides, if its reply comes within the grace (it may
 	// already be here: a process starved of CPU wakes its timers and its
 	// network at once).
 	if b.grace > 0 {
-		c.timer.Reset(b.grace)
+		c.timer.Reset(time.Until(c.deadline.Add(b.grace)))
 		select {
 		case <-c.done:
 			c.timer.Stop()
@@ -229,21 +237,16 @@ func (b *batcher) work() {
 	}
 }
 
-// exec sends one batch as a pipeline and wakes every caller. Calls whose
-// context ended or whose deadline passed while queued are never sent
-// (abandoned), and calls their callers abandoned are left alone: their
-// callers have gone.
+// exec sends one batch as a pipeline and wakes every caller. Calls their
+// callers abandoned are left alone (their callers have gone), as are calls
+// whose context ended or whose deadline and grace passed while queued.
 func (b *batcher) exec(batch []*call) {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
-		if c.ctx.Err() != nil || !now.Before(c.deadline) {
-			c.state.CompareAndSwap(callQueued, callAbandoned)
+		if c.ctx.Err() != nil || !now.Before(c.deadline.Add(b.grace)) || !c.state.CompareAndSwap(callQueued, callSent) {
 			continue
-		}
-		if !c.state.CompareAndSwap(callQueued, callSent) {
-			continue // its caller gave up first
 		}
 		if c.deadline.After(deadline) {
 			deadline = c.deadline

@@ -101,8 +101,8 @@ func TestPipeliningSharesRoundTrips(t *testing.T) {
 // TestPipelineDeadlines: with Redis frozen and one pipeline worker, 60
 // concurrent Takes (the first batch stuck in the worker's round trip, the
 // rest queued behind it) all fail within the timeout plus the late-reply
-// grace plus the margin; the ones sent fail as unknown decisions (counted),
-// the ones that waited out their deadline in the queue as plain timeouts.
+// grace plus the margin; the ones sent fail as unknown decisions, the ones
+// that waited out their deadline in the queue as not sent (each counted).
 // After a thaw Redis runs exactly the scripts of the unknown decisions (the
 // queued ones were never sent), and the same store decides again.
 func TestPipelineDeadlines(t *testing.T) {
@@ -121,18 +121,21 @@ func TestPipelineDeadlines(t *testing.T) {
 	take(t, s, req)
 
 	before := scriptCalls(t, srv)
-	unknownBefore := testutil.ToFloat64(s.unknown)
+	unknownBefore, notSentBefore := testutil.ToFloat64(s.unknown), testutil.ToFloat64(s.notSent)
 	srv.Freeze(t)
 	var wg sync.WaitGroup
-	var late, ok, unknown atomic.Int64
+	var late, ok, unknown, notSent atomic.Int64
 	for range 60 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			out := make([]algorithms.Decision, 1)
 			el, err := timedTake(t, context.Background(), s, []algorithms.Request{req}, out)
-			if errors.As(err, new(*unknownError)) {
+			switch {
+			case errors.As(err, new(*unknownError)):
 				unknown.Add(1)
+			case errors.Is(err, errNotSent):
+				notSent.Add(1)
 			}
 			switch {
 			case err == nil:
@@ -151,8 +154,14 @@ func TestPipelineDeadlines(t *testing.T) {
 	if n := unknown.Load(); n < 1 || n >= 60 {
 		t.Errorf("%d of 60 Takes failed as unknown decisions; want the first batch's (at least 1, not the queued ones)", n)
 	}
+	if unknown.Load()+notSent.Load() != 60 {
+		t.Errorf("%d unknown and %d not sent of 60 failed Takes; want every one either", unknown.Load(), notSent.Load())
+	}
 	if got := testutil.ToFloat64(s.unknown) - unknownBefore; got != float64(unknown.Load()) {
 		t.Errorf("unknown decisions counted: %v, want %d", got, unknown.Load())
+	}
+	if got := testutil.ToFloat64(s.notSent) - notSentBefore; got != float64(notSent.Load()) {
+		t.Errorf("unsent timeouts counted: %v, want %d", got, notSent.Load())
 	}
 	// The thawed server runs what it had received: the sent calls, and
 	// only those.

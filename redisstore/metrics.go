@@ -18,8 +18,9 @@ var storeMetrics = struct {
 	circuitState *prometheus.GaugeVec
 	fastFailures *prometheus.CounterVec
 	denyHits     *prometheus.CounterVec
-	// unknownDecisions: see Redis.LateReplyGrace.
+	// unknownDecisions and notSent: see Redis.LateReplyGrace.
 	unknownDecisions *prometheus.CounterVec
+	notSent          *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -41,6 +42,10 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "store_unknown_decisions_total",
 			Help: "Decisions sent to the store whose reply did not come within the timeout plus the late-reply grace: Redis may have decided them, and the zones' fail policy applied (under fail open, each is an admission Redis may have refused, so a zone admits at most its limit plus these).",
 		}, []string{"store", "target"})
+		storeMetrics.notSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_unsent_timeouts_total",
+			Help: "Decisions whose timeout passed before they were sent to the store (its pipelines busy, or this process short of CPU): nothing was decided or charged, and the zones' fail policy applied.",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -52,7 +57,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -89,13 +89,17 @@ type Redis struct {
 	// LateReplyGrace is how long past the timeout a decision already sent
 	// to Redis waits for its reply, which then decides (allowed or
 	// refused): Redis may have decided it, and a late refusal must not
-	// become an admission. A decision not sent by the timeout waits no
-	// longer. Past the grace the zones' fail policy applies and the
-	// decision is counted in
-	// caddy_rate_limit_store_unknown_decisions_total{store,target}; under
-	// fail open each is an admission Redis may have refused, so a zone
-	// admits at most its limit plus these. Default 100ms (measured: see
-	// docs/redis-late-replies.md), at most 1s; 0 turns the grace off.
+	// become an admission. Past the grace the zones' fail policy applies
+	// and the decision is counted in
+	// caddy_rate_limit_store_unknown_decisions_total{store,target} (under
+	// fail open, each is an admission Redis may have refused). A decision
+	// not sent by the timeout waits no longer: Redis decided nothing, the
+	// fail policy applies, and it is counted in
+	// caddy_rate_limit_store_unsent_timeouts_total{store,target}. Under fail
+	// open a zone admits at most its limit plus its failed-open requests,
+	// and the unknown decisions are the only ones of those Redis may have
+	// decided. Default 100ms (measured: docs/redis-late-replies.md), at
+	// most 1s; 0 is off.
 	LateReplyGrace *caddy.Duration `json:"late_reply_grace,omitempty"`
 
 	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".

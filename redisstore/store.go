@@ -37,6 +37,7 @@ type Store struct {
 	deny     *denycache.Cache // nil: disabled
 	denyHits prometheus.Counter
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
+	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
@@ -85,6 +86,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
+	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
 		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
@@ -174,7 +176,8 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 // Take decides reqs in Redis. Either every request is allowed and all are
 // charged, or none is charged. Any failure (timeout, connection, NOSCRIPT
 // twice, READONLY, OOM, an unexpected reply) is returned as an error for the
-// zones' fail policy; the decision never waits longer than the timeout.
+// zones' fail policy; the decision never waits longer than the timeout, plus
+// the late-reply grace once it was sent (batch.go).
 //
 // Before Redis: the deny cache may refuse the request locally (a zone's key
 // refused moments ago, for a cost at most this one's: see package
@@ -220,7 +223,11 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		// The caller gone (its context done first) says nothing about Redis.
 		abandoned := parent.Err() != nil
 		failed := !abandoned && counts(err)
-		if !abandoned && errors.As(err, new(*unknownError)) {
+		switch {
+		case abandoned:
+		case errors.Is(err, errNotSent):
+			s.notSent.Inc()
+		case errors.As(err, new(*unknownError)):
 			s.unknown.Inc()
 		}
 		s.breaker.done(probe, failed, abandoned, err)
