@@ -135,6 +135,7 @@ type batcher struct {
 	client  redis.UniversalClient
 	scripts *scripts
 	grace   time.Duration // how long past its deadline a sent call waits for its reply
+	workers int
 	queue   chan *call
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -144,7 +145,7 @@ func newBatcher(client redis.UniversalClient, sc *scripts, workers int, grace ti
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, scripts: sc, grace: max(grace, 0), queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, scripts: sc, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()

@@ -149,6 +149,31 @@ func TestLateReplyPastTheGrace(t *testing.T) {
 	}
 }
 
+// TestWarmOpensOneConnectionPerWorker: after warm, the pipeline pool holds
+// one connection per pipeline worker, so a fresh store's first burst dials
+// nothing.
+func TestWarmOpensOneConnectionPerWorker(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, workers := range []int{1, 2, 4} {
+		cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix, Pipelines: workers}
+		c, _, err := cfg.newClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := redisPathOptions()
+		o.Workers = cfg.workers()
+		s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
+		if err := s.warm(testCtx(t)); err != nil {
+			t.Fatalf("warm: %v", err)
+		}
+		st := c.(interface{ PoolStats() *redis.PoolStats }).PoolStats().PipelineStats
+		if st == nil || int(st.TotalConns) != workers {
+			t.Errorf("%d workers: the pipeline pool holds %+v after warm; want %d connections", workers, st, workers)
+		}
+		_ = s.Destruct()
+	}
+}
+
 // TestLateReplyGraceOption: late_reply_grace parses (a duration, 0 or off
 // to turn it off), defaults to DefaultLateReplyGrace, reaches the store's
 // options and the connections' read timeout (timeout plus grace), and bad
@@ -206,5 +231,24 @@ func TestLateReplyGraceOption(t *testing.T) {
 	defer c.Close()
 	if o := c.(*redis.Client).Options(); o.ReadTimeout != 150*time.Millisecond || o.WriteTimeout != 50*time.Millisecond {
 		t.Errorf("read timeout %v, write timeout %v; want 150ms and 50ms", o.ReadTimeout, o.WriteTimeout)
+	}
+}
+
+// TestWarmClusterOpensConnectionsOnEveryMaster: a Cluster store's warm
+// opens one pipeline connection per worker on every master.
+func TestWarmClusterOpensConnectionsOnEveryMaster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	s := newClusterStore(t, cl.Addrs(), testTimeout)
+	if err := s.warm(testCtx(t)); err != nil {
+		t.Fatalf("warm: %v", err)
+	}
+	err := s.Client().(*redis.ClusterClient).ForEachMaster(testCtx(t), func(ctx context.Context, c *redis.Client) error {
+		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) != defaultWorkers {
+			t.Errorf("master %s: the pipeline pool holds %+v after warm; want %d connections", c.Options().Addr, st, defaultWorkers)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
