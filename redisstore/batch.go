@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -47,6 +48,12 @@ import (
 // go-redis's pipeline retries are off, so a dropped connection never
 // sends a batch twice. The caller's context ending (the client gone) ends
 // every wait at once, grace included.
+//
+// A worker waits for its batch's reply before it sends again, so when
+// Redis or this process stalls every call queued behind the batches in
+// flight would reach its deadline unsent. A call still queued halfway to
+// its deadline starts a spare sender (spare): the calls it sends get their
+// replies, and the grace, as late as the batches in flight.
 //
 // Cross-slot Cluster requests (a script per slot, then refunds) also go
 // through the workers, one call at a time.
@@ -134,18 +141,21 @@ func putCall(c *call) {
 type batcher struct {
 	client  redis.UniversalClient
 	scripts *scripts
+	timeout time.Duration // the decisions': a call queued for half of it starts a spare
 	grace   time.Duration // how long past its deadline a sent call waits for its reply
 	workers int
+	spares  atomic.Int32       // spare senders running
+	late    prometheus.Counter // replies that came past the deadline and decided; set by the store
 	queue   chan *call
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
-func newBatcher(client redis.UniversalClient, sc *scripts, workers int, grace time.Duration) *batcher {
+func newBatcher(client redis.UniversalClient, sc *scripts, workers int, timeout, grace time.Duration) *batcher {
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, scripts: sc, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, scripts: sc, timeout: timeout, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()
@@ -166,25 +176,44 @@ func (b *batcher) close() {
 // owned reports whether the caller may reuse c: false when it stopped
 // waiting while a worker may still hold c. The wait uses the call's own
 // timer, not a context per decision (which would also register with the
-// request's context: a lock and a map entry each time).
+// request's context: a lock and a map entry each time). A call still
+// queued halfway to its deadline starts a spare sender (spare).
 func (b *batcher) do(c *call) (owned bool, err error) {
-	c.timer.Reset(time.Until(c.deadline))
-	select {
-	case b.queue <- c:
-	case <-c.timer.C:
-		return true, errNotSent
-	case <-c.ctx.Done():
-		c.timer.Stop()
-		return true, c.ctx.Err()
+	nudge := c.deadline.Add(-b.timeout / 2)
+	c.timer.Reset(time.Until(nudge))
+	for queued := false; !queued; {
+		select {
+		case b.queue <- c:
+			queued = true
+		case <-c.timer.C:
+			if nudge.IsZero() {
+				return true, errNotSent
+			}
+			nudge = time.Time{}
+			c.timer.Reset(time.Until(c.deadline))
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return true, c.ctx.Err()
+		}
 	}
-	select {
-	case <-c.done:
-		c.timer.Stop()
-		return true, nil
-	case <-c.timer.C:
-	case <-c.ctx.Done():
-		c.timer.Stop()
-		return false, c.ctx.Err()
+	for {
+		select {
+		case <-c.done:
+			c.timer.Stop()
+			return true, nil
+		case <-c.timer.C:
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return false, c.ctx.Err()
+		}
+		if nudge.IsZero() {
+			break
+		}
+		nudge = time.Time{}
+		if c.state.Load() == callQueued {
+			b.spare()
+		}
+		c.timer.Reset(time.Until(c.deadline))
 	}
 	// The deadline passed. A call never sent decided nothing.
 	if c.state.CompareAndSwap(callQueued, callAbandoned) || c.state.Load() == callAbandoned {
@@ -198,6 +227,7 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 		select {
 		case <-c.done:
 			c.timer.Stop()
+			b.late.Inc()
 			return true, nil
 		case <-c.timer.C:
 		case <-c.ctx.Done():
@@ -207,11 +237,41 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 	} else {
 		select {
 		case <-c.done:
+			b.late.Inc()
 			return true, nil
 		default:
 		}
 	}
 	return false, &unknownError{err: context.DeadlineExceeded}
+}
+
+// spare sends, once, the calls queued behind workers that are all in a
+// round trip: a worker waits for its whole batch's reply before it sends
+// again, so when Redis or this process stalls (measured on two busy cores:
+// round trips of 50-100ms), every call queued behind the stalled batches
+// would otherwise reach its deadline unsent and fail open, though Redis
+// answers them as late as the batches in flight, within the grace. At
+// most as many spares as workers run at once; a spare's pipeline takes a
+// free pipeline connection or spills to the main pool.
+func (b *batcher) spare() {
+	if b.spares.Add(1) > int32(b.workers) {
+		b.spares.Add(-1)
+		return
+	}
+	go func() {
+		defer b.spares.Add(-1)
+		batch := make([]*call, 0, maxBatch)
+		for len(batch) < maxBatch {
+			select {
+			case c := <-b.queue:
+				batch = append(batch, c)
+			default:
+				b.exec(batch)
+				return
+			}
+		}
+		b.exec(batch)
+	}()
 }
 
 func (b *batcher) work() {

@@ -100,11 +100,12 @@ func TestPipeliningSharesRoundTrips(t *testing.T) {
 
 // TestPipelineDeadlines: with Redis frozen and one pipeline worker, 60
 // concurrent Takes (the first batch stuck in the worker's round trip, the
-// rest queued behind it) all fail within the timeout plus the late-reply
-// grace plus the margin; the ones sent fail as unknown decisions, the ones
-// that waited out their deadline in the queue as not sent (each counted).
-// After a thaw Redis runs exactly the scripts of the unknown decisions (the
-// queued ones were never sent), and the same store decides again.
+// rest queued behind it, then sent by a spare) all fail within the timeout
+// plus the late-reply grace plus the margin; the ones sent fail as unknown
+// decisions, any that waited out their deadline in the queue as not sent
+// (each counted). After a thaw Redis runs exactly the scripts of the
+// unknown decisions (nothing counted unsent reached it), and the same
+// store decides again.
 func TestPipelineDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix, PoolSize: 1, Grace: DefaultLateReplyGrace}
@@ -151,8 +152,8 @@ func TestPipelineDeadlines(t *testing.T) {
 	if ok.Load() != 0 {
 		t.Errorf("%d Takes succeeded against a frozen Redis", ok.Load())
 	}
-	if n := unknown.Load(); n < 1 || n >= 60 {
-		t.Errorf("%d of 60 Takes failed as unknown decisions; want the first batch's (at least 1, not the queued ones)", n)
+	if n := unknown.Load(); n < 1 {
+		t.Errorf("%d of 60 Takes failed as unknown decisions; want at least the first batch's", n)
 	}
 	if unknown.Load()+notSent.Load() != 60 {
 		t.Errorf("%d unknown and %d not sent of 60 failed Takes; want every one either", unknown.Load(), notSent.Load())

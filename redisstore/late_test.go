@@ -46,14 +46,14 @@ func lateStore(t *testing.T, timeout, grace time.Duration) (*redistest.Server, *
 }
 
 // TestLateReplyDecides: with every command delayed 90ms on its way to Redis
-// (timeout 50ms, grace 200ms), each Take's reply comes late and decides:
+// (timeout 50ms, grace 500ms), each Take's reply comes late and decides:
 // the first 3 of a limit of 3 are allowed and charged, the next 2 refused,
 // none fails, the circuit breaker (threshold 5) stays closed, and nothing is
 // counted unknown. Each wait ends by the timeout plus the grace.
 func TestLateReplyDecides(t *testing.T) {
-	const timeout, grace, latency = 50 * time.Millisecond, 200 * time.Millisecond, 90 * time.Millisecond
+	const timeout, grace, latency = 50 * time.Millisecond, 500 * time.Millisecond, 90 * time.Millisecond
 	_, p, s := lateStore(t, timeout, grace)
-	unknown0 := testutil.ToFloat64(s.unknown)
+	unknown0, late0 := testutil.ToFloat64(s.unknown), testutil.ToFloat64(s.batch.late)
 	req := algorithms.Request{Zone: "late", Key: freshKey(t), Limit: limit(t, 3, time.Hour, 0), Cost: 1}
 	p.SetLatency(latency)
 	if err := p.SetMode(faultproxy.Latency); err != nil {
@@ -77,6 +77,62 @@ func TestLateReplyDecides(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(s.unknown) - unknown0; n != 0 {
 		t.Errorf("%v decisions counted unknown; want 0", n)
+	}
+	if n := testutil.ToFloat64(s.batch.late) - late0; n != 5 {
+		t.Errorf("%v late replies counted; want 5", n)
+	}
+}
+
+// TestSpareSendsCallsQueuedBehindAStall: one pipeline worker, every
+// command delayed 150ms (timeout 100ms, grace 500ms). One Take occupies the
+// worker for 150ms; 19 more, queued behind it, would reach their deadline
+// unsent (and fail open) if they waited for it: a spare sends them halfway
+// to their deadline, and their late replies decide. All 20 are decided, 10
+// allowed and 10 refused on a limit of 10, none unsent, each within the
+// timeout plus the grace.
+func TestSpareSendsCallsQueuedBehindAStall(t *testing.T) {
+	const timeout, grace, latency = 100 * time.Millisecond, 500 * time.Millisecond, 150 * time.Millisecond
+	_, p, s := lateStore(t, timeout, grace)
+	notSent0 := testutil.ToFloat64(s.notSent)
+	req := algorithms.Request{Zone: "spare", Key: freshKey(t), Limit: limit(t, 10, time.Hour, 0), Cost: 1}
+	p.SetLatency(latency)
+	if err := p.SetMode(faultproxy.Latency); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		allowed bool
+		el      time.Duration
+		err     error
+	}
+	results := make(chan res, 20)
+	take := func() {
+		out := make([]algorithms.Decision, 1)
+		el, err := timedTake(t, context.Background(), s, []algorithms.Request{req}, out)
+		results <- res{out[0].Allowed, el, err}
+	}
+	go take()
+	time.Sleep(10 * time.Millisecond) // the first is in the worker's round trip
+	for range 19 {
+		go take()
+	}
+	allowed := 0
+	for range 20 {
+		r := <-results
+		switch {
+		case r.err != nil:
+			t.Errorf("Take: %v after %v; want a decision", r.err, r.el)
+		case r.el > timeout+grace+failMargin:
+			t.Errorf("Take decided after %v; want within the timeout %v plus the grace %v", r.el, timeout, grace)
+		}
+		if r.allowed {
+			allowed++
+		}
+	}
+	if allowed != 10 {
+		t.Errorf("%d allowed; want exactly 10", allowed)
+	}
+	if n := testutil.ToFloat64(s.notSent) - notSent0; n != 0 {
+		t.Errorf("%v counted unsent; want 0", n)
 	}
 }
 

@@ -82,24 +82,20 @@ type Redis struct {
 
 	// Timeout bounds each decision end to end: waiting for a pooled
 	// connection, connecting, the script and its NOSCRIPT retry. When it
-	// passes, the zones' fail policy decides. Default: 100ms (measured:
-	// see the README's Redis store section).
+	// passes, the zones' fail policy decides (for a decision already sent,
+	// after LateReplyGrace). Default: 100ms (measured: see the README's
+	// Redis store section).
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// LateReplyGrace is how long past the timeout a decision already sent
-	// to Redis waits for its reply, which then decides (allowed or
-	// refused): Redis may have decided it, and a late refusal must not
-	// become an admission. Past the grace the zones' fail policy applies
-	// and the decision is counted in
-	// caddy_rate_limit_store_unknown_decisions_total{store,target} (under
-	// fail open, each is an admission Redis may have refused). A decision
-	// not sent by the timeout waits no longer: Redis decided nothing, the
-	// fail policy applies, and it is counted in
-	// caddy_rate_limit_store_unsent_timeouts_total{store,target}. Under fail
-	// open a zone admits at most its limit plus its failed-open requests,
-	// and the unknown decisions are the only ones of those Redis may have
-	// decided. Default 100ms (measured: docs/redis-late-replies.md), at
-	// most 1s; 0 is off.
+	// LateReplyGrace: a decision already sent to Redis when the timeout
+	// passes waits this much longer for its reply, which then decides (a
+	// late refusal must not become a fail-open admission); past it the
+	// fail policy applies. Counted per {store,target}:
+	// caddy_rate_limit_store_late_replies_total (decided in the grace),
+	// _store_unknown_decisions_total (no reply: Redis may have decided),
+	// _store_unsent_timeouts_total (never sent: nothing decided). Under
+	// fail open a zone admits at most its limit plus its failed-open
+	// requests. Default 100ms, at most 1s, 0 off (docs/redis-late-replies.md).
 	LateReplyGrace *caddy.Duration `json:"late_reply_grace,omitempty"`
 
 	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".

@@ -81,13 +81,16 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize), direct: c}
 	s.scripts = scripts{client: c, cluster: cluster}
 	if o.Workers >= 0 {
-		s.batch = newBatcher(c, &s.scripts, o.Workers, o.Grace)
+		s.batch = newBatcher(c, &s.scripts, o.Workers, timeout, o.Grace)
 	}
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
+	if s.batch != nil {
+		s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
+	}
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
 		gauge := storeMetrics.circuitState.WithLabelValues(lv...)

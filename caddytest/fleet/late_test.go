@@ -74,7 +74,7 @@ respond "ok"`, zone, capacity, store)
 	startBurners(t, burners, 15*time.Minute)
 
 	exact, stalled := 0, 0
-	var sumUndecided, sumUnknown, sumUnsent int
+	var sumUndecided, sumUnknown, sumUnsent, sumLate int
 	for round := range rounds {
 		ps := make([]*caddyProc, procs)
 		for i := range ps {
@@ -100,8 +100,9 @@ respond "ok"`, zone, capacity, store)
 				t.Errorf("round %d: client %d: %s", round, i, o.raw)
 			}
 		}
-		unknown, unsent, failedOpen := 0, 0, 0
+		unknown, unsent, failedOpen, late := 0, 0, 0, 0
 		for _, p := range ps {
+			late += int(metricSum(t, p, "caddy_rate_limit_store_late_replies_total"))
 			unknown += int(metricSum(t, p, "caddy_rate_limit_store_unknown_decisions_total"))
 			unsent += int(metricSum(t, p, "caddy_rate_limit_store_unsent_timeouts_total"))
 			failedOpen += int(metricSum(t, p, "caddy_rate_limit_decisions_total", `zone="`+zone+`"`, `outcome="failed_open"`))
@@ -122,11 +123,12 @@ respond "ok"`, zone, capacity, store)
 		sumUndecided += undecided
 		sumUnknown += unknown
 		sumUnsent += unsent
+		sumLate += late
 		if unsent > 0 {
 			stalled++
 		}
-		t.Logf("round %2d: allowed %d (undecided %d; failed open %d: unknown %d, never sent %d), refused %d, other %d; store-error log lines %d; latency p50 %v max %v",
-			round, allowed, undecided, failedOpen, unknown, unsent, refused, other, logLines,
+		t.Logf("round %2d: allowed %d (undecided %d; failed open %d: unknown %d, never sent %d), refused %d, other %d; late replies that decided %d; store-error log lines %d; latency p50 %v max %v",
+			round, allowed, undecided, failedOpen, unknown, unsent, refused, other, late, logLines,
 			percentile(durs, 50).Round(time.Millisecond), percentile(durs, 100).Round(time.Millisecond))
 		for _, s := range samples {
 			t.Logf("round %2d: store-error log line: %s", round, s)
@@ -139,8 +141,8 @@ respond "ok"`, zone, capacity, store)
 			t.Errorf("round %d: %d allowed + %d refused, want %d answered", round, allowed, refused, clients)
 		}
 	}
-	t.Logf("%d rounds with two busy loops, timeout 50ms: %d exactly %d; %d requests let through undecided: %d decisions unknown, %d never sent (in %d rounds)",
-		rounds, exact, capacity, sumUndecided, sumUnknown, sumUnsent, stalled)
+	t.Logf("%d rounds with two busy loops, timeout 50ms: %d exactly %d; %d requests let through undecided: %d decisions unknown, %d never sent (in %d rounds); %d late replies decided",
+		rounds, exact, capacity, sumUndecided, sumUnknown, sumUnsent, stalled, sumLate)
 }
 
 // startBurners starts n CPU-burning child processes (yes, its output to
