@@ -206,12 +206,14 @@ func TestLateReplyPastTheGrace(t *testing.T) {
 }
 
 // TestWarmOpensOneConnectionPerWorker: after warm, the pipeline pool holds
-// one connection per pipeline worker, so a fresh store's first burst dials
+// one connection per pipeline worker and per spare (as many as the workers,
+// within pool_size), so a fresh store's first burst, or a stall, dials
 // nothing.
 func TestWarmOpensOneConnectionPerWorker(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, workers := range []int{1, 2, 4} {
-		cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix, Pipelines: workers}
+	for _, tc := range []struct{ workers, poolSize, want int }{{1, 0, 2}, {2, 0, 4}, {4, 0, 8}, {2, 3, 3}, {2, 1, 1}} {
+		workers := tc.workers
+		cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix, Pipelines: workers, PoolSize: tc.poolSize}
 		c, _, err := cfg.newClient()
 		if err != nil {
 			t.Fatal(err)
@@ -223,8 +225,8 @@ func TestWarmOpensOneConnectionPerWorker(t *testing.T) {
 			t.Fatalf("warm: %v", err)
 		}
 		st := c.(interface{ PoolStats() *redis.PoolStats }).PoolStats().PipelineStats
-		if st == nil || int(st.TotalConns) != workers {
-			t.Errorf("%d workers: the pipeline pool holds %+v after warm; want %d connections", workers, st, workers)
+		if st == nil || int(st.TotalConns) != tc.want {
+			t.Errorf("%d workers, pool_size %d: the pipeline pool holds %+v after warm; want %d connections", workers, tc.poolSize, st, tc.want)
 		}
 		_ = s.Destruct()
 	}
@@ -291,7 +293,7 @@ func TestLateReplyGraceOption(t *testing.T) {
 }
 
 // TestWarmClusterOpensConnectionsOnEveryMaster: a Cluster store's warm
-// opens one pipeline connection per worker on every master.
+// opens one pipeline connection per worker and per spare on every master.
 func TestWarmClusterOpensConnectionsOnEveryMaster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	s := newClusterStore(t, cl.Addrs(), testTimeout)
@@ -299,8 +301,8 @@ func TestWarmClusterOpensConnectionsOnEveryMaster(t *testing.T) {
 		t.Fatalf("warm: %v", err)
 	}
 	err := s.Client().(*redis.ClusterClient).ForEachMaster(testCtx(t), func(ctx context.Context, c *redis.Client) error {
-		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) != defaultWorkers {
-			t.Errorf("master %s: the pipeline pool holds %+v after warm; want %d connections", c.Options().Addr, st, defaultWorkers)
+		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) != 2*defaultWorkers {
+			t.Errorf("master %s: the pipeline pool holds %+v after warm; want %d connections", c.Options().Addr, st, 2*defaultWorkers)
 		}
 		return nil
 	})

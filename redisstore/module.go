@@ -103,7 +103,8 @@ type Redis struct {
 
 	// PoolSize is the number of connections per node. Default: go-redis's
 	// (10 per CPU). Decisions travel through Pipelines pipelines (at most
-	// PoolSize), each on a connection of its own; the pool's other
+	// PoolSize), each on a connection of its own, plus as many spares when
+	// they stall (connections kept open, within PoolSize); the pool's other
 	// connections serve the admin API.
 	PoolSize int `json:"pool_size,omitempty"`
 
@@ -427,11 +428,16 @@ func (c connConfig) workers() int {
 }
 
 // pipelines sizes go-redis's pipeline pool (the connections the pipeline
-// workers use, per node): one connection per worker, with buffers for a
-// batch of maxBatch calls (a call is about 150 bytes each way) rather than
+// workers use, per node): one connection per worker and one per spare
+// (batch.go; within pool_size when it is set), with buffers for a batch of
+// maxBatch calls (a call is about 150 bytes each way) rather than
 // go-redis's 128 KiB default.
 func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
-	return c.workers(), 32 << 10, 32 << 10
+	n := 2 * c.workers()
+	if c.PoolSize > 0 {
+		n = max(c.workers(), min(n, c.PoolSize))
+	}
+	return n, 32 << 10, 32 << 10
 }
 
 // bound makes every wait of a go-redis client honour the decision timeout:

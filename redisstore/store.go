@@ -123,36 +123,33 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 }
 
 // warm checks that Redis answers and readies the first decision: it loads
-// the decision code (function.go) and opens one pipeline connection per
-// pipeline worker (on every master of a Cluster), so the first burst does
-// not pay a load, nor a dial and a handshake per worker, within its
-// timeout.
+// the decision code (function.go) and opens the pipeline pool's
+// connections, one per pipeline worker and per spare (on every master of a
+// Cluster), so the first burst, or a stall, does not pay a load, nor a
+// dial and a handshake per worker, within its timeout.
 func (s *Store) warm(ctx context.Context) error {
 	if err := s.scripts.prepare(ctx); err != nil {
 		return err
 	}
-	n := 1
-	if s.batch != nil {
-		n = s.batch.workers
-	}
 	switch c := s.client.(type) {
 	case *redis.Client:
-		return warmPipelines(ctx, c, n)
+		return warmPipelines(ctx, c)
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return warmPipelines(ctx, c, n) })
+		return c.ForEachMaster(ctx, warmPipelines)
 	}
 	return nil
 }
 
-// warmPipelines opens n connections in c's pipeline pool, which dials only
-// on use and never keeps idle connections of its own accord: measured on
-// two busy cores, a first burst's round trip that had to dial took 19ms at
-// the median and up to 82ms, against 5ms on an open connection, and the
-// second worker's first batch always dialed (docs/redis-late-replies.md).
-// n pipelines run at once, each holding a connection while it waits for
-// its reply; it checks the pool's count and tries again (at most 3 times)
-// when they did not overlap.
-func warmPipelines(ctx context.Context, c *redis.Client, n int) error {
+// warmPipelines fills c's pipeline pool (PipelinePoolSize connections),
+// which dials only on use and never keeps idle connections of its own
+// accord: measured on two busy cores, a first burst's round trip that had
+// to dial took 19ms at the median and up to 82ms, against 5ms on an open
+// connection, and the second worker's first batch always dialed
+// (docs/redis-late-replies.md). The pipelines run at once, each holding a
+// connection while it waits for its reply; it checks the pool's count and
+// tries again (at most 3 times) when they did not overlap.
+func warmPipelines(ctx context.Context, c *redis.Client) error {
+	n := max(c.Options().PipelinePoolSize, 1)
 	errs := make([]error, n)
 	for range 3 {
 		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) >= n {
