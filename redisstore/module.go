@@ -475,7 +475,7 @@ func redactErr(err error, secrets ...string) error {
 //	    password   <password>
 //	    tls
 //	    timeout    <duration>
-//	    late_reply_grace <duration> | off  # a sent decision's reply decides this long past the timeout; default 100ms, at most 1s
+//	    late_reply_grace <duration> | off  # a sent decision's late reply still decides; default 100ms, max 1s
 //	    key_prefix <string>
 //	    pool_size  <n>
 //	    breaker    off | {
