@@ -2,9 +2,12 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,12 +27,33 @@ import (
 //
 // Each call is still one script evaluation, atomic in Redis, with its own
 // reply: batching changes how calls travel, not what they decide, and a
-// failed command (NOSCRIPT, WRONGTYPE …) fails only its own call. A
-// request's deadline bounds its whole wait: its caller stops waiting when
-// its context ends (the fail policy decides), a worker skips calls whose
-// context ended while queued, and a batch's round trip is bounded by the
-// latest deadline among its calls (every call has the same timeout, so no
-// call's wait is stretched beyond its own).
+// failed command (NOSCRIPT, WRONGTYPE …) fails only its own call.
+//
+// Deadlines: a call is queued, then sent (a worker marks it so before it
+// puts the command in a pipeline) or abandoned (its caller marks it so
+// when its deadline passes first); one compare-and-swap decides which, so
+// exactly one side knows whether the command left. A call abandoned unsent
+// decided nothing: its caller returns errNotSent and the zones' fail
+// policy applies. A call sent may have been decided by Redis (a refusal
+// charges nothing, an admission charges), so its caller keeps waiting up
+// to the grace (late_reply_grace) past the deadline, and the reply,
+// allowed or refused, decides: a reply that comes a little late is not
+// turned into an admission by fail open. Past the grace the decision is
+// unknown: the fail policy applies and the store counts it (unknownError,
+// caddy_rate_limit_store_unknown_decisions_total). So no wait exceeds the
+// deadline plus the grace: a worker sends a call still queued (its caller
+// starved of CPU has not yet given up) only before then, and a batch's
+// round trip (exec's context, and through it the connection's read
+// deadline) ends by the latest of its calls' deadlines plus the grace.
+// go-redis's pipeline retries are off, so a dropped connection never
+// sends a batch twice. The caller's context ending (the client gone) ends
+// every wait at once, grace included.
+//
+// A worker waits for its batch's reply before it sends again, so when
+// Redis or this process stalls every call queued behind the batches in
+// flight would reach its deadline unsent. A call still queued halfway to
+// its deadline starts a spare sender (spare): the calls it sends get their
+// replies, and the grace, as late as the batches in flight.
 //
 // Cross-slot Cluster requests (a script per slot, then refunds) also go
 // through the workers, one call at a time.
@@ -54,13 +78,38 @@ const (
 // call is one script evaluation travelling through a batcher.
 type call struct {
 	ctx      context.Context // the caller's: its end (client gone) ends the wait
-	deadline time.Time       // the decision's: the wait and the round trip end by it
-	timer    *time.Timer     // fires at deadline; kept with the call, no allocation per wait
+	deadline time.Time       // the decision's: its caller gives up on a call not sent by then
+	timer    *time.Timer     // fires at deadline, then at the grace's end; kept with the call, no allocation per wait
 	keys     []string
 	args     []any
 	cmd      *redis.Cmd    // the reply, set by the worker before done
 	done     chan struct{} // capacity 1: a worker never blocks on it
+	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (its caller)
 }
+
+// A call's states (call.state).
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+// errNotSent is the error of a call whose deadline passed before a worker
+// sent it (the pipelines were busy, or this process was short of CPU):
+// Redis decided nothing, nothing was charged.
+var errNotSent = fmt.Errorf("redis: decision not sent within the timeout (pipelines busy or this process short of CPU): %w", context.DeadlineExceeded)
+
+// unknownError is the error of a call that was sent but whose reply did
+// not come within the deadline and the grace (or came as a connection
+// error): Redis may have decided it, charged or not, and this instance
+// cannot know. The zones' fail policy applies; Store.Take counts it.
+type unknownError struct{ err error }
+
+func (e *unknownError) Error() string {
+	return "redis: no reply to a sent decision (decision unknown): " + e.err.Error()
+}
+
+func (e *unknownError) Unwrap() error { return e.err }
 
 var callPool = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
@@ -73,6 +122,7 @@ var callPool = sync.Pool{New: func() any {
 func getCall(ctx context.Context, deadline time.Time) *call {
 	c := callPool.Get().(*call)
 	c.ctx, c.deadline = ctx, deadline
+	c.state.Store(callQueued)
 	return c
 }
 
@@ -91,16 +141,21 @@ func putCall(c *call) {
 type batcher struct {
 	client  redis.UniversalClient
 	scripts *scripts
+	timeout time.Duration // the decisions': a call queued for half of it starts a spare
+	grace   time.Duration // how long past its deadline a sent call waits for its reply
+	workers int
+	spares  atomic.Int32       // spare senders running
+	late    prometheus.Counter // replies that came past the deadline and decided; set by the store
 	queue   chan *call
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
-func newBatcher(client redis.UniversalClient, sc *scripts, workers int) *batcher {
+func newBatcher(client redis.UniversalClient, sc *scripts, workers int, timeout, grace time.Duration) *batcher {
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, scripts: sc, queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, scripts: sc, timeout: timeout, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()
@@ -115,31 +170,108 @@ func (b *batcher) close() {
 }
 
 // do sends c and waits for its reply, its deadline or the end of its
-// context. On a nil error the reply is c.cmd and c is the caller's again.
+// context; a call sent before its deadline waits up to the grace more for
+// its reply. On a nil error the reply is c.cmd and c is the caller's again.
+// A sent call that got no reply in time fails with an *unknownError.
 // owned reports whether the caller may reuse c: false when it stopped
 // waiting while a worker may still hold c. The wait uses the call's own
 // timer, not a context per decision (which would also register with the
-// request's context: a lock and a map entry each time).
+// request's context: a lock and a map entry each time). A call still
+// queued halfway to its deadline starts a spare sender (spare).
 func (b *batcher) do(c *call) (owned bool, err error) {
-	c.timer.Reset(time.Until(c.deadline))
-	select {
-	case b.queue <- c:
-	case <-c.timer.C:
-		return true, context.DeadlineExceeded
-	case <-c.ctx.Done():
-		c.timer.Stop()
-		return true, c.ctx.Err()
+	nudge := c.deadline.Add(-b.timeout / 2)
+	c.timer.Reset(time.Until(nudge))
+	for queued := false; !queued; {
+		select {
+		case b.queue <- c:
+			queued = true
+		case <-c.timer.C:
+			if nudge.IsZero() {
+				return true, errNotSent
+			}
+			nudge = time.Time{}
+			c.timer.Reset(time.Until(c.deadline))
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return true, c.ctx.Err()
+		}
 	}
-	select {
-	case <-c.done:
-		c.timer.Stop()
-		return true, nil
-	case <-c.timer.C:
-		return false, context.DeadlineExceeded
-	case <-c.ctx.Done():
-		c.timer.Stop()
-		return false, c.ctx.Err()
+	for {
+		select {
+		case <-c.done:
+			c.timer.Stop()
+			return true, nil
+		case <-c.timer.C:
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return false, c.ctx.Err()
+		}
+		if nudge.IsZero() {
+			break
+		}
+		nudge = time.Time{}
+		if c.state.Load() == callQueued {
+			b.spare()
+		}
+		c.timer.Reset(time.Until(c.deadline))
 	}
+	// The deadline passed. A call never sent decided nothing.
+	if c.state.CompareAndSwap(callQueued, callAbandoned) || c.state.Load() == callAbandoned {
+		return false, errNotSent
+	}
+	// Sent: Redis decides, if its reply comes within the grace (it may
+	// already be here: a process starved of CPU wakes its timers and its
+	// network at once).
+	if b.grace > 0 {
+		c.timer.Reset(time.Until(c.deadline.Add(b.grace)))
+		select {
+		case <-c.done:
+			c.timer.Stop()
+			b.late.Inc()
+			return true, nil
+		case <-c.timer.C:
+		case <-c.ctx.Done():
+			c.timer.Stop()
+			return false, c.ctx.Err()
+		}
+	} else {
+		select {
+		case <-c.done:
+			b.late.Inc()
+			return true, nil
+		default:
+		}
+	}
+	return false, &unknownError{err: context.DeadlineExceeded}
+}
+
+// spare sends, once, the calls queued behind workers that are all in a
+// round trip: a worker waits for its whole batch's reply before it sends
+// again, so when Redis or this process stalls (measured on two busy cores:
+// round trips of 50-100ms), every call queued behind the stalled batches
+// would otherwise reach its deadline unsent and fail open, though Redis
+// answers them as late as the batches in flight, within the grace. At
+// most as many spares as workers run at once; a spare's pipeline takes a
+// free pipeline connection or spills to the main pool.
+func (b *batcher) spare() {
+	if b.spares.Add(1) > int32(b.workers) {
+		b.spares.Add(-1)
+		return
+	}
+	go func() {
+		defer b.spares.Add(-1)
+		batch := make([]*call, 0, maxBatch)
+		for len(batch) < maxBatch {
+			select {
+			case c := <-b.queue:
+				batch = append(batch, c)
+			default:
+				b.exec(batch)
+				return
+			}
+		}
+		b.exec(batch)
+	}()
 }
 
 func (b *batcher) work() {
@@ -166,14 +298,15 @@ func (b *batcher) work() {
 	}
 }
 
-// exec sends one batch as a pipeline and wakes every caller. Calls whose
-// context ended while queued are left alone: their callers have gone.
+// exec sends one batch as a pipeline and wakes every caller. Calls their
+// callers abandoned are left alone (their callers have gone), as are calls
+// whose context ended or whose deadline and grace passed while queued.
 func (b *batcher) exec(batch []*call) {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
 	for _, c := range batch {
-		if c.ctx.Err() != nil || !now.Before(c.deadline) {
+		if c.ctx.Err() != nil || !now.Before(c.deadline.Add(b.grace)) || !c.state.CompareAndSwap(callQueued, callSent) {
 			continue
 		}
 		if c.deadline.After(deadline) {
@@ -184,7 +317,7 @@ func (b *batcher) exec(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(b.grace))
 	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, c := range live {

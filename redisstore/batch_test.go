@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -97,14 +99,16 @@ func TestPipeliningSharesRoundTrips(t *testing.T) {
 }
 
 // TestPipelineDeadlines: with Redis frozen and one pipeline worker, 60
-// concurrent Takes (one stuck in the worker's round trip, the rest queued
-// behind it) all fail within the timeout plus the margin; after a thaw the
-// same store decides again, and calls that waited out their deadline in the
-// queue were never sent (Redis ran exactly the scripts of the Takes that
-// succeeded).
+// concurrent Takes (the first batch stuck in the worker's round trip, the
+// rest queued behind it, then sent by a spare) all fail within the timeout
+// plus the late-reply grace plus the margin; the ones sent fail as unknown
+// decisions, any that waited out their deadline in the queue as not sent
+// (each counted). After a thaw Redis runs exactly the scripts of the
+// unknown decisions (nothing counted unsent reached it), and the same
+// store decides again.
 func TestPipelineDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix, PoolSize: 1}
+	cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix, PoolSize: 1, Grace: DefaultLateReplyGrace}
 	c, _, err := cfg.newClient()
 	if err != nil {
 		t.Fatal(err)
@@ -117,9 +121,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	req := algorithms.Request{Zone: "deadline", Key: freshKey(t), Limit: l, Cost: 1}
 	take(t, s, req)
 
+	before := scriptCalls(t, srv)
+	unknownBefore, notSentBefore := testutil.ToFloat64(s.unknown), testutil.ToFloat64(s.notSent)
 	srv.Freeze(t)
 	var wg sync.WaitGroup
-	var late, ok atomic.Int64
+	var late, ok, unknown, notSent atomic.Int64
 	for range 60 {
 		wg.Add(1)
 		go func() {
@@ -127,11 +133,17 @@ func TestPipelineDeadlines(t *testing.T) {
 			out := make([]algorithms.Decision, 1)
 			el, err := timedTake(t, context.Background(), s, []algorithms.Request{req}, out)
 			switch {
+			case errors.As(err, new(*unknownError)):
+				unknown.Add(1)
+			case errors.Is(err, errNotSent):
+				notSent.Add(1)
+			}
+			switch {
 			case err == nil:
 				ok.Add(1)
-			case el > DefaultTimeout+failMargin:
+			case el > DefaultTimeout+DefaultLateReplyGrace+failMargin:
 				late.Add(1)
-				t.Errorf("a queued Take failed after %v (timeout %v + margin %v): %v", el, DefaultTimeout, failMargin, err)
+				t.Errorf("a queued Take failed after %v (timeout %v + grace %v + margin %v): %v", el, DefaultTimeout, DefaultLateReplyGrace, failMargin, err)
 			}
 		}()
 	}
@@ -139,6 +151,29 @@ func TestPipelineDeadlines(t *testing.T) {
 	srv.Thaw(t)
 	if ok.Load() != 0 {
 		t.Errorf("%d Takes succeeded against a frozen Redis", ok.Load())
+	}
+	if n := unknown.Load(); n < 1 {
+		t.Errorf("%d of 60 Takes failed as unknown decisions; want at least the first batch's", n)
+	}
+	if unknown.Load()+notSent.Load() != 60 {
+		t.Errorf("%d unknown and %d not sent of 60 failed Takes; want every one either", unknown.Load(), notSent.Load())
+	}
+	if got := testutil.ToFloat64(s.unknown) - unknownBefore; got != float64(unknown.Load()) {
+		t.Errorf("unknown decisions counted: %v, want %d", got, unknown.Load())
+	}
+	if got := testutil.ToFloat64(s.notSent) - notSentBefore; got != float64(notSent.Load()) {
+		t.Errorf("unsent timeouts counted: %v, want %d", got, notSent.Load())
+	}
+	// The thawed server runs what it had received: the sent calls, and
+	// only those.
+	var ran int64
+	for wait := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if ran = scriptCalls(t, srv) - before; ran >= unknown.Load() || time.Now().After(wait) {
+			break
+		}
+	}
+	if ran != unknown.Load() {
+		t.Errorf("Redis ran %d scripts after the thaw; want the %d sent (unknown) ones, no queued one", ran, unknown.Load())
 	}
 	// Once thawed, the store decides again (the frozen round trip's
 	// connection was dropped by its deadline).

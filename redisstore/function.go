@@ -71,7 +71,7 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 		}
 		if load.err != nil {
 			failed := redis.NewCmd(ctx)
-			failed.SetErr(load.err)
+			failed.SetErr(&loadError{load.err})
 			c.cmd = failed
 			return false
 		}
@@ -81,6 +81,15 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 	}
 	return true
 }
+
+// loadError is the error of a call that Redis answered "function not
+// found" and that was not sent again because loading the library failed:
+// its text is the load's (READONLY names the fault better than "function
+// not found"), and it tells the store that Redis decided nothing.
+type loadError struct{ err error }
+
+func (e *loadError) Error() string { return e.err.Error() }
+func (e *loadError) Unwrap() error { return e.err }
 
 // queueEval queues c as FCALL, or as EVAL (which also loads the script)
 // once the server is known to lack Functions.

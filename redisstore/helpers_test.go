@@ -53,12 +53,12 @@ func newTestStore(t testing.TB, url, prefix string, timeout time.Duration, poolS
 	if prefix == "" {
 		prefix = DefaultKeyPrefix
 	}
-	cfg := connConfig{URL: url, Timeout: timeout, Prefix: prefix, PoolSize: poolSize}
+	o := redisPathOptions()
+	cfg := connConfig{URL: url, Timeout: timeout, Prefix: prefix, PoolSize: poolSize, Grace: o.Grace}
 	c, cluster, err := cfg.newClient()
 	if err != nil {
 		t.Fatalf("newClient(%q): %v", url, err)
 	}
-	o := redisPathOptions()
 	o.Workers = cfg.workers()
 	s := newStoreWith(c, cluster, prefix, timeout, o)
 	t.Cleanup(func() { _ = s.Destruct() })
@@ -81,7 +81,7 @@ func redisPathOptions() storeOptions {
 // newClusterStore builds a Store for a Redis Cluster the way Provision does.
 func newClusterStore(t testing.TB, addrs []string, timeout time.Duration) *Store {
 	t.Helper()
-	cfg := connConfig{Cluster: addrs, Timeout: timeout, Prefix: DefaultKeyPrefix}
+	cfg := connConfig{Cluster: addrs, Timeout: timeout, Prefix: DefaultKeyPrefix, Grace: DefaultLateReplyGrace}
 	c, cluster, err := cfg.newClient()
 	if err != nil {
 		t.Fatalf("newClient(cluster %v): %v", addrs, err)

@@ -18,6 +18,10 @@ var storeMetrics = struct {
 	circuitState *prometheus.GaugeVec
 	fastFailures *prometheus.CounterVec
 	denyHits     *prometheus.CounterVec
+	// unknownDecisions, notSent and lateReplies: see Redis.LateReplyGrace.
+	unknownDecisions *prometheus.CounterVec
+	notSent          *prometheus.CounterVec
+	lateReplies      *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -35,6 +39,18 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
 			Help: "Requests refused by this instance's deny cache without calling the store (store calls saved).",
 		}, []string{"store", "target"})
+		storeMetrics.unknownDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_unknown_decisions_total",
+			Help: "Decisions sent to the store whose reply did not come within the timeout plus the late-reply grace: Redis may have decided them, and the zones' fail policy applied (under fail open, each is an admission Redis may have refused, so a zone admits at most its limit plus these).",
+		}, []string{"store", "target"})
+		storeMetrics.notSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_unsent_timeouts_total",
+			Help: "Decisions whose timeout passed before they were sent to the store (its pipelines busy, or this process short of CPU): nothing was decided or charged, and the zones' fail policy applied.",
+		}, []string{"store", "target"})
+		storeMetrics.lateReplies = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_late_replies_total",
+			Help: "Decisions whose reply came after the timeout, within the late-reply grace, and decided (without the grace each would have been a failure, under fail open an admission).",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -46,7 +62,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -52,6 +52,10 @@ var pool = caddy.NewUsagePool()
 const (
 	DefaultTimeout   = 100 * time.Millisecond
 	DefaultKeyPrefix = "sluice:v1:"
+	// DefaultLateReplyGrace: see Redis.LateReplyGrace.
+	DefaultLateReplyGrace = 100 * time.Millisecond
+	// MaxLateReplyGrace bounds the option.
+	MaxLateReplyGrace = time.Second
 )
 
 // Redis is the shared store. Configure exactly one of URL (a standalone
@@ -79,16 +83,29 @@ type Redis struct {
 
 	// Timeout bounds each decision end to end: waiting for a pooled
 	// connection, connecting, the script and its NOSCRIPT retry. When it
-	// passes, the zones' fail policy decides. Default: 100ms (measured:
-	// see docs/redis.md, "Timeout").
+	// passes, the zones' fail policy decides (for a decision already sent,
+	// after LateReplyGrace). Default: 100ms (measured: see docs/redis.md,
+	// "Timeout").
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// LateReplyGrace: a decision already sent to Redis when the timeout
+	// passes waits this much longer for its reply, which then decides (a
+	// late refusal must not become a fail-open admission); past it the
+	// fail policy applies. Counted per {store,target}:
+	// caddy_rate_limit_store_late_replies_total (decided in the grace),
+	// _store_unknown_decisions_total (no reply: Redis may have decided),
+	// _store_unsent_timeouts_total (never sent: nothing decided). Under
+	// fail open a zone admits at most its limit plus its failed-open
+	// requests. Default 100ms, at most 1s, 0 off (docs/redis.md).
+	LateReplyGrace *caddy.Duration `json:"late_reply_grace,omitempty"`
 
 	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// PoolSize is the number of connections per node. Default: go-redis's
 	// (10 per CPU). Decisions travel through Pipelines pipelines (at most
-	// PoolSize), each on a connection of its own; the pool's other
+	// PoolSize), each on a connection of its own, plus as many spares when
+	// they stall (connections kept open, within PoolSize); the pool's other
 	// connections serve the admin API.
 	PoolSize int `json:"pool_size,omitempty"`
 
@@ -171,6 +188,9 @@ func (r *Redis) options() storeOptions {
 	if r.DenyCacheSize != nil {
 		o.DenySize = *r.DenyCacheSize
 	}
+	if r.LateReplyGrace != nil {
+		o.Grace = time.Duration(*r.LateReplyGrace)
+	}
 	return o
 }
 
@@ -214,7 +234,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	opts := r.options()
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
 		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize, Pipelines: r.Pipelines,
-		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize}
+		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize, Grace: opts.Grace}
 	opts.Target, opts.Logger, opts.Workers = cfg.describe(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
@@ -286,6 +306,8 @@ func (r *Redis) validate() error {
 		return fmt.Errorf("store redis: pool_size must be positive, got %d", r.PoolSize)
 	case r.Pipelines < 0 || r.Pipelines > maxWorkers:
 		return fmt.Errorf("store redis: pipelines must be between 1 and %d, got %d", maxWorkers, r.Pipelines)
+	case r.LateReplyGrace != nil && (*r.LateReplyGrace < 0 || time.Duration(*r.LateReplyGrace) > MaxLateReplyGrace):
+		return fmt.Errorf("store redis: late_reply_grace must be between 0 (off) and %s, got %s", MaxLateReplyGrace, time.Duration(*r.LateReplyGrace))
 	case r.DenyCacheSize != nil && *r.DenyCacheSize < 0:
 		return fmt.Errorf("store redis: deny_cache_size must be 0 (off) or positive, got %d", *r.DenyCacheSize)
 	case r.Breaker != nil && (r.Breaker.Failures < 0 || r.Breaker.Cooldown < 0 || r.Breaker.MaxCooldown < 0):
@@ -345,6 +367,9 @@ type connConfig struct {
 	Cooldown    time.Duration
 	MaxCooldown time.Duration
 	DenySize    int
+	// Grace is the late-reply grace: the pipeline connections' read
+	// deadline reaches past the timeout by it.
+	Grace time.Duration
 }
 
 // key is the pool key: a digest of the whole configuration, so that secrets
@@ -382,7 +407,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		if c.TLS {
 			opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
+		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.MaxRedirects = 2
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
@@ -405,7 +430,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		if c.PoolSize > 0 {
 			opt.PoolSize = c.PoolSize
 		}
-		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
+		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewFailoverClient(opt), false, nil
@@ -417,7 +442,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		if c.PoolSize > 0 {
 			opt.PoolSize = c.PoolSize
 		}
-		bound(c.Timeout, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
+		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewClient(opt), false, nil
@@ -440,21 +465,28 @@ func (c connConfig) workers() int {
 }
 
 // pipelines sizes go-redis's pipeline pool (the connections the pipeline
-// workers use, per node): one connection per worker, with buffers for a
-// batch of maxBatch calls (a call is about 150 bytes each way) rather than
+// workers use, per node): one connection per worker and one per spare
+// (batch.go; within pool_size when it is set), with buffers for a batch of
+// maxBatch calls (a call is about 150 bytes each way) rather than
 // go-redis's 128 KiB default.
 func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
-	return c.workers(), 32 << 10, 32 << 10
+	n := 2 * c.workers()
+	if c.PoolSize > 0 {
+		n = max(c.workers(), min(n, c.PoolSize))
+	}
+	return n, 32 << 10, 32 << 10
 }
 
 // bound makes every wait of a go-redis client honour the decision timeout:
-// the context's deadline governs socket I/O, each dial, read, write and pool
-// wait is capped at the timeout, command retries are off (a retry only
-// spends the same deadline), and a refused dial is retried at most once,
-// 1ms later, instead of go-redis's default of five times 100ms.
-func bound(t time.Duration, ctxTimeout *bool, dial, read, write, poolWait *time.Duration, retries, dialRetries *int, dialBackoff *time.Duration) {
+// the context's deadline governs socket I/O, each dial, write and pool wait
+// is capped at the timeout and each read at the timeout plus the late-reply
+// grace (a sent decision's reply may still decide that late: batch.go),
+// command retries are off (a retry only spends the same deadline, and
+// would send a decision twice), and a refused dial is retried at most
+// once, 1ms later, instead of go-redis's default of five times 100ms.
+func bound(t, grace time.Duration, ctxTimeout *bool, dial, read, write, poolWait *time.Duration, retries, dialRetries *int, dialBackoff *time.Duration) {
 	*ctxTimeout = true
-	*dial, *read, *write, *poolWait = t, t, t, t
+	*dial, *read, *write, *poolWait = t, t+grace, t, t
 	*retries = -1
 	*dialRetries = 1
 	*dialBackoff = time.Millisecond
@@ -480,6 +512,7 @@ func redactErr(err error, secrets ...string) error {
 //	    password   <password>
 //	    tls
 //	    timeout    <duration>
+//	    late_reply_grace <duration> | off  # a sent decision's late reply still decides; default 100ms, max 1s
 //	    key_prefix <string>
 //	    pool_size  <n>
 //	    pipelines  <n>                # pipeline workers; default 2
@@ -555,6 +588,19 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("store redis: timeout must be a positive duration, got %q", v)
 			}
 			r.Timeout = caddy.Duration(dur)
+		case "late_reply_grace":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			dur := time.Duration(0)
+			if v != "off" {
+				if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
+					return d.Errf("store redis: late_reply_grace must be off or a duration from 0 to %s, got %q", MaxLateReplyGrace, v)
+				}
+			}
+			g := caddy.Duration(dur)
+			r.LateReplyGrace = &g
 		case "key_prefix":
 			v, err := one()
 			if err != nil {
@@ -609,7 +655,7 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			r.DenyCacheSize = &n
 		default:
-			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
+			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, late_reply_grace, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
 		}
 	}
 	if err := r.validate(); err != nil {

@@ -24,6 +24,10 @@ import (
 // caddyBin is the Caddy binary (stock Caddy plus Sluice) built by TestMain.
 var caddyBin string
 
+// burstClientBin is testdata/burstclient.go built by TestMain: one client
+// process of a burst (late_test.go).
+var burstClientBin string
+
 // nonce distinguishes the keys of this run from any other's.
 var nonce = strconv.FormatInt(time.Now().UnixNano(), 36)
 
@@ -42,7 +46,13 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(tmp)
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "fleet: built %s in %v\n", caddyBin, time.Since(t0).Round(time.Millisecond))
+	burstClientBin = filepath.Join(tmp, "burstclient")
+	if out, err := exec.Command("go", "build", "-o", burstClientBin, "testdata/burstclient.go").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "fleet: building the burst client failed: %v\n%s\n", err, out)
+		os.RemoveAll(tmp)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "fleet: built %s and the burst client in %v\n", caddyBin, time.Since(t0).Round(time.Millisecond))
 	code := m.Run()
 	os.RemoveAll(tmp)
 	os.Exit(code)
