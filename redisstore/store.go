@@ -314,7 +314,8 @@ func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Dec
 }
 
 // decodeReply reads the script's reply: per zone, allowed (1/0),
-// remaining, retry-after and reset-after in ms.
+// remaining, retry-after and reset-after in ms (what follows them on a
+// refusal is not read yet).
 func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
 	v, err := cmd.Result()
 	if err != nil {
@@ -327,7 +328,9 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 		return nil
 	}
 	res, ok := v.([]any)
-	if !ok || len(res) != 4*len(reqs) {
+	// A refusal's reply goes on with Redis's time and the zones' stored
+	// values (lua/take.lua), for the deny cache.
+	if n := 4 * len(reqs); !ok || len(res) != n && len(res) != n+1+len(reqs) {
 		return fmt.Errorf("redis: the script returned %T of %d values for %d zones", v, len(res), len(reqs))
 	}
 	var n [4]int64
