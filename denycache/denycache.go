@@ -75,15 +75,32 @@
 //
 // The exceptions, each handled or bounded:
 //
-//   - An admin reset deletes keys in the store: the store's ResetKeys
-//     calls Forget on this instance (other instances keep their entries:
-//     at most the refusal's RetryAfter).
-//   - State lost in the store (Redis restarted empty, FLUSHDB): the store
-//     calls Clear on every error that counts as a store failure (a restart
-//     breaks the pooled connections); a FLUSHDB by an operator goes unseen,
-//     and a refusal so made stale is released when its state, run forward
-//     in time as if nobody spent, admits the request: at most its own
-//     RetryAfter, the wait the client was told.
+//   - An admin reset deletes keys in the store. The store that resets also
+//     increments a counter in Redis that every store sharing it polls (about
+//     every 250ms, package redisstore); one that sees it change clears its
+//     cache. So a reset reaches every instance within a poll and a round
+//     trip.
+//   - State lost in the store: FLUSHALL or FLUSHDB, a restart (with or
+//     without persistence), a failover to a replica that missed writes, keys
+//     evicted under maxmemory. The same poll reads, on every master, a
+//     canary key (created with a random value when missing), the master's
+//     run_id and its evicted_keys count; any change clears the cache (as
+//     does a step of a master's clock: see Clocks), and so do a failed poll
+//     (an instance that cannot see the store for a poll keeps nothing it
+//     cannot check) and every store call that fails as a store failure.
+//     What no poll sees: a key deleted or rewritten by
+//     something else than Sluice (redis-cli DEL, a script of the operator's),
+//     a FLUSHALL undone within one poll interval by a restore that brings
+//     the canary back, an old master still answering a request after the
+//     instance's poll saw its successor. A refusal so made stale is released
+//     when its state, run forward in time as if nobody spent, admits the
+//     request: at most its own RetryAfter, the wait the client was told.
+//   - A race: a request in flight when the cache is cleared could store,
+//     after the clear, a state read before the reset or the loss. Every
+//     Clear and Forget bumps a generation; a refusal is stored only if the
+//     generation taken before its store call began (Token) is still
+//     current. Before its first successful poll the store has nothing to
+//     compare the next poll with, and the cache stores nothing (Arm).
 //   - A changed limit (a config reload; the cache lives with the store,
 //     which survives reloads): an entry serves only its own limit; a request
 //     under another misses, and the store decides. While instances run
@@ -98,9 +115,11 @@
 //   - Clocks: the estimate counts this instance's monotonic time since the
 //     call, so it follows the store's clock only at the rate assumed above:
 //     a local clock running slower than the store's by more than 0.1% could
-//     answer a refusal up to the difference too long; the store's clock
-//     stepping forward likewise, by the step, at most the refusal's
-//     RetryAfter.
+//     answer a refusal up to the difference too long. The store's clock
+//     stepping forward (the store then admits sooner) is seen by the poll,
+//     which clears the cache when a server's clock advanced by more than
+//     the local time between two polls allows; a step back only makes the
+//     store refuse longer.
 //
 // Memory is bounded: a fixed number of entries, sharded; a full shard first
 // drops its expired entries (an entry lives until its zone is back to full,
@@ -196,12 +215,14 @@ type Cache struct {
 	perShard int
 	logCap   int          // sliding log events a shard may hold
 	live     atomic.Int64 // entries held (expired ones included until dropped)
+	gen      atomic.Uint64
 	seed     maphash.Seed
 	shards   [shards]shard
 }
 
 // New returns a cache of at most size entries (rounded up to a multiple of
-// the shard count), or nil (disabled) when size ≤ 0.
+// the shard count), or nil (disabled) when size ≤ 0. It stores nothing
+// until armed (Arm).
 func New(size int) *Cache {
 	if size <= 0 {
 		return nil
@@ -212,6 +233,41 @@ func New(size int) *Cache {
 		c.shards[i].m = make(map[id]entry)
 	}
 	return c
+}
+
+// Token is the cache's generation, taken (Cache.Token) before a store call
+// begins; Remember stores the call's refusal only if it is still current:
+// no Clear or Forget happened in between. The zero Token stores nothing.
+type Token uint64
+
+// Token returns the current generation: zero while the cache is not armed.
+func (c *Cache) Token() Token {
+	if c == nil {
+		return 0
+	}
+	return Token(c.gen.Load())
+}
+
+// Arm lets the cache store refusals. The store arms it once it can tell
+// that state was lost or reset after this moment (its first successful
+// poll).
+func (c *Cache) Arm() {
+	if c != nil {
+		c.gen.CompareAndSwap(0, 1)
+	}
+}
+
+// Armed reports whether the cache was armed.
+func (c *Cache) Armed() bool { return c != nil && c.gen.Load() != 0 }
+
+// bump starts a new generation (an armed cache only: arming is Arm's).
+func (c *Cache) bump() {
+	for {
+		g := c.gen.Load()
+		if g == 0 || c.gen.CompareAndSwap(g, g+1) {
+			return
+		}
+	}
 }
 
 // Active reports whether the cache may hold an entry: one atomic load, so a
@@ -313,12 +369,13 @@ type Snapshot struct {
 
 // Remember records the store's answer to reqs if it refused them (an
 // enforcing zone refused): out are its decisions, snaps the zones' stored
-// states, redisNow the store's time of the decision (Unix ms) and start
-// the Now() taken before the store call began. A zone whose state is not
-// known (or is a sliding log too long to keep) gets no entry, and loses the
-// one it had.
-func (c *Cache) Remember(start, redisNow int64, reqs []algorithms.Request, out []algorithms.Decision, snaps []Snapshot) {
-	if c == nil || len(snaps) < len(reqs) || len(out) < len(reqs) {
+// states, redisNow the store's time of the decision (Unix ms), start the
+// Now() taken before the store call began and tok the Token taken then.
+// Nothing is stored when the cache was cleared since tok was taken, or was
+// not armed then. A zone whose state is not known (or is a sliding log too
+// long to keep) gets no entry, and loses the one it had.
+func (c *Cache) Remember(tok Token, start, redisNow int64, reqs []algorithms.Request, out []algorithms.Decision, snaps []Snapshot) {
+	if c == nil || tok == 0 || len(snaps) < len(reqs) || len(out) < len(reqs) {
 		return
 	}
 	// An entry is of use until its zone is back to full, or until every
@@ -357,6 +414,10 @@ func (c *Cache) Remember(start, redisNow int64, reqs []algorithms.Request, out [
 		}
 		sh := c.shard(&k)
 		sh.mu.Lock()
+		if Token(c.gen.Load()) != tok {
+			sh.mu.Unlock()
+			return
+		}
 		old, had := sh.m[k]
 		if had {
 			c.drop(sh, k, &old)
@@ -406,19 +467,24 @@ func (c *Cache) forget(zone string, key algorithms.Key) {
 	sh.mu.Unlock()
 }
 
-// Forget drops the entry of zone and key (an admin reset).
+// Forget drops the entry of zone and key (an admin reset on this
+// instance), and keeps a refusal read before it from being stored after
+// it.
 func (c *Cache) Forget(zone string, key algorithms.Key) {
 	if c == nil {
 		return
 	}
+	c.bump()
 	c.forget(zone, key)
 }
 
-// Clear drops every entry (the store's state may have been lost).
+// Clear drops every entry (the store's state may have been lost or reset),
+// and keeps a refusal read before it from being stored after it.
 func (c *Cache) Clear() {
-	if !c.Active() {
+	if c == nil {
 		return
 	}
+	c.bump()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()

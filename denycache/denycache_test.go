@@ -44,25 +44,31 @@ func storeAnswer(reqs []algorithms.Request, states []algorithms.State, now int64
 
 // remember records the store's answer to reqs against states at store
 // time t0, the call having started at local instant start.
-func remember(c *Cache, start int64, reqs []algorithms.Request, states []algorithms.State) []algorithms.Decision {
+func remember(c *Cache, tok Token, start int64, reqs []algorithms.Request, states []algorithms.State) []algorithms.Decision {
 	out := storeAnswer(reqs, states, t0)
 	snaps := make([]Snapshot, len(reqs))
 	for i := range reqs {
 		snaps[i] = Snapshot{State: states[i], Known: true}
 	}
-	c.Remember(start, t0, reqs, out, snaps)
+	c.Remember(tok, start, t0, reqs, out, snaps)
 	return out
+}
+
+func armed(size int) *Cache {
+	c := New(size)
+	c.Arm()
+	return c
 }
 
 // TestDecideIsTheStoresAnswer: a request refused by the store is answered
 // locally exactly as the store answers it, for any cost, at any later
 // time, as long as it refuses; otherwise the cache misses.
 func TestDecideIsTheStoresAnswer(t *testing.T) {
-	c := New(100)
+	c := armed(100)
 	start := Now()
 	r := algorithms.Request{Zone: "z", Key: key(1), Limit: lim, Cost: 2}
 	st := []algorithms.State{spent(4)} // 1 token left: cost 2 refused for 12 s
-	first := remember(c, start, []algorithms.Request{r}, st)
+	first := remember(c, c.Token(), start, []algorithms.Request{r}, st)
 	if first[0].Allowed || first[0].RetryAfter != 12*time.Second {
 		t.Fatalf("the store's refusal: %+v", first[0])
 	}
@@ -81,8 +87,8 @@ func TestDecideIsTheStoresAnswer(t *testing.T) {
 		{2, 12*time.Second - 12*time.Millisecond, false}, // within the conservative margin (1ms + 0.1%)
 		{2, 12*time.Second - 13*time.Millisecond, true},
 	} {
-		c := New(100)
-		remember(c, start, []algorithms.Request{r}, st)
+		c := armed(100)
+		remember(c, c.Token(), start, []algorithms.Request{r}, st)
 		q := r
 		q.Cost = tc.cost
 		out := make([]algorithms.Decision, 1)
@@ -109,7 +115,7 @@ func TestDecideIsTheStoresAnswer(t *testing.T) {
 // allow shown as it stands; a report-only zone never refusing for the
 // others).
 func TestDecideSeveralZones(t *testing.T) {
-	c := New(100)
+	c := armed(100)
 	start := Now()
 	other := algorithms.Limit{Algorithm: algorithms.FixedWindow, Events: 10, Window: 3_600_000}
 	a := algorithms.Request{Zone: "a", Key: key(1), Limit: lim, Cost: 1}
@@ -117,7 +123,7 @@ func TestDecideSeveralZones(t *testing.T) {
 	fw := algorithms.State{Alg: algorithms.FixedWindow, Debt: 4, At: t0 - t0%3_600_000, Scale: 3_600_000}
 	reqs := []algorithms.Request{a, b}
 	states := []algorithms.State{spent(5), fw}
-	remember(c, start, reqs, states)
+	remember(c, c.Token(), start, reqs, states)
 	out := make([]algorithms.Decision, 2)
 	if !c.Decide(reqs, start, out) {
 		t.Fatal("the same request: miss")
@@ -138,20 +144,38 @@ func TestDecideSeveralZones(t *testing.T) {
 	// A report-only zone that refuses vetoes nothing: miss.
 	ro := a
 	ro.ReportOnly = true
-	remember(c, start, []algorithms.Request{ro, b}, states)
+	remember(c, c.Token(), start, []algorithms.Request{ro, b}, states)
 	if c.Len() != 0 {
 		t.Fatal("an allowed request (its only refusal report-only) was remembered")
 	}
 }
 
-// TestInvalidation: Forget and Clear drop entries; a changed limit misses
-// and drops the entry; a disabled cache never answers.
-func TestInvalidation(t *testing.T) {
+// TestGeneration: a refusal read before a Clear or a Forget is not stored
+// after it, nor one read before the cache was armed; a changed limit
+// misses and drops the entry.
+func TestGeneration(t *testing.T) {
 	c := New(100)
 	r := []algorithms.Request{{Zone: "z", Key: key(1), Limit: lim, Cost: 1}}
 	st := []algorithms.State{spent(5)}
 	out := make([]algorithms.Decision, 1)
-	remember(c, Now(), r, st)
+	remember(c, c.Token(), Now(), r, st)
+	if c.Len() != 0 || c.Armed() {
+		t.Fatal("an unarmed cache stored a refusal")
+	}
+	c.Arm()
+	tok := c.Token()
+	c.Clear()
+	remember(c, tok, Now(), r, st)
+	if c.Len() != 0 {
+		t.Fatal("a refusal read before a Clear was stored after it")
+	}
+	tok = c.Token()
+	c.Forget("other", key(9))
+	remember(c, tok, Now(), r, st)
+	if c.Len() != 0 {
+		t.Fatal("a refusal read before a Forget was stored after it")
+	}
+	remember(c, c.Token(), Now(), r, st)
 	if !c.Decide(r, Now(), out) {
 		t.Fatal("a current refusal: miss")
 	}
@@ -159,19 +183,20 @@ func TestInvalidation(t *testing.T) {
 	if c.Decide(r, Now(), out) || c.Len() != 0 {
 		t.Fatal("Forget kept the entry")
 	}
-	remember(c, Now(), r, st)
+	remember(c, c.Token(), Now(), r, st)
 	raised := []algorithms.Request{r[0]}
 	raised[0].Limit.Events = 10
 	if c.Decide(raised, Now(), out) || c.Len() != 0 {
 		t.Fatal("a changed limit: answered, or kept the entry")
 	}
-	remember(c, Now(), r, st)
+	remember(c, c.Token(), Now(), r, st)
 	c.Clear()
 	if c.Active() || c.Len() != 0 {
 		t.Fatal("Clear kept entries")
 	}
 	var off *Cache = New(0)
-	remember(off, Now(), r, st)
+	off.Arm()
+	remember(off, off.Token(), Now(), r, st)
 	if off.Decide(r, Now(), out) || off.Active() {
 		t.Fatal("a disabled cache answered")
 	}
@@ -188,10 +213,10 @@ func TestSlidingLogBounds(t *testing.T) {
 		}
 		return algorithms.State{Alg: algorithms.SlidingLog, Log: lg}
 	}
-	c := New(1000) // 32 entries a shard: 256 log events
+	c := armed(1000) // 32 entries a shard: 256 log events
 	for _, n := range []int{MaxLogEntries, MaxLogEntries + 1} {
 		r := []algorithms.Request{{Zone: "l", Key: key(n), Limit: sl, Cost: int64(100 - n + 1)}}
-		remember(c, Now(), r, []algorithms.State{logOf(n)})
+		remember(c, c.Token(), Now(), r, []algorithms.State{logOf(n)})
 		out := make([]algorithms.Decision, 1)
 		if hit := c.Decide(r, Now(), out); hit != (n <= MaxLogEntries) {
 			t.Errorf("a log of %d entries: hit %v", n, hit)
@@ -199,17 +224,17 @@ func TestSlidingLogBounds(t *testing.T) {
 	}
 	// The budget: 8 entries per entry of capacity, per shard (64 entries
 	// in a 1-entry-a-shard cache of 8 events a shard fit nowhere).
-	small := New(shards)
+	small := armed(shards)
 	r := []algorithms.Request{{Zone: "l", Key: key(1), Limit: sl, Cost: 100}}
-	remember(small, Now(), r, []algorithms.State{logOf(9)})
+	remember(small, small.Token(), Now(), r, []algorithms.State{logOf(9)})
 	if small.Len() != 0 {
 		t.Error("a log over the shard's budget was kept")
 	}
 	// Concurrent local answers admitting on the same kept log (the zone
 	// allows, another refuses) under -race.
-	c = New(100)
+	c = armed(100)
 	two := []algorithms.Request{{Zone: "l", Key: key(1), Limit: sl, Cost: 1}, {Zone: "z", Key: key(1), Limit: lim, Cost: 1}}
-	remember(c, Now(), two, []algorithms.State{logOf(10), spent(5)})
+	remember(c, c.Token(), Now(), two, []algorithms.State{logOf(10), spent(5)})
 	done := make(chan bool)
 	for range 4 {
 		go func() {
@@ -231,11 +256,11 @@ func TestSlidingLogBounds(t *testing.T) {
 // TestBounded: the cache never holds more than its size; a full shard drops
 // its expired entries first, then the one expiring soonest.
 func TestBounded(t *testing.T) {
-	c := New(64)
+	c := armed(64)
 	now := Now()
 	out := make([]algorithms.Decision, 1)
 	for i := range 10000 {
-		remember(c, now, []algorithms.Request{{Zone: "z", Key: key(i), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
+		remember(c, c.Token(), now, []algorithms.Request{{Zone: "z", Key: key(i), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
 		if c.Len() > c.Cap() {
 			t.Fatalf("after %d entries: %d held, cap %d", i+1, c.Len(), c.Cap())
 		}
@@ -252,14 +277,14 @@ func TestBounded(t *testing.T) {
 	// Expired entries go first: fill with short ones (1 token spent of 1
 	// per 10 ms), then later long ones all fit.
 	fast := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 1, Window: 10}
-	c = New(320) // 10 a shard
+	c = armed(320) // 10 a shard
 	for i := range 320 {
 		st := algorithms.State{Alg: algorithms.TokenBucket, Debt: 10, At: t0, Scale: 10}
-		remember(c, now, []algorithms.Request{{Zone: "z", Key: key(i), Limit: fast, Cost: 1}}, []algorithms.State{st})
+		remember(c, c.Token(), now, []algorithms.Request{{Zone: "z", Key: key(i), Limit: fast, Cost: 1}}, []algorithms.State{st})
 	}
 	later := now + int64(time.Second)
 	for i := 1000; i < 1064; i++ { // 64 over 32 shards: no shard gets 10
-		remember(c, later, []algorithms.Request{{Zone: "z", Key: key(i), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
+		remember(c, c.Token(), later, []algorithms.Request{{Zone: "z", Key: key(i), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
 	}
 	kept := 0
 	for i := 1000; i < 1064; i++ {
@@ -273,9 +298,9 @@ func TestBounded(t *testing.T) {
 }
 
 func BenchmarkDecideMiss(b *testing.B) {
-	c := New(DefaultSize)
+	c := armed(DefaultSize)
 	now := Now()
-	remember(c, now, []algorithms.Request{{Zone: "z", Key: key(1), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
+	remember(c, c.Token(), now, []algorithms.Request{{Zone: "z", Key: key(1), Limit: lim, Cost: 1}}, []algorithms.State{spent(5)})
 	reqs := []algorithms.Request{{Zone: "zone", Key: key(2), Limit: lim, Cost: 1}}
 	out := make([]algorithms.Decision, 1)
 	b.ReportAllocs()
@@ -285,10 +310,10 @@ func BenchmarkDecideMiss(b *testing.B) {
 }
 
 func BenchmarkDecideHit(b *testing.B) {
-	c := New(DefaultSize)
+	c := armed(DefaultSize)
 	now := Now()
 	reqs := []algorithms.Request{{Zone: "z", Key: key(1), Limit: lim, Cost: 1}}
-	remember(c, now, reqs, []algorithms.State{spent(5)})
+	remember(c, c.Token(), now, reqs, []algorithms.State{spent(5)})
 	out := make([]algorithms.Decision, 1)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -10,7 +10,8 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// denyStore is a store with the default breaker and deny cache.
+// denyStore is a store with the default breaker and deny cache, armed (its
+// first poll of Redis done: see watch.go).
 func denyStore(t testing.TB, srv *redistest.Server, size int) *Store {
 	t.Helper()
 	cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix}
@@ -22,7 +23,18 @@ func denyStore(t testing.TB, srv *redistest.Server, size int) *Store {
 	o.DenySize, o.Target = size, "test "+t.Name()
 	s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
 	t.Cleanup(func() { _ = s.Destruct() })
+	waitArmed(t, s)
 	return s
+}
+
+// waitArmed waits until s's deny cache (if any) is armed.
+func waitArmed(t testing.TB, s *Store) {
+	t.Helper()
+	for start := time.Now(); s.deny != nil && !s.deny.Armed(); time.Sleep(5 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the deny cache is not armed 5 s after the store started: its poll of Redis fails")
+		}
+	}
 }
 
 // TestDenyCacheAnswersLocally: once Redis refuses a request, the same
@@ -253,6 +265,7 @@ func BenchmarkTakeGuards(b *testing.B) {
 			o.Failures, o.DenySize, o.Target = tc.failures, tc.deny, "bench"
 			s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
 			defer s.Destruct()
+			waitArmed(b, s)
 			req := []algorithms.Request{{Zone: "bench", Key: freshKey(b), Limit: l, Cost: 1}}
 			// A refusal by Redis: a key of a limit of 1 per hour, taken twice.
 			refuse := func(r algorithms.Request) {

@@ -125,9 +125,12 @@ type Redis struct {
 	// locally on that state, without calling Redis, while they are still
 	// refused: with the numbers Redis would give that request (exactly,
 	// when nobody else spent on the key meanwhile), never refusing what
-	// Redis would allow (proof in package denycache); a changed limit, an
-	// admin reset and a store failure (state possibly lost) drop the
-	// entries concerned. Hits are counted in
+	// Redis would allow (proof in package denycache). An admin reset
+	// through any instance, and state lost in Redis (FLUSHALL, a restart,
+	// a failover, evictions), end every instance's cached refusals within
+	// a poll of 250ms (the store keeps two keys of its own,
+	// <prefix>ctl:{sluice}:epoch and <prefix>ctl:{sluice}:resets, and in a
+	// Cluster a canary per master). Hits are counted in
 	// caddy_rate_limit_deny_cache_hits_total{store,target}.
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 

@@ -35,6 +35,7 @@ type Store struct {
 	breaker  *breaker         // nil: disabled
 	deny     *denycache.Cache // nil: disabled
 	denyHits prometheus.Counter
+	watch    *watcher // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
@@ -109,6 +110,9 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 			}
 		}
 	}
+	if s.deny != nil {
+		s.watch = startWatch(s)
+	}
 	return s
 }
 
@@ -132,6 +136,9 @@ func (s *Store) warm(ctx context.Context) error {
 
 // Destruct closes the client: the last user of a pooled store does it.
 func (s *Store) Destruct() error {
+	if s.watch != nil {
+		s.watch.close()
+	}
 	if s.batch != nil {
 		s.batch.close()
 	}
@@ -188,10 +195,14 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		return err
 	}
 	var start int64
-	var ref *refusal // a refusal's states, for the deny cache
+	var tok denycache.Token
+	var ref *refusal // a refusal's states, for the deny cache (armed only)
 	var refBuf refusal
 	if s.deny != nil {
-		start, ref = denycache.Now(), &refBuf
+		start, tok = denycache.Now(), s.deny.Token()
+		if tok != 0 {
+			ref = &refBuf
+		}
 	}
 	parent := ctx
 	c := getCall(ctx, time.Now().Add(s.timeout))
@@ -228,7 +239,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	}
 	s.breaker.done(probe, false, false, nil)
 	if ref != nil && ref.raws != nil {
-		s.remember(start, reqs, out, ref)
+		s.remember(tok, start, reqs, out, ref)
 	}
 	return nil
 }
@@ -258,9 +269,9 @@ type refusal struct {
 	raws []any // per zone: a string, or 0 when Redis did not send it
 }
 
-// remember stores a refusal's states in the deny cache (start was taken
-// before the call began).
-func (s *Store) remember(start int64, reqs []algorithms.Request, out []algorithms.Decision, ref *refusal) {
+// remember stores a refusal's states in the deny cache (tok and start were
+// taken before the call began).
+func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Request, out []algorithms.Decision, ref *refusal) {
 	var buf [4]denycache.Snapshot
 	snaps := buf[:0]
 	if len(reqs) > len(buf) {
@@ -274,7 +285,7 @@ func (s *Store) remember(start int64, reqs []algorithms.Request, out []algorithm
 		}
 		snaps = append(snaps, sn)
 	}
-	s.deny.Remember(start, ref.now, reqs, out, snaps)
+	s.deny.Remember(tok, start, ref.now, reqs, out, snaps)
 }
 
 // oneSlot reports whether the keys of reqs live in one Cluster slot: their
