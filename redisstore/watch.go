@@ -37,7 +37,7 @@ import (
 //   - its evicted_keys count (INFO stats): keys evicted under maxmemory
 //     (Sluice's keys all carry a TTL: any policy but noeviction may take
 //     them);
-//   - its clock (server_time_usec, INFO server): the cache estimates
+//   - its clock (TIME): the cache estimates
 //     Redis's time from its own monotonic clock since a refusal, so a
 //     clock of Redis's that steps forward (the store then sees more time
 //     passed, and admits sooner) must be seen: when a server's clock
@@ -87,18 +87,18 @@ type watcher struct {
 	slotsSig   string            // Cluster: the slot map tags was computed for
 	tags       map[string]string // Cluster: each master's canary tag
 	// Each server's clock as the previous successful poll read it, and as
-	// the poll in progress reads it, by run_id.
+	// the poll in progress reads it, by canary tag and run_id.
 	clocks, next map[string]clockMark
 }
 
-// clockMark is a reading of a server's clock: server_time_usec, and the
-// local instants (denycache.Now) the poll that read it was sent and
+// clockMark is a reading of a server's clock: TIME in microseconds, and
+// the local instants (denycache.Now) the poll that read it was sent and
 // answered.
 type clockMark struct{ us, sent, recv int64 }
 
 // stepped reports whether a server's clock advanced from reading p to
 // reading m by more than the local time between them accounts for, with
-// 0.1% (clock rates) and 1ms (INFO's resolution is finer) to spare.
+// 0.1% (clock rates) and 1ms to spare.
 func stepped(p, m clockMark) bool {
 	local := m.recv - p.sent // ns: the longest real time between the two readings
 	return (m.us-p.us)*1000 > local+local/1000+int64(time.Millisecond)
@@ -270,6 +270,7 @@ func (w *watcher) nodeView(ctx context.Context, c redis.Cmdable, tag string) (st
 	}
 	pipe := c.Pipeline()
 	vals := pipe.MGet(ctx, keys...)
+	clock := pipe.Time(ctx)
 	var server, stats *redis.StringCmd
 	if !w.noInfo {
 		server, stats = pipe.Info(ctx, "server"), pipe.Info(ctx, "stats")
@@ -293,12 +294,17 @@ func (w *watcher) nodeView(ctx context.Context, c redis.Cmdable, tag string) (st
 			return "", err
 		}
 	}
+	now, err := clock.Result()
+	if err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	b.WriteString("epoch " + epoch)
 	if len(v) > 1 {
 		resets, _ := v[1].(string)
 		b.WriteString(" resets " + resets)
 	}
+	id := "" // the run_id, when INFO tells
 	if server != nil {
 		si, err1 := server.Result()
 		st, err2 := stats.Result()
@@ -311,12 +317,12 @@ func (w *watcher) nodeView(ctx context.Context, c redis.Cmdable, tag string) (st
 		case err != nil:
 			return "", err
 		default:
-			id := infoField(si, "run_id")
+			id = infoField(si, "run_id")
 			b.WriteString(" run_id " + id + " evicted_keys " + infoField(st, "evicted_keys"))
-			if us, err := strconv.ParseInt(infoField(si, "server_time_usec"), 10, 64); err == nil && w.next != nil {
-				w.next[id] = clockMark{us: us, sent: sent, recv: recv}
-			}
 		}
+	}
+	if w.next != nil {
+		w.next[tag+" "+id] = clockMark{us: now.UnixMicro(), sent: sent, recv: recv}
 	}
 	return b.String(), nil
 }

@@ -204,3 +204,20 @@ func TestClockStep(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchQuiet: with nothing changing in Redis (but traffic), polls
+// never clear the cache: a refusal stays cached over 8 polls.
+func TestWatchQuiet(t *testing.T) {
+	srv := redistest.Start(t)
+	s := denyStore(t, srv, 1000)
+	r := algorithms.Request{Zone: "quiet", Key: freshKey(t), Limit: limit(t, 1, time.Hour, 0), Cost: 1}
+	refusedLocally(t, srv, s, r)
+	other := algorithms.Request{Zone: "quiet", Key: freshKey(t), Limit: limit(t, 1_000_000, time.Hour, 0), Cost: 1}
+	for start := time.Now(); time.Since(start) < 8*watchInterval; {
+		take(t, s, other)
+	}
+	calls := scriptCalls(t, srv)
+	if d := take(t, s, r)[0]; d.Allowed || scriptCalls(t, srv) != calls {
+		t.Fatalf("after 8 polls of a quiet Redis the refusal is no longer cached: %+v", d)
+	}
+}
