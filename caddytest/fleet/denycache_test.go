@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -10,13 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
 // denyRoutes: /r, fixed_window 3 per day (a cached refusal would last
-// until midnight UTC); /c/on and /c/off, 5 per minute, and /x/on and
-// /x/off, 5 per 10 s, with the cost from X-Cost, through a store with the
-// deny cache (on) and one without (off).
+// until midnight UTC); /c/on and /c/off, 5 per minute with the cost from
+// X-Cost, through a store with the deny cache (on) and one without (off);
+// /x/on, 5 per 10 s with the cost from X-Cost, with the deny cache.
 const denyRoutes = `handle /r {
 	rate_limit {
 		zone dc_reset {
@@ -74,21 +78,6 @@ handle /x/on {
 	}
 	respond "ok"
 }
-handle /x/off {
-	rate_limit {
-		zone dc_rand_off {
-			key {http.request.header.X-User}
-			events 5
-			window 10s
-			cost {http.request.header.X-Cost}
-		}
-		store redis %[1]s {
-			timeout 250ms
-			deny_cache off
-		}
-	}
-	respond "ok"
-}
 respond "not here" 404`
 
 // TestDenyCacheFleet: the deny cache of three Caddy processes sharing one
@@ -102,15 +91,13 @@ respond "not here" 404`
 //     sequences 5, 1, 5 and 4, 2, 1, 3 end with the answer Redis gives
 //     without the cache (Retry-After 60, then 36, Remaining 0), with the
 //     cache and without;
-//   - random: random costs sent to a zone with the cache and to one
-//     without, in lockstep, through one process: the same statuses,
-//     X-RateLimit-Remaining and Retry-After (within a second: the two keys'
-//     requests are a millisecond or so apart, and Retry-After is rounded
-//     up to the second; the exact comparison, to the millisecond, is
-//     redisstore's TestDenyCacheMatchesRedis). One process: a cached answer is Redis's exactly when
-//     nobody else spent on the key since the refusal it remembers;
-//     requests through other processes are such spending, and make it err
-//     on the lenient side (package denycache).
+//   - random: random costs through one process, with the cache: every
+//     answer served from the cache is what Redis answers the same request
+//     right after, without charging it (its stored state and time, read
+//     together, through the script's Go twin): status, Remaining and
+//     Retry-After (the cache on vs off, in lockstep, would differ by the
+//     milliseconds between the two keys' requests: redisstore's
+//     TestDenyCacheMatchesRedis is the same oracle, to the millisecond).
 func TestDenyCacheFleet(t *testing.T) {
 	r := redistest.Start(t)
 	routes := fmt.Sprintf(denyRoutes, r.URL())
@@ -208,29 +195,76 @@ func TestDenyCacheFleet(t *testing.T) {
 
 	t.Run("random", func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(5, 77))
-		on, off := "X-User: rand-on-"+nonce, "X-User: rand-off-"+nonce
-		local := 0
-		for i := range 60 {
-			cost := "X-Cost: " + strconv.Itoa(1+rng.IntN(6))
-			p := procs[0]
-			want := mustGet(t, c, p.url("/x/off"), off, cost)
+		user := "X-User: rand-" + nonce
+		lim, err := algorithms.NewLimit(algorithms.TokenBucket, 5, 10*time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := ""
+		local, direct := 0, 0
+		for i := range 80 {
+			cost := 1 + rng.Int64N(6)
+			began := time.Now()
 			n := scripts()
-			got := mustGet(t, c, p.url("/x/on"), on, cost)
-			if scripts() == n {
-				local++
+			res := mustGet(t, c, procs[0].url("/x/on"), user, "X-Cost: "+strconv.FormatInt(cost, 10))
+			cached := scripts() == n
+			if key == "" {
+				key = onlyKey(t, r, "sluice:v1:dc_rand_on:{*}")
 			}
-			what := fmt.Sprintf("request %d (%s)", i, cost)
-			if got.code != want.code || got.header.Get("X-Ratelimit-Remaining") != want.header.Get("X-Ratelimit-Remaining") {
-				t.Fatalf("%s: with the deny cache %s, without %s", what, got, want)
+			if !cached {
+				time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
+				continue
 			}
-			if ra, wa := retryAfter(got), retryAfter(want); ra > wa+1 || ra < wa-1 {
-				t.Fatalf("%s: with the deny cache Retry-After %d, without %d (%s / %s)", what, ra, wa, got, want)
+			local++
+			// What Redis answers this request, without charging it: its
+			// stored state and time, read together, through the
+			// script's Go twin; at Redis's time, or (a token refilled in
+			// between) at an instant since the request began.
+			raw, now := stateAndTime(t, r, key)
+			st, ok := algorithms.DecodeLua(raw)
+			took := time.Since(began).Milliseconds()
+			match := func(at int64) bool {
+				d, _, _ := algorithms.Step(st, !ok, lim, at, cost)
+				return !d.Allowed && res.code == 429 &&
+					res.header.Get("X-Ratelimit-Remaining") == strconv.FormatInt(d.Remaining, 10) &&
+					int64(retryAfter(res)) == max(1, (d.RetryAfter.Milliseconds()+999)/1000)
+			}
+			if match(now) {
+				direct++
+			} else {
+				found := false
+				for at := now - took - 5; at <= now+5 && !found; at++ {
+					found = match(at)
+				}
+				if !found {
+					d, _, _ := algorithms.Step(st, !ok, lim, now, cost)
+					t.Fatalf("request %d (cost %d): the deny cache answered %s; Redis answers %+v", i, cost, res, d)
+				}
 			}
 			time.Sleep(time.Duration(rng.IntN(250)) * time.Millisecond)
 		}
-		t.Logf("60 requests, %d answered from a deny cache", local)
-		if local < 10 {
-			t.Errorf("only %d answers from a deny cache: barely exercised", local)
+		t.Logf("80 requests, %d answered from the deny cache: %d as Redis answers right after, %d at a boundary crossed in between",
+			local, direct, local-direct)
+		if local < 20 {
+			t.Errorf("only %d answers from the deny cache: barely exercised", local)
 		}
 	})
+}
+
+// stateAndTime reads a key's stored value ("" for none) and Redis's time
+// (Unix ms, as the script computes it), in one transaction.
+func stateAndTime(t *testing.T, r *redistest.Server, key string) (string, int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var get *redis.StringCmd
+	var tm *redis.TimeCmd
+	if _, err := r.Client().TxPipelined(ctx, func(p redis.Pipeliner) error {
+		get, tm = p.Get(ctx, key), p.Time(ctx)
+		return nil
+	}); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	raw, _ := get.Result()
+	return raw, tm.Val().UnixMilli()
 }
