@@ -156,6 +156,23 @@ func TestDenyCacheCluster(t *testing.T) {
 		}
 		t.Logf("allowed %v after FLUSHALL on node %d (the resets counter on node %d)", took.Round(time.Millisecond), node, ctl)
 	})
+	t.Run("cross-slot", func(t *testing.T) {
+		// Zones keyed on identities in two slots: Redis decides every
+		// time (slot by slot, with refunds), never the cache.
+		x := algorithms.Request{Zone: "z", Key: keyOnNode(t, a, c, node), Limit: limit(t, 1, time.Hour, 0), Cost: 1}
+		y := algorithms.Request{Zone: "y", Key: keyOnNode(t, a, c, ctl), Limit: limit(t, 100, time.Hour, 0), Cost: 1}
+		if tokensInOneSlot([]algorithms.Request{x, y}) || !tokensInOneSlot([]algorithms.Request{x, x}) {
+			t.Fatal("tokensInOneSlot is wrong")
+		}
+		cached(t, a, x) // x alone: cached
+		for i := range 5 {
+			n := calls()
+			out := take(t, a, y, x)
+			if out[1].Allowed || calls() == n {
+				t.Fatalf("cross-slot request %d: %+v, %d script calls; want refused by Redis", i, out, calls()-n)
+			}
+		}
+	})
 	t.Run("reset", func(t *testing.T) {
 		r := algorithms.Request{Zone: "z", Key: keyOnNode(t, a, c, node), Limit: limit(t, 3, time.Hour, 0), Cost: 1}
 		cached(t, a, r)

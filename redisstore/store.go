@@ -248,7 +248,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 // would at this moment, nothing charged (package denycache). It reports
 // whether it answered.
 func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
-	if s.cluster && len(reqs) > 1 && !oneSlot(reqs) {
+	if s.cluster && len(reqs) > 1 && !tokensInOneSlot(reqs) {
 		// Decided slot by slot, never from the cache; and it may charge
 		// the zones.
 		s.deny.Drop(reqs)
@@ -288,9 +288,9 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 	s.deny.Remember(tok, start, ref.now, reqs, out, snaps)
 }
 
-// oneSlot reports whether the keys of reqs live in one Cluster slot: their
-// hash tag is the identity token (Key).
-func oneSlot(reqs []algorithms.Request) bool {
+// tokensInOneSlot reports whether the keys of reqs live in one Cluster
+// slot, without building them: their hash tag is the identity token (Key).
+func tokensInOneSlot(reqs []algorithms.Request) bool {
 	var b [2*algorithms.KeySize + 8]byte
 	first := slot(appendToken(b[:0], reqs[0].Key))
 	for i := 1; i < len(reqs); i++ {
