@@ -37,12 +37,12 @@ import (
 //   - its evicted_keys count (INFO stats): keys evicted under maxmemory
 //     (Sluice's keys all carry a TTL: any policy but noeviction may take
 //     them);
-//   - its clock (TIME): the cache estimates
-//     Redis's time from its own monotonic clock since a refusal, so a
-//     clock of Redis's that steps forward (the store then sees more time
-//     passed, and admits sooner) must be seen: when a server's clock
-//     advanced, from one poll to the next, by more than the local time
-//     between them (with 0.1% and 1ms to spare), it stepped.
+//   - its clock (TIME): the cache estimates Redis's time from its own
+//     monotonic clock since a refusal, so a clock of Redis's that steps
+//     forward (the store then sees more time passed, and admits sooner)
+//     must be seen: when a server's clock advanced, from one poll to the
+//     next, by more than the local time between them (with 0.1% and 1ms to
+//     spare), it stepped.
 //
 // When any of these differs from the previous successful poll, the store's
 // deny cache is cleared; a failed poll clears it too, and the next
