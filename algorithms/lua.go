@@ -45,7 +45,7 @@ const (
 	luaTestTime = "local now = tonumber(ARGV[1])\n"
 	luaCompact  = "local compact = true\n"
 	luaText     = "local compact = false\n"
-	luaRun      = "\nreturn take(KEYS, ARGV, 0)\n"
+	luaRun      = "\nreturn take(KEYS, ARGV, 0, true)\n"
 	luaTestRun  = "\nreturn take(KEYS, ARGV, 1)\n"
 )
 
@@ -70,6 +70,12 @@ var LuaTestScript = luaTestTime + luaCompact + luaDefs + luaTestRun
 // LuaTestScriptText is LuaScriptText for tests, with the time in ARGV[1].
 var LuaTestScriptText = luaTestTime + luaText + luaDefs + luaTestRun
 
+// LuaTestScriptStates is LuaTestScript with the whole reply of LuaScript:
+// LuaTestScript and LuaTestScriptText answer a refusal with the four
+// integers per zone only, without what LuaScript adds to a refusal for the
+// deny cache (see lua/take.lua).
+var LuaTestScriptStates = luaTestTime + luaCompact + luaDefs + "\nreturn take(KEYS, ARGV, 1, true)\n"
+
 // LuaFunction names the function of LuaLibrary: FCALL LuaFunction runs
 // exactly what LuaScript runs (same KEYS, ARGV and reply). The name carries
 // a digest of the library's code, so instances running different Sluice
@@ -83,7 +89,7 @@ var LuaFunction, LuaLibrary = luaLibrary()
 // upvalue and calls take.
 func luaLibrary() (name, code string) {
 	defs := "local now\n" + luaCompact + luaDefs
-	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0)\n"
+	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0, true)\n"
 	sum := sha1.Sum([]byte(defs + call))
 	tag := hex.EncodeToString(sum[:6])
 	name = "sluice_take_" + tag

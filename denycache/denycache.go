@@ -1,78 +1,134 @@
-// Package denycache remembers, on one instance, which keys a remote store
-// has just refused and until when, so that a client hammering a refused key
-// is answered locally instead of costing the store a call per request.
+// Package denycache remembers, on one instance, the state a remote store
+// (Redis) held for the keys of a request it has just refused, so that a
+// client hammering a refused key is answered locally, as the store would
+// answer it, instead of costing the store a call per request.
 //
-// An entry is (zone, key) → (limit, cost, until): the store refused a
-// request of cost c with RetryAfter R at (local) time start, so until =
-// start + R − margin. A later request for the same zone and key, with the
-// same limit, a cost ≥ c and arriving before until, is refused locally.
+// # What is kept, and the answer
 //
-// # Soundness: it never refuses what the store would have allowed
+// When the store refuses a request (an enforcing zone refused), its reply
+// carries the store's time of the decision T (Unix ms, as the script read
+// it) and, for every zone of the request, the stored state the script
+// decided against: a refusal writes nothing, so that is the key's state
+// right after. The cache keeps per (zone, key) the zone's limit, that state,
+// T, and the local monotonic instant S at which the store call started.
 //
-// Common argument. Every algorithm's RetryAfter is exact (package
-// algorithms: after waiting exactly RetryAfter the same request passes if
-// nobody else spent, and 1ms sooner it does not; a cost above the capacity
-// is refused with RetryAfter = Window and never passes). Two facts hold for
-// all five algorithms: (a) with nobody spending, a key's state only moves
-// toward allowing as time passes (what it can admit never shrinks), and (b)
-// spending by anyone (this instance or another) only moves it away from
-// allowing, delaying the instant a given cost passes. Moreover, admission is
-// monotone in the cost: if cost c is refused at an instant, every cost ≥ c
-// is refused at that instant. So for any instant t < until and any cost
-// c' ≥ c, the store — whatever else happened meanwhile, short of the
-// exceptions below — would refuse c' at t. Per algorithm:
+// A later request is answered locally when every one of its zones has an
+// entry under the same limit and, running the algorithms' Go twin
+// (algorithms.Step, which the Lua script mirrors: the twin tests run both
+// on the same vectors) on those states at the estimated store time, an
+// enforcing zone refuses. The answer is then, zone by zone, what the
+// script answers: each zone's decision for the request's cost, and a zone
+// that would allow shown as it stands (cost 0: vetoed, nothing charged).
+// Otherwise (a zone without an entry, or every enforcing zone would allow)
+// the cache misses and drops the entries of the request's zones, since the
+// store may now charge them and they would no longer be its state.
 //
-//   - token_bucket: the debt (spent and not yet refilled) falls linearly
-//     with time and rises only by charges; cost c passes when debt + c ≤
-//     capacity. Refused c at time T with RetryAfter R means the debt
-//     reaches capacity − c no sooner than T + R with no charges; charges
-//     only raise it; c' ≥ c needs a lower debt still.
-//   - gcra: the theoretical arrival time (TAT) only moves forward by
-//     charges; a request of cost c passes when TAT − now ≤ τ − c·u; with now
-//     increasing and TAT fixed or growing, the first passing instant for c
-//     is T + R at the earliest, and later for c' ≥ c.
+// The store's time at local instant L is estimated from an entry twice:
+// nominal, T + (L − S), for the numbers of the answer; conservative, T +
+// ⌈1.001 × (L − S)⌉, to decide whether to answer at all. The script ran
+// after S, with its clock below T + 1ms (T is floored to the millisecond);
+// with the two clocks ticking within 0.1% of each other (NTP slews a clock
+// by at most 500ppm), the conservative estimate is never below the store's
+// time at L. The cache answers only when the request is refused at the
+// conservative estimate: RetryAfter being exact (package algorithms), that
+// is when RetryAfter at the nominal estimate exceeds their difference.
+//
+// Exactness: if nobody spent on the request's keys since the entries were
+// stored, the answer is exactly the store's at the nominal estimate, for
+// any cost (the request is decided against the state, not compared with
+// the one refused): the same Allowed, Remaining and Limit for every zone;
+// RetryAfter and ResetAfter differ from what the store would say by the
+// error of the estimate (the time the call took to reach the script, minus
+// T's lost fraction of a millisecond: a millisecond or two on a LAN). If
+// others spent meanwhile (another instance, or a request of this one in
+// flight), the store would refuse for longer: the local answer errs on the
+// lenient side (a shorter RetryAfter, a larger Remaining), and stays sound.
+// A request this instance sends to the store for a key drops the key's
+// entry first (the miss above), so the instance's own charges never make
+// its entries stale.
+//
+// # Soundness: it never refuses what the store would allow
+//
+// Two facts hold for all five algorithms: (a) with nobody spending, a key's
+// state only moves toward allowing as time passes, so a request refused at
+// t is refused at every t' ≤ t; and (b) spending, by anyone, only moves it
+// away from allowing, so a request refused against a state at t is refused
+// against that state plus any charges at t. Between exceptions (below), the
+// store's state of a key at any instant after T is the entry's state plus
+// the charges made since. So when Step refuses the request at the
+// conservative estimate C, which is at least the store's time U, it
+// refuses it at U against the entry's state (a) and against the store's
+// actual state (b): the store would refuse it too. Per algorithm:
+//
+//   - token_bucket: the debt falls linearly with time and rises only by
+//     charges; cost c passes when debt + c ≤ capacity.
+//   - gcra: the theoretical arrival time only moves forward, by charges;
+//     cost c passes when it lies at most τ − c emission intervals ahead of
+//     now, which only gets easier as now advances.
 //   - fixed_window: the count of the current aligned window only grows
-//     until the window ends (then it restarts at 0); R for a cost that fits
-//     the capacity is the end of the window (the count can only fall then),
-//     and count + c' > Events whenever count + c > Events.
+//     until the window ends, then restarts at 0.
 //   - sliding_window: the estimate prev × (remaining share of the previous
-//     window) + cur never grows while nobody spends (package algorithms,
-//     sliding_window.go) and grows with every charge; R is the first
-//     instant the estimate admits c, in closed form, exact to the ms.
+//     window) + cur never grows while nobody spends (sliding_window.go) and
+//     grows with every charge.
 //   - sliding_log: the log's sum over the last Window only loses entries as
-//     they age out and gains them by charges; R is when enough of the
-//     oldest entries have aged out for c to fit; c' ≥ c needs more to age
-//     out.
+//     they age out and gains them by charges.
 //
-// Exceptions, each handled or bounded:
+// The exceptions, each handled or bounded:
 //
-//   - A changed limit (config reload; the cache lives with the store, which
-//     survives reloads): an entry records the limit it was refused under;
-//     a lookup carrying a different limit (algorithm, events, window or
-//     burst) drops the entry and misses. An instance still running the old
-//     limit during a rolling reload may keep its denial until `until`.
-//   - An admin reset deletes the key in the store: the store's ResetKeys
-//     calls Forget on this instance (other instances keep their entries, at
-//     most R).
-//   - State lost in the store (Redis restarted empty, FLUSHDB): the store
-//     calls Clear on every error that counts as a store failure (a restart
-//     breaks the pooled connections); a FLUSHDB by an operator goes unseen
-//     and its denials last at most R.
-//   - Cluster requests spanning slots: a charge later refunded (another
-//     slot refused) can cause a refusal the refund then undoes; that is the
-//     non-atomic window the store already documents, one round trip long.
-//   - Clocks: the store decides with Redis's clock, the cache with this
-//     instance's monotonic clock. until is measured from the instant the
-//     store call started (the script ran after it, so the true release is
-//     later), minus a margin of 1ms (Retry-After's resolution) + R/1000
-//     (0.1%, twice the 500ppm NTP slews a clock at most). A local clock
-//     running slow by more than that would keep a denial up to the
-//     difference longer; running fast releases it early (harmless: the
-//     store decides). Redis's wall clock stepping is irrelevant: R is a
-//     duration.
+//   - An admin reset deletes keys in the store. The store that resets also
+//     increments a counter in Redis that every store sharing it polls (about
+//     every 250ms, package redisstore); one that sees it change clears its
+//     cache. So a reset reaches every instance within a poll and a round
+//     trip.
+//   - State lost in the store: FLUSHALL or FLUSHDB, a restart (with or
+//     without persistence), a failover to a replica that missed writes, keys
+//     evicted under maxmemory. The same poll reads, on every master, a
+//     canary key (created with a random value when missing), the master's
+//     run_id and its evicted_keys count; any change clears the cache (as
+//     does a step of a master's clock: see Clocks), and so do a failed poll
+//     (an instance that cannot see the store for a poll keeps nothing it
+//     cannot check) and every store call that fails as a store failure.
+//     What no poll sees: a key deleted or rewritten by
+//     something else than Sluice (redis-cli DEL, a script of the operator's),
+//     a FLUSHALL undone within one poll interval by a restore that brings
+//     the canary back, an old master still answering a request after the
+//     instance's poll saw its successor. A refusal so made stale is released
+//     when its state, run forward in time as if nobody spent, admits the
+//     request: at most its own RetryAfter, the wait the client was told.
+//   - A race: a request in flight when the cache is cleared could store,
+//     after the clear, a state read before the reset or the loss. Every
+//     Clear and Forget bumps a generation; a refusal is stored only if the
+//     generation taken before its store call began (Token) is still
+//     current. Before its first successful poll the store has nothing to
+//     compare the next poll with, and the cache stores nothing (Arm).
+//   - A changed limit (a config reload; the cache lives with the store,
+//     which survives reloads): an entry serves only its own limit; a request
+//     under another misses, and the store decides. While instances run
+//     different limits for one zone (a rolling reload), the key's TTL, set
+//     by a write under the other limit, may end before this limit sees the
+//     key full: such a refusal may outlast the store's by at most its own
+//     RetryAfter.
+//   - A Cluster request whose zones' keys live in several slots (zones keyed
+//     on different identities) is never answered from the cache: the store
+//     decides it slot by slot, with refunds, and its answer is not a pure
+//     function of the states.
+//   - Clocks: the estimate counts this instance's monotonic time since the
+//     call, so it follows the store's clock only at the rate assumed above:
+//     a local clock running slower than the store's by more than 0.1% could
+//     answer a refusal up to the difference too long. The store's clock
+//     stepping forward (the store then admits sooner) is seen by the poll,
+//     which clears the cache when a server's clock advanced by more than
+//     the local time between two polls allows; a step back only makes the
+//     store refuse longer.
 //
 // Memory is bounded: a fixed number of entries, sharded; a full shard first
-// drops its expired entries, then the entry that expires soonest.
+// drops its expired entries (an entry lives until its zone is back to full,
+// or the request's longest wait), then the one that expires soonest. A
+// sliding log state (up to 10,000 events per key) is kept only when it
+// holds at most MaxLogEntries events, and a shard holds at most 8 log
+// events per entry of its capacity (with the default size, 80,000 events,
+// 1.3 MB in all); a request with a zone whose state is not kept is decided
+// by the store every time.
 package denycache
 
 import (
@@ -86,6 +142,13 @@ import (
 
 // DefaultSize is the default number of entries of a store's deny cache.
 const DefaultSize = 10000
+
+// MaxLogEntries is the most events of a sliding log state the cache keeps.
+const MaxLogEntries = 64
+
+// logsPerEntry bounds the sliding log events a shard holds: this many per
+// entry of its capacity.
+const logsPerEntry = 8
 
 // shards is the number of shards (a power of two).
 const shards = 32
@@ -102,53 +165,109 @@ type id struct {
 	key  algorithms.Key
 }
 
+// entry is what the store said of one zone's key when it refused a request.
 type entry struct {
-	limit     algorithms.Limit
-	cost      int64
-	until     int64 // Now() before which cost ≥ cost is refused (margin taken)
-	retryAt   int64 // start + RetryAfter: what a refusal reports
-	reset     int64 // Now() at which the store said the key is back to full
-	remaining int64
-	others    []Other
+	limit    algorithms.Limit
+	state    algorithms.State
+	fresh    bool  // the key held no state
+	redisNow int64 // the store's time of the decision, Unix ms
+	start    int64 // Now() when the store call began
+	until    int64 // Now() after which the entry is of no use
 }
 
-// Other is what the store said of another zone of the request it refused
-// (allowed there, vetoed, nothing charged): a local refusal of the same
-// request reports those numbers for that zone, as they were at the
-// refusal.
-type Other struct {
-	Zone      string
-	Key       algorithms.Key
-	Limit     algorithms.Limit
-	Remaining int64
+func (e *entry) logs() int {
+	if e.state.Log == nil {
+		return 0
+	}
+	return len(e.state.Log.Entries)
+}
+
+const ms = int64(time.Millisecond)
+
+// decide is Step for r at the entry's nominal estimate of the store's time
+// (see the package comment), a zone that would allow shown as it stands;
+// refuses reports that r is refused by this zone at the conservative
+// estimate too (and the zone is enforcing).
+func (e *entry) decide(r *algorithms.Request, now int64) (d algorithms.Decision, refuses bool) {
+	el := max(now-e.start, 0)
+	nominal := e.redisNow + el/ms
+	conservative := e.redisNow + (el+el/1000+ms-1)/ms
+	d, _, _ = algorithms.Step(e.state, e.fresh, r.Limit, nominal, r.Cost)
+	if d.Allowed {
+		d, _, _ = algorithms.Step(e.state, e.fresh, r.Limit, nominal, 0)
+	} else if !r.ReportOnly {
+		refuses = d.RetryAfter > time.Duration((conservative-nominal)*ms)
+	}
+	d.Limit = r.Limit.Capacity()
+	return d, refuses
 }
 
 type shard struct {
-	mu sync.Mutex
-	m  map[id]entry
-	_  [40]byte // keep shards' locks on separate cache lines
+	mu   sync.Mutex
+	m    map[id]entry
+	logs int      // sliding log events held
+	_    [40]byte // keep shards' locks on separate cache lines
 }
 
 // Cache is a bounded deny cache. A nil *Cache is a disabled cache: every
-// method is a no-op and Lookup always misses.
+// method is a no-op and Decide always misses.
 type Cache struct {
 	perShard int
+	logCap   int          // sliding log events a shard may hold
 	live     atomic.Int64 // entries held (expired ones included until dropped)
+	gen      atomic.Uint64
 	seed     maphash.Seed
 	shards   [shards]shard
 }
 
 // New returns a cache of at most size entries (rounded up to a multiple of
-// the shard count), or nil (disabled) when size ≤ 0.
+// the shard count), or nil (disabled) when size ≤ 0. It stores nothing
+// until armed (Arm).
 func New(size int) *Cache {
 	if size <= 0 {
 		return nil
 	}
 	c := &Cache{perShard: (size + shards - 1) / shards, seed: maphash.MakeSeed()}
+	c.logCap = c.perShard * logsPerEntry
 	for i := range c.shards {
 		c.shards[i].m = make(map[id]entry)
 	}
 	return c
+}
+
+// Token is the cache's generation, taken (Cache.Token) before a store call
+// begins; Remember stores the call's refusal only if it is still current:
+// no Clear or Forget happened in between. The zero Token stores nothing.
+type Token uint64
+
+// Token returns the current generation: zero while the cache is not armed.
+func (c *Cache) Token() Token {
+	if c == nil {
+		return 0
+	}
+	return Token(c.gen.Load())
+}
+
+// Arm lets the cache store refusals. The store arms it once it can tell
+// that state was lost or reset after this moment (its first successful
+// poll).
+func (c *Cache) Arm() {
+	if c != nil {
+		c.gen.CompareAndSwap(0, 1)
+	}
+}
+
+// Armed reports whether the cache was armed.
+func (c *Cache) Armed() bool { return c != nil && c.gen.Load() != 0 }
+
+// bump starts a new generation (an armed cache only: arming is Arm's).
+func (c *Cache) bump() {
+	for {
+		g := c.gen.Load()
+		if g == 0 || c.gen.CompareAndSwap(g, g+1) {
+			return
+		}
+	}
 }
 
 // Active reports whether the cache may hold an entry: one atomic load, so a
@@ -179,144 +298,211 @@ func (c *Cache) shard(k *id) *shard {
 	return &c.shards[h.Sum64()&(shards-1)]
 }
 
-// Lookup reports whether a request of cost in zone for key under limit l is
-// known refused at now, and if so the refusal to report: RetryAfter is the
-// store's, counted from the start of the call that refused (so it matches
-// what the store would answer, give or take a round trip), rounded up to
-// the millisecond; the cache itself releases the key a margin earlier. An entry recorded under another
-// limit, or expired, is dropped.
-func (c *Cache) Lookup(zone string, key algorithms.Key, l algorithms.Limit, cost, now int64) (algorithms.Decision, bool) {
-	d, _, ok := c.LookupOthers(zone, key, l, cost, now)
-	return d, ok
+// drop deletes k's entry e from sh (its lock held).
+func (c *Cache) drop(sh *shard, k id, e *entry) {
+	sh.logs -= e.logs()
+	delete(sh.m, k)
+	c.live.Add(-1)
 }
 
-// LookupOthers is Lookup, also returning what the refusal said of the
-// request's other zones (read-only).
-func (c *Cache) LookupOthers(zone string, key algorithms.Key, l algorithms.Limit, cost, now int64) (algorithms.Decision, []Other, bool) {
+// Decide answers reqs, a whole request, from the cache when it can (see the
+// package comment): it reports whether it did, with out[i] the decision of
+// reqs[i], exactly as the store would have answered at the estimated time
+// (nothing charged). now is Now(). When it cannot, out holds nothing of
+// use, and the entries of reqs' zones are dropped: the store decides, and
+// may charge them.
+func (c *Cache) Decide(reqs []algorithms.Request, now int64, out []algorithms.Decision) bool {
 	if c == nil {
-		return algorithms.Decision{}, nil, false
+		return false
 	}
-	k := id{zone: zone, key: key}
-	sh := c.shard(&k)
-	sh.mu.Lock()
-	e, ok := sh.m[k]
-	if !ok {
+	all, refused := true, false
+	var found uint64 // zones < 64 with an entry
+	for i := range reqs {
+		r := &reqs[i]
+		k := id{zone: r.Zone, key: r.Key}
+		sh := c.shard(&k)
+		sh.mu.Lock()
+		e, ok := sh.m[k]
+		if ok && (now >= e.until || e.limit != r.Limit) {
+			c.drop(sh, k, &e)
+			ok = false
+		}
 		sh.mu.Unlock()
-		return algorithms.Decision{}, nil, false
+		if !ok {
+			all = false
+			continue
+		}
+		if i < 64 {
+			found |= 1 << i
+		}
+		if all {
+			var refuses bool
+			out[i], refuses = e.decide(r, now)
+			refused = refused || refuses
+		}
 	}
-	if e.limit != l || now >= e.until {
-		delete(sh.m, k)
-		sh.mu.Unlock()
-		c.live.Add(-1)
-		return algorithms.Decision{}, nil, false
+	if all && refused {
+		return true
 	}
-	sh.mu.Unlock()
-	if cost < e.cost {
-		return algorithms.Decision{}, nil, false
+	if found != 0 || len(reqs) > 64 {
+		for i := range reqs {
+			if i < 64 && found&(1<<i) == 0 {
+				continue
+			}
+			c.forget(reqs[i].Zone, reqs[i].Key)
+		}
 	}
-	return algorithms.Decision{
-		Allowed:    false,
-		Limit:      l.Capacity(),
-		Remaining:  e.remaining,
-		RetryAfter: ceilMs(e.retryAt - now),
-		ResetAfter: ceilMs(max(e.reset, e.retryAt) - now),
-	}, e.others, true
+	return false
 }
 
-// ceilMs rounds ns up to a whole millisecond, the resolution of every time
-// Sluice reports.
-func ceilMs(ns int64) time.Duration {
-	const ms = int64(time.Millisecond)
-	return time.Duration((ns + ms - 1) / ms * ms)
+// Snapshot is a zone's stored state as the store read it for a refused
+// request.
+type Snapshot struct {
+	// State is the state; Remember keeps its Log, which the caller must not
+	// use afterwards.
+	State algorithms.State
+	// Fresh reports that the key held no state.
+	Fresh bool
+	// Known is false when the store did not say (a state too long to send).
+	Known bool
 }
 
-// minCache is the shortest RetryAfter worth remembering.
-const minCache = 2 * time.Millisecond
-
-// Margin is what is subtracted from a refusal's RetryAfter before it is
-// remembered: 1ms (the resolution of RetryAfter) plus 0.1% of it (clock
-// rate differences between this instance and the store).
-func Margin(r time.Duration) time.Duration { return time.Millisecond + r/1000 }
-
-// Remember records that the store refused a request of cost in zone for key
-// under limit l with decision d; start is Now() taken before the store call
-// began. Refusals too short to be worth it are ignored.
-func (c *Cache) Remember(zone string, key algorithms.Key, l algorithms.Limit, cost, start int64, d algorithms.Decision) {
-	c.RememberWith(zone, key, l, cost, start, d, nil)
-}
-
-// RememberWith is Remember, also keeping what the store said of the
-// request's other zones (others is kept, not copied).
-func (c *Cache) RememberWith(zone string, key algorithms.Key, l algorithms.Limit, cost, start int64, d algorithms.Decision, others []Other) {
-	if c == nil || d.Allowed || d.RetryAfter < minCache {
+// Remember records the store's answer to reqs if it refused them (an
+// enforcing zone refused): out are its decisions, snaps the zones' stored
+// states, redisNow the store's time of the decision (Unix ms), start the
+// Now() taken before the store call began and tok the Token taken then.
+// Nothing is stored when the cache was cleared since tok was taken, or was
+// not armed then. A zone whose state is not known (or is a sliding log too
+// long to keep) gets no entry, and loses the one it had.
+func (c *Cache) Remember(tok Token, start, redisNow int64, reqs []algorithms.Request, out []algorithms.Decision, snaps []Snapshot) {
+	if c == nil || tok == 0 || len(snaps) < len(reqs) || len(out) < len(reqs) {
 		return
 	}
-	e := entry{others: others, limit: l, cost: cost, until: start + int64(d.RetryAfter-Margin(d.RetryAfter)), retryAt: start + int64(d.RetryAfter),
-		reset: start + int64(d.ResetAfter), remaining: max(d.Remaining, 0)}
-	k := id{zone: zone, key: key}
-	sh := c.shard(&k)
-	sh.mu.Lock()
-	_, had := sh.m[k]
-	if !had && len(sh.m) >= c.perShard {
-		c.evict(sh, start)
+	// An entry is of use until its zone is back to full, or until every
+	// refusing zone would admit the request (a zone with no state is full,
+	// yet a request of the same zones needs it).
+	var wait time.Duration
+	refused := false
+	for i := range reqs {
+		if !out[i].Allowed && !reqs[i].ReportOnly {
+			refused = true
+			wait = max(wait, out[i].RetryAfter)
+		}
 	}
-	sh.m[k] = e
-	sh.mu.Unlock()
-	if !had {
-		c.live.Add(1)
+	if !refused {
+		return
+	}
+	for i := range reqs {
+		r, sn := &reqs[i], &snaps[i]
+		k := id{zone: r.Zone, key: r.Key}
+		keep := sn.Known
+		var e entry
+		if keep {
+			e = entry{limit: r.Limit, state: sn.State, fresh: sn.Fresh, redisNow: redisNow, start: start,
+				until: start + int64(max(wait, out[i].ResetAfter))}
+			if e.fresh {
+				e.state = algorithms.State{}
+			}
+			if lg := e.state.Log; lg != nil {
+				n := len(lg.Entries)
+				// Step appends past the entries it is given when it
+				// admits: with no room left, it appends to a copy, so
+				// concurrent lookups never write to the kept entries.
+				lg.Entries = lg.Entries[:n:n]
+				keep = n <= MaxLogEntries
+			}
+		}
+		sh := c.shard(&k)
+		sh.mu.Lock()
+		if Token(c.gen.Load()) != tok {
+			sh.mu.Unlock()
+			return
+		}
+		old, had := sh.m[k]
+		if had {
+			c.drop(sh, k, &old)
+		}
+		if keep && sh.logs+e.logs() <= c.logCap {
+			if len(sh.m) >= c.perShard {
+				c.evict(sh, start)
+			}
+			sh.m[k] = e
+			sh.logs += e.logs()
+			c.live.Add(1)
+		}
+		sh.mu.Unlock()
 	}
 }
 
 // evict makes room in a full shard (its lock held): drop the expired
 // entries; if none was, drop the one that expires soonest.
 func (c *Cache) evict(sh *shard, now int64) {
-	dropped := 0
+	dropped := false
 	var soonest id
 	soonestAt := int64(-1)
 	for k, e := range sh.m {
 		if now >= e.until {
-			delete(sh.m, k)
-			dropped++
+			c.drop(sh, k, &e)
+			dropped = true
 			continue
 		}
 		if soonestAt < 0 || e.until < soonestAt {
 			soonest, soonestAt = k, e.until
 		}
 	}
-	if dropped == 0 && soonestAt >= 0 {
-		delete(sh.m, soonest)
-		dropped++
+	if !dropped && soonestAt >= 0 {
+		e := sh.m[soonest]
+		c.drop(sh, soonest, &e)
 	}
-	c.live.Add(int64(-dropped))
 }
 
-// Forget drops the entry of zone and key (an admin reset).
+// forget drops the entry of zone and key, if any.
+func (c *Cache) forget(zone string, key algorithms.Key) {
+	k := id{zone: zone, key: key}
+	sh := c.shard(&k)
+	sh.mu.Lock()
+	if e, had := sh.m[k]; had {
+		c.drop(sh, k, &e)
+	}
+	sh.mu.Unlock()
+}
+
+// Forget drops the entry of zone and key (an admin reset on this
+// instance), and keeps a refusal read before it from being stored after
+// it.
 func (c *Cache) Forget(zone string, key algorithms.Key) {
 	if c == nil {
 		return
 	}
-	k := id{zone: zone, key: key}
-	sh := c.shard(&k)
-	sh.mu.Lock()
-	_, had := sh.m[k]
-	delete(sh.m, k)
-	sh.mu.Unlock()
-	if had {
-		c.live.Add(-1)
-	}
+	c.bump()
+	c.forget(zone, key)
 }
 
-// Clear drops every entry (the store's state may have been lost).
+// Clear drops every entry (the store's state may have been lost or reset),
+// and keeps a refusal read before it from being stored after it.
 func (c *Cache) Clear() {
-	if !c.Active() {
+	if c == nil {
 		return
 	}
+	c.bump()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		n := len(sh.m)
 		clear(sh.m)
+		sh.logs = 0
 		sh.mu.Unlock()
 		c.live.Add(int64(-n))
+	}
+}
+
+// Drop drops the entries of reqs' zones: the store decides reqs whatever
+// the cache holds, and may charge them.
+func (c *Cache) Drop(reqs []algorithms.Request) {
+	if c == nil {
+		return
+	}
+	for i := range reqs {
+		c.forget(reqs[i].Zone, reqs[i].Key)
 	}
 }

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -87,7 +88,11 @@ func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.L
 
 // ResetKeys deletes the state of several keys of one zone (one DEL per
 // key, pipelined: in a Cluster they live in different slots) and returns
-// how many existed.
+// how many existed. It then increments the resets counter every store
+// sharing the Redis polls (watch.go), so that the key's refusals cached by
+// any instance end within a poll: in the same pipeline on one server (the
+// DELs run first), after the DELs in a Cluster (where the counter's master
+// may be another one's, and the pipeline's parts run in parallel).
 func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
 	defer cancel()
@@ -96,11 +101,19 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	for i, k := range keys {
 		dels[i] = pipe.Del(ctx, s.Key(zone, k))
 	}
+	if !s.cluster {
+		pipe.Incr(ctx, s.resetsKey())
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
 	}
+	if s.cluster {
+		if err := s.client.Incr(ctx, s.resetsKey()).Err(); err != nil {
+			return 0, fmt.Errorf("the keys were deleted, but the other instances could not be told (%w): their deny caches may refuse the client until their refusals end; reset again", err)
+		}
+	}
 	for _, k := range keys {
-		s.deny.Forget(zone, k) // this instance's denials of the key end with it
+		s.deny.Forget(zone, k) // this instance's refusals of the key end at once
 	}
 	n := 0
 	for _, d := range dels {

@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
-	"github.com/sluicehq/caddy-sluice/denycache"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// denyStore is a store with the default breaker and deny cache.
-func denyStore(t *testing.T, srv *redistest.Server, size int) *Store {
+// denyStore is a store with the default breaker and deny cache, armed (its
+// first poll of Redis done: see watch.go).
+func denyStore(t testing.TB, srv *redistest.Server, size int) *Store {
 	t.Helper()
 	cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix}
 	c, _, err := cfg.newClient()
@@ -23,13 +23,24 @@ func denyStore(t *testing.T, srv *redistest.Server, size int) *Store {
 	o.DenySize, o.Target = size, "test "+t.Name()
 	s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
 	t.Cleanup(func() { _ = s.Destruct() })
+	waitArmed(t, s)
 	return s
 }
 
-// TestDenyCacheAnswersLocally: once Redis refuses a key, the same key (and
-// cost, or more) is refused without a script call, with Redis's
-// Retry-After; the request's other zones are reported allowed and nothing
-// is charged; a smaller cost goes to Redis.
+// waitArmed waits until s's deny cache (if any) is armed.
+func waitArmed(t testing.TB, s *Store) {
+	t.Helper()
+	for start := time.Now(); s.deny != nil && !s.deny.Armed(); time.Sleep(5 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("the deny cache is not armed 5 s after the store started: its poll of Redis fails")
+		}
+	}
+}
+
+// TestDenyCacheAnswersLocally: once Redis refuses a request, the same
+// request (or one of a higher cost) is refused without a script call,
+// with Redis's Retry-After; the request's other zones are reported allowed
+// and nothing is charged; a cost the key can pay goes to Redis.
 func TestDenyCacheAnswersLocally(t *testing.T) {
 	srv := redistest.Start(t)
 	s := denyStore(t, srv, 1000)
@@ -42,6 +53,7 @@ func TestDenyCacheAnswersLocally(t *testing.T) {
 	if first.Allowed {
 		t.Fatalf("third cost-2 take: %+v, want refused", first)
 	}
+	take(t, s, a, b) // refused by Redis: the cache now knows both zones
 	bState := getRaw(t, srv.Client(), s.Key(b.Zone, b.Key))
 	calls := scriptCalls(t, srv)
 	for i := range 200 {
@@ -105,11 +117,13 @@ func TestDenyCacheExpires(t *testing.T) {
 	}
 }
 
-// Margin is the deny cache's margin.
-var Margin = denycache.Margin
+// Margin is how much sooner than its Retry-After R the deny cache may
+// release a refused request (package denycache: its conservative estimate
+// of Redis's time runs 0.1% fast, rounded up to the millisecond).
+func Margin(r time.Duration) time.Duration { return time.Millisecond + r/1000 }
 
-// TestDenyCacheInvalidation: a changed limit and an admin reset end a
-// denial at once.
+// TestDenyCacheInvalidation: a changed limit and an admin reset (on this
+// instance) end a denial at once.
 func TestDenyCacheInvalidation(t *testing.T) {
 	srv := redistest.Start(t)
 	s := denyStore(t, srv, 1000)
@@ -251,18 +265,28 @@ func BenchmarkTakeGuards(b *testing.B) {
 			o.Failures, o.DenySize, o.Target = tc.failures, tc.deny, "bench"
 			s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
 			defer s.Destruct()
+			waitArmed(b, s)
 			req := []algorithms.Request{{Zone: "bench", Key: freshKey(b), Limit: l, Cost: 1}}
+			// A refusal by Redis: a key of a limit of 1 per hour, taken twice.
+			refuse := func(r algorithms.Request) {
+				r.Limit = limit(b, 1, time.Hour, 0)
+				take(b, s, r)
+				if take(b, s, r)[0].Allowed || s.deny.Len() == 0 {
+					b.Fatal("the second take of 1 per hour was allowed, or not cached")
+				}
+			}
 			if tc.other {
-				s.deny.Remember("bench", freshKey(b), l, 1, denycache.Now(), algorithms.Decision{RetryAfter: time.Hour})
+				refuse(algorithms.Request{Zone: "bench", Key: freshKey(b), Cost: 1})
 			}
 			if tc.hit {
-				s.deny.Remember("bench", req[0].Key, l, 1, denycache.Now(), algorithms.Decision{RetryAfter: time.Hour})
+				req[0].Limit = limit(b, 1, time.Hour, 0)
+				refuse(req[0])
 			}
 			out := make([]algorithms.Decision, 1)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := s.Take(context.Background(), req, out); err != nil {
-					b.Fatal(err)
+				if err := s.Take(context.Background(), req, out); err != nil || out[0].Allowed == tc.hit {
+					b.Fatal(err, out[0])
 				}
 			}
 		})

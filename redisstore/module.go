@@ -137,14 +137,19 @@ type Redis struct {
 	Breaker *Breaker `json:"breaker,omitempty"`
 
 	// DenyCacheSize bounds this instance's deny cache (default 10000
-	// entries, about 1.5 MB; 0 turns it off): when Redis refuses a zone's
-	// key with Retry-After R for cost c, a request with that zone and key
-	// and a cost ≥ c is refused locally, without calling Redis, until R has
-	// passed (less a margin of 1ms + R/1000 for clock differences). It
-	// never refuses what Redis would have allowed (proof per algorithm in
-	// package denycache); a changed limit, an admin reset and a store
-	// failure (state possibly lost) drop the entries concerned. Hits are
-	// counted in caddy_rate_limit_deny_cache_hits_total{store,target}.
+	// entries, about 2.5 MB; 0 turns it off): when Redis refuses a
+	// request, the cache keeps the state Redis read for each of its zones
+	// (and Redis's time), and decides the same client's next requests
+	// locally on that state, without calling Redis, while they are still
+	// refused: with the numbers Redis would give that request (exactly,
+	// when nobody else spent on the key meanwhile), never refusing what
+	// Redis would allow (proof in package denycache). An admin reset
+	// through any instance, and state lost in Redis (FLUSHALL, a restart,
+	// a failover, evictions), end every instance's cached refusals within
+	// a poll of 250ms (the store keeps two keys of its own,
+	// <prefix>ctl:{sluice}:epoch and <prefix>ctl:{sluice}:resets, and in a
+	// Cluster a canary per master). Hits are counted in
+	// caddy_rate_limit_deny_cache_hits_total{store,target}.
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 
 	store   *Store

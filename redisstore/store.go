@@ -40,6 +40,7 @@ type Store struct {
 	denyHits prometheus.Counter
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
+	watch    *watcher // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
@@ -120,6 +121,9 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 			}
 		}
 	}
+	if s.deny != nil {
+		s.watch = startWatch(s)
+	}
 	return s
 }
 
@@ -180,6 +184,9 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 
 // Destruct closes the client: the last user of a pooled store does it.
 func (s *Store) Destruct() error {
+	if s.watch != nil {
+		s.watch.close()
+	}
 	if s.batch != nil {
 		s.batch.close()
 	}
@@ -230,9 +237,9 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 // zones' fail policy; the decision never waits longer than the timeout, plus
 // the late-reply grace once it was sent (batch.go).
 //
-// Before Redis: the deny cache may refuse the request locally (a zone's key
-// refused moments ago, for a cost at most this one's: see package
-// denycache), and an open circuit breaker returns an error wrapping
+// Before Redis: the deny cache may answer a refusal locally (the request's
+// keys refused moments ago: their states, run forward, still refuse it; see
+// package denycache), and an open circuit breaker returns an error wrapping
 // ErrCircuitOpen at once.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if len(reqs) == 0 {
@@ -246,8 +253,14 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		return err
 	}
 	var start int64
+	var tok denycache.Token
+	var ref *refusal // a refusal's states, for the deny cache (armed only)
+	var refBuf refusal
 	if s.deny != nil {
-		start = denycache.Now()
+		start, tok = denycache.Now(), s.deny.Token()
+		if tok != 0 {
+			ref = &refBuf
+		}
 	}
 	parent := ctx
 	c := getCall(ctx, time.Now().Add(s.timeout))
@@ -257,11 +270,11 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	switch oneSlot := !s.cluster || sameSlot(c.keys); {
 	case oneSlot && s.batch != nil:
 		// The pipeline workers bound the wait by c.deadline themselves.
-		err = s.runCall(c, reqs, out, false)
+		err = s.runCall(c, reqs, out, false, ref)
 	case oneSlot:
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
 		c.ctx = dctx
-		err = s.runCall(c, reqs, out, false)
+		err = s.runCall(c, reqs, out, false, ref)
 		cancel()
 	default:
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
@@ -290,62 +303,66 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 		return err
 	}
 	s.breaker.done(probe, false, false, nil)
-	if s.deny != nil {
-		var others []denycache.Other // built once, on a refusal only
-		for i := range reqs {
-			if out[i].Allowed || reqs[i].ReportOnly {
-				continue
-			}
-			if others == nil && len(reqs) > 1 {
-				others = make([]denycache.Other, 0, len(reqs)-1)
-				for j := range reqs {
-					if out[j].Allowed {
-						others = append(others, denycache.Other{Zone: reqs[j].Zone, Key: reqs[j].Key, Limit: reqs[j].Limit, Remaining: out[j].Remaining})
-					}
-				}
-			}
-			s.deny.RememberWith(reqs[i].Zone, reqs[i].Key, reqs[i].Limit, reqs[i].Cost, start, out[i], others)
-		}
+	if ref != nil && ref.raws != nil {
+		s.remember(tok, start, reqs, out, ref)
 	}
 	return nil
 }
 
-// denied answers reqs from the deny cache when one of its zones is known
-// refused: that zone (each such zone) is refused with the time left, the
-// others are reported allowed with nothing charged (vetoed by the refusal),
-// and nothing is charged anywhere. It reports whether it answered.
+// denied answers reqs from the deny cache when it can: exactly as Redis
+// would at this moment, nothing charged (package denycache). It reports
+// whether it answered.
 func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
-	now := denycache.Now()
-	hit := false
-	var others []denycache.Other
-	for i := range reqs {
-		r := &reqs[i]
-		if !r.ReportOnly {
-			if d, o, ok := s.deny.LookupOthers(r.Zone, r.Key, r.Limit, r.Cost, now); ok {
-				out[i], hit = d, true
-				if others == nil {
-					others = o
-				}
-				continue
-			}
-		}
-		// Overwritten by the store call when nothing hits.
-		c := r.Limit.Capacity()
-		out[i] = algorithms.Decision{Allowed: true, Limit: c, Remaining: c}
-	}
-	if !hit {
+	if s.cluster && len(reqs) > 1 && !tokensInOneSlot(reqs) {
+		// Decided slot by slot, never from the cache; and it may charge
+		// the zones.
+		s.deny.Drop(reqs)
 		return false
 	}
-	// The vetoed zones report what the store said of them at the refusal
-	// (when the refused request had them), else a full allowance.
-	for _, o := range others {
-		for i := range reqs {
-			if r := &reqs[i]; out[i].Allowed && r.Zone == o.Zone && r.Key == o.Key && r.Limit == o.Limit {
-				out[i].Remaining = o.Remaining
-			}
-		}
+	if !s.deny.Decide(reqs, denycache.Now(), out) {
+		return false
 	}
 	s.denyHits.Inc()
+	return true
+}
+
+// refusal is what the script adds to a refusal's reply for the deny
+// cache: Redis's time of the decision and each zone's stored value
+// (lua/take.lua).
+type refusal struct {
+	now  int64
+	raws []any // per zone: a string, or 0 when Redis did not send it
+}
+
+// remember stores a refusal's states in the deny cache (tok and start were
+// taken before the call began).
+func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Request, out []algorithms.Decision, ref *refusal) {
+	var buf [4]denycache.Snapshot
+	snaps := buf[:0]
+	if len(reqs) > len(buf) {
+		snaps = make([]denycache.Snapshot, 0, len(reqs))
+	}
+	for i := range reqs {
+		var sn denycache.Snapshot
+		if raw, ok := ref.raws[i].(string); ok {
+			st, ok := algorithms.DecodeLua(raw)
+			sn = denycache.Snapshot{State: st, Fresh: !ok, Known: true}
+		}
+		snaps = append(snaps, sn)
+	}
+	s.deny.Remember(tok, start, ref.now, reqs, out, snaps)
+}
+
+// tokensInOneSlot reports whether the keys of reqs live in one Cluster
+// slot, without building them: their hash tag is the identity token (Key).
+func tokensInOneSlot(reqs []algorithms.Request) bool {
+	var b [2*algorithms.KeySize + 8]byte
+	first := slot(appendToken(b[:0], reqs[0].Key))
+	for i := 1; i < len(reqs); i++ {
+		if reqs[i].Key != reqs[0].Key && slot(appendToken(b[:0], reqs[i].Key)) != first {
+			return false
+		}
+	}
 	return true
 }
 
@@ -357,13 +374,14 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 	}
 	c := getCall(ctx, deadline)
 	c.keys = append(c.keys, keys...)
-	return s.runCall(c, reqs, out, refund)
+	return s.runCall(c, reqs, out, refund, nil)
 }
 
 // runCall evaluates the script once for c's keys (all in one slot) and
 // reqs, through the pipeline workers when there are, and decodes the reply
-// into out (nothing for a refund). It consumes c.
-func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
+// into out (nothing for a refund), and a refusal's states into ref when it
+// is not nil. It consumes c.
+func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	c.args = s.argc.appendArgs(c.args, reqs, refund)
 	if s.batch == nil {
 		c.cmd = s.scripts.runDirect(c.ctx, s.direct, c)
@@ -373,7 +391,7 @@ func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Dec
 		}
 		return err
 	}
-	err := decodeReply(c.cmd, reqs, out, refund)
+	err := decodeReply(c.cmd, reqs, out, refund, ref)
 	if err != nil && s.batch != nil && unanswered(c.cmd.Err()) {
 		// Sent (the worker had it), and no reply came: Redis may have
 		// decided it.
@@ -401,8 +419,10 @@ func unanswered(err error) bool {
 }
 
 // decodeReply reads the script's reply: per zone, allowed (1/0),
-// remaining, retry-after and reset-after in ms.
-func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
+// remaining, retry-after and reset-after in ms; after them, on a refusal,
+// Redis's time and each zone's stored value, kept in ref when it is not
+// nil.
+func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	v, err := cmd.Result()
 	if err != nil {
 		if errors.Is(err, redis.Nil) {
@@ -414,7 +434,7 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 		return nil
 	}
 	res, ok := v.([]any)
-	if !ok || len(res) != 4*len(reqs) {
+	if n := 4 * len(reqs); !ok || len(res) != n && len(res) != n+1+len(reqs) {
 		return fmt.Errorf("redis: the script returned %T of %d values for %d zones", v, len(res), len(reqs))
 	}
 	var n [4]int64
@@ -430,6 +450,11 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 			Remaining:  n[1],
 			RetryAfter: time.Duration(n[2]) * time.Millisecond,
 			ResetAfter: time.Duration(n[3]) * time.Millisecond,
+		}
+	}
+	if n := 4 * len(reqs); ref != nil && len(res) > n {
+		if now, ok := res[n].(int64); ok {
+			ref.now, ref.raws = now, res[n+1:]
 		}
 	}
 	return nil

@@ -14,7 +14,14 @@
 -- slot).
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
--- (ms) and reset-after (ms).
+-- (ms) and reset-after (ms). When states is true (the production entry
+-- points) and an enforcing zone refused, the request's reply goes on with
+-- what the deny cache needs to answer the same client's next requests as
+-- this script would (package denycache): the time it decided at (now, ms),
+-- then each zone's stored value as it read it (a refusal writes nothing, so
+-- it is also the value now): "" for none, 0 for a value longer than 1024
+-- bytes (a long sliding log, not worth the bandwidth). A request that is
+-- allowed gets the four integers per zone only.
 --
 -- Every algorithm's step returns allowed, remaining, retry-after,
 -- reset-after and the value to store (nil: delete the key); its refund
@@ -49,12 +56,13 @@ end
 -- when it decides, every zone has.
 local vals, resets, raws = {}, {}, {}
 
-local function take(keys, argv, base)
+local function take(keys, argv, base, states)
   if not byte then bind() end
   local n = #keys
   local out = {nil, nil, nil, nil} -- room for one zone without a resize
   local all = true
   local lastval, lastreset -- the last zone's state, when it is written
+  local lastraw -- the last zone's stored value
   for i = 1, n do
     local b = base + 6 * (i - 1)
     local a = argv[b + 1]
@@ -81,12 +89,15 @@ local function take(keys, argv, base)
       if allowed == 0 and mode ~= '2' then all = false end
       if i < n then
         vals[i], resets[i], raws[i] = val, reset, raw
-      elseif allowed == 1 then
-        if all then
-          lastval, lastreset = val, reset
-        else
-          -- vetoed: nothing is charged; show this zone as it stands
-          allowed, rem, retry, reset = step(raw, events, w, capacity, 0)
+      else
+        lastraw = raw
+        if allowed == 1 then
+          if all then
+            lastval, lastreset = val, reset
+          else
+            -- vetoed: nothing is charged; show this zone as it stands
+            allowed, rem, retry, reset = step(raw, events, w, capacity, 0)
+          end
         end
       end
     end
@@ -111,5 +122,19 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
+  if states and not all then
+    local o = 4 * n + 1
+    out[o] = now
+    for i = 1, n do
+      local r = raws[i]
+      if i == n then r = lastraw end
+      if not r then
+        r = ''
+      elseif #r > 1024 then
+        r = 0
+      end
+      out[o + i] = r
+    end
+  end
   return out
 end
