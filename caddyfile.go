@@ -517,7 +517,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 	// The per-request fields and the cost, checked now so that the error
 	// names the file and line.
 	check := &zone{limit: l, cost: 1}
-	if err := check.compileCost(string(z.Cost), z.CostDefault); err != nil {
+	if err := check.compileCost(z); err != nil {
 		return nil, errf("%v", err)
 	}
 	if err := check.compileDynamic(z); err != nil {

@@ -142,7 +142,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	if f := lines[0].ContextMap(); f["zone"] != "dyn_fb" || f["field"] != "burst" || f["value"] != "many" || f["default"] != int64(5) {
 		t.Errorf("log line fields %v, want zone dyn_fb, field burst, value many, default 5", f)
 	}
-	h.badValue().last.Store(0)              // as if a minute had passed
+	h.badValue().start.Store(0)             // as if a minute had passed
 	try(req{"0", "1m", "7", "1", 200, "6"}) // events 5 (the default), burst 7
 	lines = logs.FilterMessageSnippet("chosen per request").All()
 	if len(lines) != 2 || lines[1].ContextMap()["suppressed_since_last"] != int64(7) || lines[1].ContextMap()["field"] != "events" {
@@ -152,7 +152,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 
 // TestDynamicLimitHeaders: the draft RateLimit-Policy and the legacy
 // headers carry the limit each request resolved to, past the cache of
-// per-limit views too.
+// per-limit header values too.
 func TestDynamicLimitHeaders(t *testing.T) {
 	clock := &fakeClock{ms: 1_800_000_000_000}
 	h := newHandler(t, `rate_limit {
@@ -163,7 +163,7 @@ func TestDynamicLimitHeaders(t *testing.T) {
 		}
 		headers both
 	}`, clock)
-	for i := 1; i <= maxViews+10; i++ {
+	for i := 1; i <= maxShown+10; i++ {
 		n := strconv.Itoa(i)
 		w := serve(t, h, "GET", "/", map[string]string{"X-User": "u", "X-Events": n, "X-Window": "1h"})
 		if w.Code != 200 || w.Header().Get("X-Ratelimit-Limit") != n || w.Header().Get("X-Ratelimit-Remaining") != strconv.Itoa(i-1) {
@@ -173,8 +173,8 @@ func TestDynamicLimitHeaders(t *testing.T) {
 			t.Fatalf("events %d: RateLimit-Policy %q, want %q", i, got, want)
 		}
 	}
-	if m := h.zones[0].dyn.views.Load(); m == nil || len(*m) != maxViews {
-		t.Errorf("cached views: %v, want %d", m, maxViews)
+	if m := h.zones[0].dyn.shown.Load(); m == nil || len(*m) != maxShown {
+		t.Errorf("cached header values: %v, want %d", m, maxShown)
 	}
 }
 
@@ -222,7 +222,7 @@ func TestDynamicLimitAllocations(t *testing.T) {
 }
 
 // badValue returns the only zone's rate-limited log of unusable values.
-func (h *Handler) badValue() *errorLog { return h.zones[0].badValue }
+func (h *Handler) badValue() *sampledLog { return h.zones[0].badValue }
 
 // TestDynamicLimitNoAllocation: resolving a per-request limit, parsing it,
 // checking it and scoping the key allocate nothing.

@@ -101,8 +101,8 @@ type Handler struct {
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
-	storeErrors *errorLog
-	refusalLog  *lineSampler
+	storeErrors *sampledLog
+	refusalLog  *sampledLog
 	legacy      bool
 	draft       bool
 	enabled     bool
@@ -134,8 +134,8 @@ const (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	h.storeErrors = new(errorLog)
-	h.refusalLog = new(lineSampler)
+	h.storeErrors = newSampledLog(1, storeErrorInterval)
+	h.refusalLog = newSampledLog(refusalLines, time.Second)
 	if h.Headers == "" {
 		h.Headers = headersLegacy
 	}

@@ -38,7 +38,7 @@ var refusalPlaceholders = []string{
 func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
 	if !unavailable {
 		if h.legacy {
-			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+			setLegacyHeaders(w.Header(), v.shown, &v.Decision, now)
 		}
 		if v.policy != "" {
 			hdr := w.Header()
@@ -166,7 +166,7 @@ func TestRefusalMatchesReference(t *testing.T) {
 			}
 			if c.failClosed {
 				z := v.zone
-				v = verdict{zone: z, key: v.key, Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
+				v = verdict{zone: z, shown: v.shown, key: v.key, Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
 			}
 			now := time.Unix(1_800_000_000, 400_000_000)
 

@@ -3,7 +3,6 @@ package sluice
 import (
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -98,22 +97,4 @@ func unregisterLocked(scope any, zones []*zone) {
 	if len(m) == 0 {
 		delete(registry.scopes, scope)
 	}
-}
-
-// describeDynamic renders a limit and the placeholders that choose it per
-// request.
-func describeDynamic(l algorithms.Limit, dyn string) string {
-	if dyn == "" {
-		return describeLimit(l)
-	}
-	return describeLimit(l) + " " + dyn
-}
-
-// describeLimit renders a limit as the Caddyfile would write it.
-func describeLimit(l algorithms.Limit) string {
-	s := fmt.Sprintf("events %d window %s", l.Events, time.Duration(l.Window)*time.Millisecond)
-	if l.Burst > 0 {
-		s += fmt.Sprintf(" burst %d", l.Burst)
-	}
-	return s + " algorithm " + l.Algorithm.String()
 }

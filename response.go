@@ -139,7 +139,7 @@ const (
 // seconds at which the key is back to full) for one decision. A refusal
 // writes the same three values itself, with its other headers (refuse):
 // keep the two in step.
-func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.Time) {
+func setLegacyHeaders(h http.Header, shown *shownLimit, d *algorithms.Decision, now time.Time) {
 	// Both numbers are formatted into one string and sliced out of it, and
 	// the three values share one backing array: two allocations in all.
 	var buf [40]byte
@@ -148,7 +148,7 @@ func setLegacyHeaders(h http.Header, z *zone, d *algorithms.Decision, now time.T
 	b = strconv.AppendInt(b, resetUnix(now, d.ResetAfter), 10)
 	nums := string(b)
 	vals := make([]string, 3)
-	vals[0] = z.limitText
+	vals[0] = shown.limit
 	vals[1] = nums[:split]
 	vals[2] = nums[split:]
 	h[hdrLimit] = vals[0:1:1]
@@ -267,7 +267,7 @@ func draftFields(s *scratch) (policy, state string) {
 			pb = append(pb, ", "...)
 			sb = append(sb, ", "...)
 		}
-		pb = append(pb, z.policyItem...)
+		pb = append(pb, s.shown[i].policy...)
 		d := &s.decs[i]
 		unit := z.draftUnit()
 		sb = append(sb, z.sfName...)
@@ -370,23 +370,20 @@ const (
 // logRefusal writes one line per refusal (zone, key token, retry-after,
 // cost), sampled by h.refusalLog so that an attack cannot flood the log.
 func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Request, repl *caddy.Replacer, now time.Time) {
-	lvl := zap.InfoLevel
-	if !h.refusalLog.takeAt(now.Unix()) {
+	ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, now)
+	if ce == nil {
 		return
 	}
-	if ce := h.logger.Check(lvl, msg); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", v.zone.name),
-			zap.String("key", v.key.String()),
-			zap.Int64("retry_after", retry),
-			zap.Int64("cost", v.cost),
-			zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
-		}
-		if h.LogKey {
-			fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl, r)))
-		}
-		ce.Write(fields...)
+	fields := []zap.Field{
+		zap.String("zone", v.zone.name),
+		zap.String("key", v.key.String()),
+		zap.Int64("retry_after", retry),
+		zap.Int64("cost", v.cost),
 	}
+	if h.LogKey {
+		fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl, r)))
+	}
+	h.refusalLog.write(ce, fields...)
 }
 
 // errRefused is the error handed to handle_errors routes. Its message holds
@@ -491,7 +488,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	vals := headerValues(make([]string, n))
 	if legacy { // the values setLegacyHeaders writes for an allowed request
-		vals.set(hdr, hdrLimit, v.zone.limitText)
+		vals.set(hdr, hdrLimit, v.shown.limit)
 		vals.set(hdr, hdrRemaining, nums[endRetry:endRemaining])
 		vals.set(hdr, hdrReset, nums[endRemaining:endReset])
 	}
