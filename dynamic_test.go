@@ -189,8 +189,10 @@ func TestDynamicLimitAllocations(t *testing.T) {
 		h := newHandler(t, block, nil)
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("X-User", "alloc")
-		caddyhttp.NewTestReplacer(r)
+		// The vars first: the replacer reads them from the request it is
+		// made for.
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{"plan_events": plan}))
+		caddyhttp.NewTestReplacer(r)
 		w := httptest.NewRecorder()
 		return testing.AllocsPerRun(200, func() {
 			clear(w.Header())
