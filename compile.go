@@ -96,10 +96,10 @@ func (z *Zone) compile(name string) (*zone, error) {
 		return nil, err
 	}
 	if z.IPv4Prefix < 1 || z.IPv4Prefix > 32 {
-		return nil, fmt.Errorf("ipv4_prefix must be between 1 and 32, got %d", z.IPv4Prefix)
+		return nil, fmt.Errorf("ipv4_prefix must be between 0 and 32 (0: the default, 32), got %d", z.IPv4Prefix)
 	}
 	if z.IPv6Prefix < 1 || z.IPv6Prefix > 128 {
-		return nil, fmt.Errorf("ipv6_prefix must be between 1 and 128, got %d", z.IPv6Prefix)
+		return nil, fmt.Errorf("ipv6_prefix must be between 0 and 128 (0: the default, 64), got %d", z.IPv6Prefix)
 	}
 	switch z.Fail {
 	case failOpenPolicy, failClosedPolicy, failLocalPolicy:

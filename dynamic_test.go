@@ -294,8 +294,8 @@ func TestDynamicLimitKeys(t *testing.T) {
 	}
 }
 
-// TestDynamicLimitConfigErrors: errors at adapt and at provision name the
-// zone and the field.
+// TestDynamicLimitConfigErrors: errors at adapt or at load, and at
+// provision of a JSON config, name the zone and the field.
 func TestDynamicLimitConfigErrors(t *testing.T) {
 	zone := func(body string) string {
 		return ":8080 {\n\trate_limit {\n\t\tzone z1 {\n" + body + "\n\t\t}\n\t}\n\trespond ok\n}\n"
@@ -304,24 +304,24 @@ func TestDynamicLimitConfigErrors(t *testing.T) {
 		body string
 		want []string
 	}{
-		"events without default":  {"events {plan_events}\nwindow 1m", []string{"zone z1", "events {plan_events} needs a default", "events {plan_events} 60"}},
-		"window without default":  {"events 5\nwindow {plan_window}", []string{"zone z1", "window {plan_window} needs a default"}},
-		"burst without default":   {"events 5\nwindow 1m\nburst {b}", []string{"zone z1", "burst {b} needs a default"}},
-		"placeholder default":     {"events {a} {b}\nwindow 1m", []string{"zone z1", "events takes a value, or a placeholder and a default"}},
-		"two values":              {"events 5 6\nwindow 1m", []string{"zone z1", "events takes a value"}},
-		"bad events default":      {"events {a} many\nwindow 1m", []string{"zone z1", "events must be an integer"}},
-		"zero events default":     {"events {a} 0\nwindow 1m", []string{"zone z1", "events must be at least 1"}},
-		"bad window default":      {"events 5\nwindow {w} soon", []string{"zone z1", "window: invalid duration"}},
-		"burst with sliding log":  {"events 5\nwindow 1m\nalgorithm sliding_log\nburst {b} 5", []string{"zone z1", "burst is not allowed"}},
-		"bad cost default":        {"events 5\nwindow 1m\ncost {c} 0", []string{"zone z1", "cost's default must be at least 1"}},
-		"cost default too large":  {"events 5\nwindow 1m\ncost {c} 6", []string{"zone z1", "cost_default 6 exceeds the zone's capacity 5"}},
-		"cost default on integer": {"events 5\nwindow 1m\ncost 2 1", []string{"zone z1", "cost takes an integer, or a placeholder"}},
-		"malformed placeholder":   {"events {a 5\nwindow 1m", []string{"zone z1", "max_events_from must be a placeholder"}},
+		"events without default":  {"events {plan_events}\nwindow 1m", []string{`zone "z1"`, "events {plan_events} needs a default", "events {plan_events} 60"}},
+		"window without default":  {"events 5\nwindow {plan_window}", []string{`zone "z1"`, "window {plan_window} needs a default"}},
+		"burst without default":   {"events 5\nwindow 1m\nburst {b}", []string{`zone "z1"`, "burst {b} needs a default"}},
+		"placeholder default":     {"events {a} {b}\nwindow 1m", []string{`zone "z1"`, "events takes a value, or a placeholder and a default"}},
+		"two values":              {"events 5 6\nwindow 1m", []string{`zone "z1"`, "events takes a value"}},
+		"bad events default":      {"events {a} many\nwindow 1m", []string{`zone "z1"`, "events must be an integer"}},
+		"zero events default":     {"events {a} 0\nwindow 1m", []string{`zone "z1"`, "events must be at least 1"}},
+		"bad window default":      {"events 5\nwindow {w} soon", []string{`zone "z1"`, "window: invalid duration"}},
+		"burst with sliding log":  {"events 5\nwindow 1m\nalgorithm sliding_log\nburst {b} 5", []string{`zone "z1"`, "burst is not allowed"}},
+		"bad cost default":        {"events 5\nwindow 1m\ncost {c} 0", []string{`zone "z1"`, "cost's default must be at least 1"}},
+		"cost default too large":  {"events 5\nwindow 1m\ncost {c} 6", []string{`zone "z1"`, "cost_default 6 exceeds the zone's capacity 5"}},
+		"cost default on integer": {"events 5\nwindow 1m\ncost 2 1", []string{`zone "z1"`, "cost takes an integer, or a placeholder"}},
+		"malformed placeholder":   {"events {a 5\nwindow 1m", []string{`zone "z1"`, "max_events_from must be a placeholder"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := adapt(t, zone(c.body))
+			err := validateCaddyfile(t, zone(c.body))
 			if err == nil {
-				t.Fatalf("adapted without error:\n%s", c.body)
+				t.Fatalf("loaded without error:\n%s", c.body)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(err.Error(), w) {
@@ -359,9 +359,9 @@ func TestDynamicLimitConfigErrors(t *testing.T) {
 // different per-request placeholders is two limits, refused.
 func TestDynamicLimitOneZoneOneSpec(t *testing.T) {
 	cf := ":8080 {\n\trate_limit {\n\t\tzone shared {\n\t\t\tevents {a} 5\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n:8081 {\n\trate_limit {\n\t\tzone shared {\n\t\t\tevents {b} 5\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"
-	_, err := adapt(t, cf)
+	err := validateCaddyfile(t, cf)
 	if err == nil || !strings.Contains(err.Error(), "max_events_from {a}") || !strings.Contains(err.Error(), "max_events_from {b}") {
-		t.Fatalf("adapt: %v, want a conflict naming both placeholders", err)
+		t.Fatalf("load: %v, want a conflict naming both placeholders", err)
 	}
 	ctx := caddyContext(t)
 	var hs []*Handler

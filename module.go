@@ -107,7 +107,7 @@ type Handler struct {
 	draft       bool
 	enabled     bool
 	resp        compiledResponse
-	scope       any
+	app         *App // the configuration's: zone names are checked across it
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
@@ -170,7 +170,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, name := range names {
 		cfg := h.RateLimits[name]
 		if cfg == nil {
-			return fmt.Errorf("zone %q: empty configuration", name)
+			return zoneErr(name, errors.New("empty configuration"))
 		}
 		cfg.setDefaults()
 		if h.ReportOnly {
@@ -178,15 +178,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		z, err := cfg.compile(name)
 		if err != nil {
-			return fmt.Errorf("zone %q: %w", name, err)
+			return zoneErr(name, err)
 		}
 		if cfg.MatcherSetsRaw != nil {
 			mods, err := ctx.LoadModule(cfg, "MatcherSetsRaw")
-			if err != nil {
-				return fmt.Errorf("zone %q: match: %w", name, err)
+			if err == nil {
+				err = z.matchers.FromInterface(mods)
 			}
-			if err := z.matchers.FromInterface(mods); err != nil {
-				return fmt.Errorf("zone %q: match: %w", name, err)
+			if err != nil {
+				return zoneErr(name, fmt.Errorf("match: %w", err))
 			}
 		}
 		if cfg.Enabled != nil && !*cfg.Enabled {
@@ -204,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			// The fail-local fallback: this instance's default memory store.
 			mod, err := ctx.LoadModuleByID("http.handlers.rate_limit.stores.memory", json.RawMessage(`{}`))
 			if err != nil {
-				return fmt.Errorf("zone %q: fail local: loading the memory store: %w", z.name, err)
+				return zoneErr(z.name, fmt.Errorf("fail local: loading the memory store: %w", err))
 			}
 			h.local = mod.(Store)
 		}
@@ -235,13 +235,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = ev.(*caddyevents.App)
 
 	// Zone names are checked across the whole configuration being loaded.
-	// registerZones undoes its own partial work on failure, so the scope is
-	// kept (for Cleanup to release) only once every zone is registered.
-	scope := configScope(ctx)
-	if err := registerZones(scope, h.zones, storeKey(h.store)); err != nil {
+	app, err := rateLimitApp(ctx)
+	if err != nil {
 		return err
 	}
-	h.scope = scope
+	if err := app.register(h.zones, storeKey(h.store)); err != nil {
+		return err
+	}
+	h.app = app
 	adminRegister(h) // for admin.api.rate_limit (admin.go)
 	return nil
 }
@@ -289,9 +290,9 @@ func (h *Handler) Validate() error {
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
 	adminUnregister(h)
-	if h.scope != nil {
-		unregisterZones(h.scope, h.zones)
-		h.scope = nil
+	if h.app != nil {
+		h.app.unregister(h.zones)
+		h.app = nil
 	}
 	return nil
 }

@@ -214,18 +214,27 @@ const (
 func validZoneName(name string) error {
 	switch {
 	case name == "":
-		return errors.New("zone name must not be empty")
+		return errors.New("name must not be empty")
 	case len(name) > maxZoneNameLen:
-		return fmt.Errorf("zone name %.40q... is longer than %d bytes", name, maxZoneNameLen)
+		return fmt.Errorf("name is longer than %d bytes", maxZoneNameLen)
 	case !utf8.ValidString(name):
-		return fmt.Errorf("zone name %q is not valid UTF-8", name)
+		return errors.New("name is not valid UTF-8")
 	}
 	for _, r := range name {
 		if !unicode.IsGraphic(r) {
-			return fmt.Errorf("zone name %q: %U is a control, format, private-use or unassigned character; only letters, marks, numbers, punctuation, symbols and spaces are allowed", name, r)
+			return fmt.Errorf("name: %U is a control, format, private-use or unassigned character; only letters, marks, numbers, punctuation, symbols and spaces are allowed", r)
 		}
 	}
 	return nil
+}
+
+// zoneErr names the zone in err: quoted (a name may hold spaces or quotes),
+// and cut short if it is too long to be a name.
+func zoneErr(name string, err error) error {
+	if len(name) > maxZoneNameLen {
+		return fmt.Errorf("zone %.40q...: %w", name, err)
+	}
+	return fmt.Errorf("zone %q: %w", name, err)
 }
 
 // setDefaults fills in the zone's defaults.
