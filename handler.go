@@ -91,21 +91,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	now := time.Now()
 	if out == allow {
-		// Another rate_limit may have decided this request already (two
-		// directives in a route): the headers report the most constrained
-		// zone of both, and the draft fields list the zones of both.
-		hdr := w.Header()
-		if h.legacy && !priorLegacyWins(hdr, false, 0, v.Remaining, resetUnix(now, v.ResetAfter)) {
-			setLegacyHeaders(hdr, v.shown, &v.Decision, now)
-		}
-		if v.policy != "" {
-			hdr[hdrPolicy] = []string{appendToPrior(hdr, hdrPolicy, v.policy)}
-			hdr[hdrState] = []string{appendToPrior(hdr, hdrState, v.state)}
-		}
+		var hs headerSet
+		h.addLimitHeaders(&hs, w.Header(), &v, false, 0, resetUnix(now, v.ResetAfter))
+		hs.set(w.Header())
 		return next.ServeHTTP(w, r)
 	}
-	// A refusal sets the rate limit headers itself, with the rest of its
-	// response and in fewer allocations.
 	return h.refuse(w, r, &v, out == failClosed, now)
 }
 
