@@ -26,75 +26,59 @@ func init() {
 // every zone whose matchers it matches, all in one atomic call to the store:
 // if every zone allows, every zone is charged and the request goes on;
 // otherwise nothing is charged and the request is refused with a 429 (or
-// handed to the site's handle_errors routes). Every response carries the
-// X-RateLimit-* headers of the most constrained zone.
-//
-// JSON field names follow mholt/caddy-ratelimit where the concept is the
-// same, so its configurations carry over.
+// handed to the site's handle_errors routes). docs/reference.md documents
+// every field; JSON names follow mholt/caddy-ratelimit's where the concept
+// is the same.
 type Handler struct {
-	// RateLimits are the zones, keyed by zone name. Zone names are global
-	// across the whole configuration: one name used in two places is one
-	// shared bucket (given the same store) and must carry the same limit.
-	// A name is any string of up to 256 bytes of valid UTF-8 without
-	// control or format characters ("api/v1", "login:v2", "my zone");
-	// wherever it cannot go as it is (store keys, admin API paths, header
-	// fields, JSON bodies) it is encoded.
+	// RateLimits are the zones, by name: up to 256 bytes of UTF-8 text
+	// without control or format characters. A name is global across the
+	// configuration: one name in two places is one bucket, and must carry
+	// one limit and one store. Required.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// StoreRaw is the state store, a module in the
-	// http.handlers.rate_limit.stores namespace. Default: the embedded
-	// memory store ("memory"), shared by every handler that uses the same
-	// store configuration and kept across config reloads.
+	// http.handlers.rate_limit.stores namespace. Default: "memory", shared
+	// by handlers with the same store configuration and kept across
+	// reloads.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.rate_limit.stores inline_key=module"`
 
-	// Headers selects the rate limit headers sent on every response:
-	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset, for the most constrained zone), "draft" (the IETF
-	// draft-ietf-httpapi-ratelimit-headers-11 RateLimit-Policy and
-	// RateLimit fields, one list member per zone decided), "both", or
-	// "off".
-	// Retry-After is sent on every refusal regardless. Default: "legacy".
+	// Headers selects the rate limit headers on every decided response:
+	// "legacy" (X-RateLimit-*), "draft" (RateLimit-Policy and RateLimit,
+	// draft-ietf-httpapi-ratelimit-headers-11), "both" or "off".
+	// Default: "legacy".
 	Headers string `json:"headers,omitempty"`
 
-	// Response shapes the refusal. Default: status 429 with a small JSON
-	// body.
+	// Response shapes the refusal. Default: 429 with a small JSON body.
 	Response *Response `json:"response,omitempty"`
 
-	// Jitter adds up to this fraction of random extra time to Retry-After
-	// (0.2 adds up to 20%, 1.5 up to 150%), so refused clients do not all
-	// come back at once. At least 0. Default: 0.
+	// Jitter adds up to this fraction of random time to Retry-After (0.2:
+	// up to 20%), a finite number of at least 0. Default: 0.
 	Jitter float64 `json:"jitter,omitempty"`
 
-	// LogKey logs the raw key value (an IP address, an API key) in refusal
-	// log lines. Off by default: logs carry only the key's token, which
-	// never reveals a credential.
+	// LogKey adds the raw key to refusal log lines, which otherwise carry
+	// only its token.
 	LogKey bool `json:"log_key,omitempty"`
 
-	// ReportOnly puts every zone of the handler in report-only mode (see
-	// Zone.ReportOnly): decide, record, send the headers, never refuse.
+	// ReportOnly puts every zone in report-only mode (see Zone.ReportOnly).
 	ReportOnly bool `json:"report_only,omitempty"`
 
-	// Enabled is the off switch: false turns the handler into a
-	// pass-through (no decisions, no headers), flipped by a config reload.
-	// Default: true.
+	// Enabled false makes the handler a pass-through (no decisions, no
+	// headers). Default: true.
 	Enabled *bool `json:"enabled,omitempty"`
 
-	// SweepInterval is accepted for compatibility with caddy-ratelimit: it
-	// sets how often the default memory store drops keys that are back to
-	// full (the same as `store memory { sweep_interval }`).
+	// SweepInterval is caddy-ratelimit's name for how often the default
+	// memory store drops full keys; at least 1s, and not with StoreRaw.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// DisableMetrics turns off this handler's Prometheus metrics
-	// (caddy_rate_limit_decisions_total, _store_duration_seconds,
-	// _store_errors_total in Caddy's metrics registry).
+	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// Distributed is caddy-ratelimit's storage-synchronised mode. It is
-	// refused: Sluice shares state exactly through a shared store instead.
+	// Distributed is caddy-ratelimit's storage-synchronised mode: refused,
+	// naming the Sluice equivalent (a shared store).
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
-	// StorageRaw is caddy-ratelimit's storage for distributed mode. It is
-	// refused for the same reason as Distributed.
+	// StorageRaw is caddy-ratelimit's storage for Distributed: refused
+	// likewise.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
 	zones       []*zone

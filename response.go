@@ -21,39 +21,26 @@ import (
 // errors.
 type Response struct {
 	// HandleErrors hands the refusal to the site's handle_errors routes as
-	// a 429 error instead of writing a body here. The rate limit headers
-	// and Retry-After are already set on the response, and the
-	// {http.rate_limit.*} placeholders are available to those routes.
+	// a 429 error (headers and placeholders set) instead of writing a body.
 	HandleErrors bool `json:"handle_errors,omitempty"`
 
-	// StatusCode is the refusal's status. Default: 429.
+	// StatusCode is the refusal's status, 400 to 599. Default: 429.
 	StatusCode int `json:"status_code,omitempty"`
 
-	// ContentType is the refusal body's Content-Type. Default:
-	// application/json for the default body; for a custom body,
-	// application/json when it starts with '{' or '[', text/html when it
-	// starts with '<', else text/plain; charset=utf-8.
+	// ContentType is the body's Content-Type. Default: sniffed from the
+	// body (application/json, text/html or text/plain).
 	ContentType string `json:"content_type,omitempty"`
 
-	// Body is the refusal body, a template with placeholders:
-	// {http.rate_limit.zone}, {http.rate_limit.retry_after} (seconds),
-	// {http.rate_limit.limit}, {http.rate_limit.remaining},
-	// {http.rate_limit.reset} (Unix seconds), and any other Caddy
-	// placeholder. Default: a small JSON object with the status, a message,
-	// the zone and retry_after.
+	// Body is the refusal body, a template with placeholders such as
+	// {http.rate_limit.retry_after}. Default: a small JSON object.
 	Body string `json:"body,omitempty"`
 
 	// Headers are set on the refusal; values may use placeholders.
 	Headers http.Header `json:"headers,omitempty"`
 
-	// Problem answers a refusal with an RFC 9457 problem details body
-	// (application/problem+json) as draft-ietf-httpapi-ratelimit-headers-11
-	// defines it: type quota-exceeded (429) for a refusal, or
-	// temporary-reduced-capacity (503) when a fail-closed zone's store could
-	// not decide, with title, status, detail and violated-policies (the
-	// refusing zones, named as the RateLimit fields name them). Combines
-	// with status_code and headers, not with body, content_type or
-	// handle_errors.
+	// Problem answers with an RFC 9457 problem details body, as
+	// draft-ietf-httpapi-ratelimit-headers-11 defines it. Not with Body,
+	// ContentType or HandleErrors.
 	Problem bool `json:"problem,omitempty"`
 }
 

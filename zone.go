@@ -16,131 +16,76 @@ import (
 )
 
 // Zone is one rate limit: which requests (match), who (key), and how much
-// (max_events per window, with an optional burst).
-//
-// The limit may be chosen per request (MaxEventsFrom, WindowFrom,
-// BurstFrom: a plan's limits, say). The client's bucket then depends on the
-// limit resolved: a request whose limit is the zone's default (MaxEvents,
-// Window, Burst) counts against the client's plain bucket, and a request
-// resolved to any other limit against a bucket of the client's for that
-// limit alone (the key's token scoped by the limit; see identity.Token.Scope).
-// So a client moved from free to pro gets a full pro-sized bucket at once
-// instead of carrying the free bucket's state, and moving back finds its
-// free bucket as it left it: switching plans never hands out an allowance
-// twice within one plan's window. The cost: what a client spent under one
-// limit does not count under another. The number of buckets per client is
-// bounded by the number of distinct limits its requests resolve to (the
-// plans of a map), and no raw value reaches a key. One bucket per client
-// whatever the limit would adapt too (the stores keep what a client spent,
-// so a raised capacity shows at once), but it would mix one state across
-// limits that differ in window or algorithm-specific meaning, or by
-// endpoint within one zone; a bucket per limit keeps each limit exact.
+// (max_events per window, with an optional burst). The limit may be chosen
+// per request (max_events_from, window_from, burst_from); a client then has
+// one bucket per limit its requests resolve to. docs/reference.md ("Zone")
+// explains each field and why.
 type Zone struct {
-	// Key lists the key candidates, made of placeholders: the first whose
-	// placeholders are all non-empty identifies the client, e.g.
-	// ["{http.auth.user.id}", "{http.vars.client_ip}"] keys on the account
-	// when there is one, else on the client IP. A single string is accepted
-	// too. A value that is an IP address is canonicalised and masked to
-	// ipv4_prefix / ipv6_prefix; any other value is hashed before it reaches
-	// the store or a log. When every candidate is empty, the request counts
-	// against one bucket shared by all such requests of the zone. A
-	// request header, cookie or query argument in a candidate counts by
-	// its one value; a request that carries it several times with
-	// different values is refused with 400 (counted as ambiguous_key; a
-	// report-only zone passes it uncharged).
-	// Default: "{http.vars.client_ip}".
+	// Key lists the key candidates, placeholders such as
+	// "{http.auth.user.id}": the first whose placeholders are all non-empty
+	// identifies the client (IPs masked to the prefixes, other values
+	// hashed). A single string is accepted. Default: "{http.vars.client_ip}".
 	Key KeyCandidates `json:"key,omitempty"`
 
-	// Window is the period over which MaxEvents are allowed; the token
-	// bucket refills MaxEvents per Window, continuously. A whole number of
-	// milliseconds, at least 1ms.
-	// Required; with WindowFrom, it is the default.
+	// Window is the period of MaxEvents: a whole number of milliseconds, at
+	// least 1ms. Required; with WindowFrom, the default.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxEvents is the number of events allowed per Window. Required; with
-	// MaxEventsFrom, it is the default.
+	// MaxEventsFrom, the default.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Burst is the token bucket's capacity: how many events a client that
-	// has been idle may spend at once. Default: MaxEvents (the resolved
-	// one, when MaxEventsFrom is set); with BurstFrom, required as the
-	// default.
+	// Burst is the capacity of token_bucket and gcra: what an idle client
+	// may spend at once. Default: MaxEvents; required with BurstFrom.
 	Burst int64 `json:"burst,omitempty"`
 
-	// MaxEventsFrom chooses MaxEvents per request: a placeholder, such as
-	// {plan_events} set by a `map` from the API key, or a header that
-	// forward_auth copies from the authentication service's answer, whose
-	// value is a positive integer. MaxEvents is the default: it applies
-	// when the value is empty or unusable, and such a value is logged (at
-	// most once a minute per zone) and counted
-	// (caddy_rate_limit_dynamic_fallbacks_total). Take limits only from
-	// values the client cannot choose. See Zone for how a per-request limit
-	// chooses the client's bucket.
+	// MaxEventsFrom is a placeholder whose value (a positive integer)
+	// chooses MaxEvents per request, such as {plan_events} set by a map.
+	// An empty or unusable value falls back to MaxEvents.
 	MaxEventsFrom string `json:"max_events_from,omitempty"`
 
-	// WindowFrom chooses Window per request, like MaxEventsFrom: the value
-	// is whole numbers with units ms, s, m, h or d (500ms, 30s, 1m, 1h,
-	// 1d, 1h30m). Window is the default.
+	// WindowFrom chooses Window per request, like MaxEventsFrom: whole
+	// numbers with units ms, s, m, h or d (1h30m).
 	WindowFrom string `json:"window_from,omitempty"`
 
-	// BurstFrom chooses Burst per request, like MaxEventsFrom (token_bucket
-	// and gcra only). Burst is the default, and is then required.
+	// BurstFrom chooses Burst per request, like MaxEventsFrom.
 	BurstFrom string `json:"burst_from,omitempty"`
 
-	// Algorithm is the rate limiting algorithm. Default: "token_bucket".
+	// Algorithm is token_bucket, gcra, sliding_window, fixed_window or
+	// sliding_log. Default: "token_bucket".
 	Algorithm string `json:"algorithm,omitempty"`
 
-	// MatcherSetsRaw selects the requests the zone applies to; the sets are
-	// OR'ed, the matchers within a set AND'ed. Default: every request that
-	// reaches the handler.
+	// MatcherSetsRaw selects the requests the zone applies to (sets OR'ed,
+	// matchers in a set AND'ed). Default: every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
-	// IPv4Prefix is the prefix length an IPv4 key is masked to; 0 means
+	// IPv4Prefix is the prefix an IPv4 key is masked to, 1 to 32; 0 means
 	// not set. Default: 32.
 	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
 
-	// IPv6Prefix is the prefix length an IPv6 key is masked to, so that one
-	// client cannot rotate through its /64 for fresh buckets; 0 means not
-	// set. Default: 64.
+	// IPv6Prefix is the prefix an IPv6 key is masked to, 1 to 128; 0 means
+	// not set. Default: 64.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
-	// Cost is what one request spends: an integer (default 1), or a
-	// placeholder resolved per request, such as {cost} set by a map, or
-	// {http.request.header.X-Cost}. A static cost larger than the zone's
-	// capacity is a config error; a per-request cost larger than the
-	// capacity is refused (it could never pass). A per-request value that
-	// is not a positive integer counts as CostDefault, and is logged (at
-	// most once a minute per zone) and counted
-	// (caddy_rate_limit_dynamic_fallbacks_total).
+	// Cost is what one request spends: a positive integer, at most the
+	// capacity, or a placeholder resolved per request. Default: 1.
 	Cost caddyhttp.WeakString `json:"cost,omitempty"`
 
-	// CostDefault is what a request spends when the Cost placeholder's
-	// value is not a positive integer. Only with a placeholder Cost.
-	// Default: 1.
+	// CostDefault is the cost when the Cost placeholder's value is not a
+	// positive integer; only with a placeholder Cost. Default: 1.
 	CostDefault int64 `json:"cost_default,omitempty"`
 
-	// Enabled switches one zone off (false): it is compiled and checked but
-	// decides nothing, so a reload can flip it. Default: true.
+	// Enabled false switches the zone off (still checked at load).
+	// Default: true.
 	Enabled *bool `json:"enabled,omitempty"`
 
-	// ReportOnly makes the zone decide and record without ever refusing:
-	// its state evolves exactly as under enforcement (a would-be refusal
-	// charges nothing), its headers are sent, and every would-be refusal
-	// is logged and counted (outcome report_only_refused), so that its
-	// count is what enforcing it would refuse. For rolling a limit out.
+	// ReportOnly makes the zone decide, record and send its headers, but
+	// never refuse.
 	ReportOnly bool `json:"report_only,omitempty"`
 
-	// Fail is what the zone does when a shared store cannot answer in time
-	// (unreachable, slow, or erroring, or its circuit breaker open: then at
-	// once, with no timeout paid): "open" lets the request through
-	// unmetered (logged and counted), "closed" refuses it with 503 and
-	// Retry-After, "local" enforces the zone in this instance's memory
-	// until the store answers again. With "local", during an outage N
-	// instances admit up to N times the limit (each counts alone, from
-	// zero: what the store had counted is not known locally); when the
-	// breaker closes the store decides again from its own state, which
-	// never saw what the instances counted meanwhile. The memory store
-	// never fails. Default: "open".
+	// Fail is what the zone does when a shared store cannot answer: "open"
+	// (pass unmetered), "closed" (refuse with 503) or "local" (enforce in
+	// this instance's memory). Default: "open".
 	Fail string `json:"fail,omitempty"`
 }
 
