@@ -258,58 +258,12 @@ func sameZone(a, b *Zone) bool {
 // parseZone parses a zone block; the dispenser is on the zone's name.
 func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 	z := new(Zone)
-	errf := func(format string, args ...any) error {
-		return d.Errf("zone %q: "+format, append([]any{name}, args...)...)
-	}
-	arg := func(field string) (string, error) {
-		return oneArg(d, fmt.Sprintf("zone %q: %s", name, field))
-	}
-	integer := func(field, v string, bits int) (int64, error) {
-		n, err := strconv.ParseInt(v, 10, bits)
-		if err != nil {
-			return 0, errf("%s must be an integer, got %q", field, v)
-		}
-		return n, nil
-	}
-	// count reads a count, at least 1: the JSON would read 0 as not set.
-	count := func(field, v string) (int64, error) {
-		n, err := integer(field, v, 64)
-		if err == nil && n < 1 {
-			err = errf("%s must be at least 1, got %d", field, n)
-		}
-		return n, err
-	}
-	prefix := func(field string) (int, error) {
-		v, err := arg(field)
-		if err != nil {
-			return 0, err
-		}
-		n, err := integer(field, v, 0)
-		return int(n), err
-	}
-	// perRequest reads `<field> <value>` or `<field> <placeholder>
-	// <default>`: a value chosen per request needs a default, used when the
-	// placeholder's value is empty or unusable.
-	perRequest := func(field, example string) (ph, def string, err error) {
-		args := d.RemainingArgs()
-		isPh := func(a string) bool { return strings.Contains(a, "{") }
-		switch {
-		case len(args) == 0:
-			return "", "", errf("%s needs a value", field)
-		case len(args) == 1 && !isPh(args[0]):
-			return "", args[0], nil
-		case len(args) == 1:
-			return "", "", errf("%s %s needs a default, used when the placeholder's value is empty or unusable: %s %s %s", field, args[0], field, args[0], example)
-		case len(args) == 2 && isPh(args[0]) && !isPh(args[1]):
-			return args[0], args[1], nil
-		}
-		return "", "", errf("%s takes a value, or a placeholder and a default (%s {plan_%s} %s), got %q", field, field, field, example, strings.Join(args, " "))
-	}
+	p := zoneParser{d, name}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
 		if seen[field] && field != "match" {
-			return nil, errf("duplicate %s", field)
+			return nil, p.errf("duplicate %s", field)
 		}
 		seen[field] = true
 		var v string
@@ -317,77 +271,141 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 		switch field {
 		case "key":
 			if z.Key = d.RemainingArgs(); len(z.Key) == 0 {
-				return nil, errf("key needs at least one candidate, e.g. key {http.auth.user.id} {client_ip}")
+				return nil, p.errf("key needs at least one candidate, e.g. key {http.auth.user.id} {client_ip}")
 			}
 		case "events":
-			if z.MaxEventsFrom, v, err = perRequest(field, "60"); err == nil {
-				z.MaxEvents, err = count(field, v)
+			if z.MaxEventsFrom, v, err = p.perRequest(field, "60"); err == nil {
+				z.MaxEvents, err = p.count(field, v)
 			}
 		case "burst":
-			if z.BurstFrom, v, err = perRequest(field, "20"); err == nil {
-				z.Burst, err = count(field, v)
+			if z.BurstFrom, v, err = p.perRequest(field, "20"); err == nil {
+				z.Burst, err = p.count(field, v)
 			}
 		case "window":
-			if z.WindowFrom, v, err = perRequest(field, "1m"); err != nil {
-				break
+			if z.WindowFrom, v, err = p.perRequest(field, "1m"); err == nil {
+				z.Window, err = p.duration(field, v)
 			}
-			dur, perr := caddy.ParseDuration(v)
-			switch {
-			case perr != nil:
-				err = errf("window: invalid duration %q: %v", v, perr)
-			case dur <= 0:
-				err = errf("window must be positive, got %q", v)
-			}
-			z.Window = caddy.Duration(dur)
 		case "algorithm":
-			z.Algorithm, err = arg(field)
+			z.Algorithm, err = p.arg(field)
 		case "cost":
 			args := d.RemainingArgs()
 			switch {
 			case len(args) == 0:
-				return nil, errf("cost needs a value")
+				return nil, p.errf("cost needs a value")
 			case len(args) == 2 && strings.Contains(args[0], "{"):
-				z.CostDefault, err = count("cost's default", args[1])
+				z.CostDefault, err = p.count("cost's default", args[1])
 			case len(args) != 1:
-				return nil, errf("cost takes an integer, or a placeholder and an optional default (cost {cost} 1), got %q", strings.Join(args, " "))
+				return nil, p.errf("cost takes an integer, or a placeholder and an optional default (cost {cost} 1), got %q", strings.Join(args, " "))
 			}
 			z.Cost = caddyhttp.WeakString(args[0])
 		case "report_only":
 			if d.NextArg() {
-				return nil, errf("report_only takes no argument, got %q", d.Val())
+				return nil, p.errf("report_only takes no argument, got %q", d.Val())
 			}
 			z.ReportOnly = true
 		case "enabled":
-			if v, err = arg(field); err == nil {
+			if v, err = p.arg(field); err == nil {
 				b, perr := strconv.ParseBool(v)
 				if perr != nil {
-					err = errf("enabled must be true or false, got %q", v)
+					err = p.errf("enabled must be true or false, got %q", v)
 				}
 				z.Enabled = &b
 			}
 		case "fail":
-			z.Fail, err = arg(field)
+			z.Fail, err = p.arg(field)
 		case "match":
 			if d.NextArg() {
-				return nil, errf("match takes a block of matchers, not %q", d.Val())
+				return nil, p.errf("match takes a block of matchers, not %q", d.Val())
 			}
 			set, perr := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if perr != nil {
-				return nil, errf("match: %v", perr)
+				return nil, p.errf("match: %v", perr)
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 		case "ipv4_prefix":
-			z.IPv4Prefix, err = prefix(field)
+			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
-			z.IPv6Prefix, err = prefix(field)
+			z.IPv6Prefix, err = p.prefix(field)
 		default:
-			return nil, errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	return z, nil
+}
+
+// zoneParser reads the values of one zone block; its errors name the zone
+// and the file and line.
+type zoneParser struct {
+	d    *caddyfile.Dispenser
+	name string
+}
+
+func (p zoneParser) errf(format string, args ...any) error {
+	return p.d.Errf("zone %q: "+format, append([]any{p.name}, args...)...)
+}
+
+// arg reads the field's one argument.
+func (p zoneParser) arg(field string) (string, error) {
+	return oneArg(p.d, fmt.Sprintf("zone %q: %s", p.name, field))
+}
+
+// count parses a count, at least 1: the JSON would read 0 as not set.
+func (p zoneParser) count(field, v string) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil:
+		return 0, p.errf("%s must be an integer, got %q", field, v)
+	case n < 1:
+		return 0, p.errf("%s must be at least 1, got %d", field, n)
+	}
+	return n, nil
+}
+
+// duration parses a positive duration: the JSON would read 0 as not set.
+func (p zoneParser) duration(field, v string) (caddy.Duration, error) {
+	d, err := caddy.ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, p.errf("%s: invalid duration %q: %v", field, v, err)
+	case d <= 0:
+		return 0, p.errf("%s must be positive, got %q", field, v)
+	}
+	return caddy.Duration(d), nil
+}
+
+// prefix reads a prefix length (0: not set).
+func (p zoneParser) prefix(field string) (int, error) {
+	v, err := p.arg(field)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, p.errf("%s must be an integer, got %q", field, v)
+	}
+	return n, nil
+}
+
+// perRequest reads `<field> <value>` or `<field> <placeholder> <default>`:
+// a value chosen per request needs a default, used when the placeholder's
+// value is empty or unusable.
+func (p zoneParser) perRequest(field, example string) (ph, def string, err error) {
+	args := p.d.RemainingArgs()
+	isPh := func(a string) bool { return strings.Contains(a, "{") }
+	switch {
+	case len(args) == 0:
+		return "", "", p.errf("%s needs a value", field)
+	case len(args) == 1 && !isPh(args[0]):
+		return "", args[0], nil
+	case len(args) == 1:
+		return "", "", p.errf("%s %s needs a default, used when the placeholder's value is empty or unusable: %s %s %s", field, args[0], field, args[0], example)
+	case len(args) == 2 && isPh(args[0]) && !isPh(args[1]):
+		return args[0], args[1], nil
+	}
+	return "", "", p.errf("%s takes a value, or a placeholder and a default (%s {plan_%s} %s), got %q", field, field, field, example, strings.Join(args, " "))
 }
 
 // parseStore parses `store <name> { ... }` into the store module's JSON.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -146,11 +147,49 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.store = st
 
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
+	if err := h.provisionZones(ctx); err != nil {
+		return err
 	}
-	slices.Sort(names)
+
+	if !h.DisableMetrics {
+		if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+		for _, z := range h.zones {
+			z.metrics = newZoneMetrics(z.name, z.costExpr != nil || z.dyn != nil)
+		}
+		name := "custom"
+		if m, ok := h.store.(caddy.Module); ok {
+			name = m.CaddyModule().ID.Name()
+		}
+		h.storeStats = newStoreMetrics(name)
+	}
+
+	h.resp = h.Response.compile()
+
+	ev, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("loading events app: %w", err)
+	}
+	h.events = ev.(*caddyevents.App)
+
+	// Zone names are checked across the whole configuration being loaded.
+	app, err := rateLimitApp(ctx)
+	if err != nil {
+		return err
+	}
+	if err := app.register(h.zones, storeKey(h.store)); err != nil {
+		return err
+	}
+	h.app = app
+	adminRegister(h) // for admin.api.rate_limit (admin.go)
+	return nil
+}
+
+// provisionZones compiles the zones, in the order of their names, loads
+// their matchers, and loads the memory store of fail-local zones.
+func (h *Handler) provisionZones(ctx caddy.Context) error {
+	names := slices.Sorted(maps.Keys(h.RateLimits))
 	for _, name := range names {
 		cfg := h.RateLimits[name]
 		if cfg == nil {
@@ -180,54 +219,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		for _, w := range cfg.keyWarnings() {
 			h.logger.Warn(w, zap.String("zone", name))
 		}
-		h.zones = append(h.zones, z)
-	}
-
-	for _, z := range h.zones {
 		if z.fail == failLocalPolicy && h.local == nil {
 			// The fail-local fallback: this instance's default memory store.
 			mod, err := ctx.LoadModuleByID("http.handlers.rate_limit.stores.memory", json.RawMessage(`{}`))
 			if err != nil {
-				return zoneErr(z.name, fmt.Errorf("fail local: loading the memory store: %w", err))
+				return zoneErr(name, fmt.Errorf("fail local: loading the memory store: %w", err))
 			}
 			h.local = mod.(Store)
 		}
+		h.zones = append(h.zones, z)
 	}
-
-	if !h.DisableMetrics {
-		if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
-			return fmt.Errorf("registering metrics: %w", err)
-		}
-		for _, z := range h.zones {
-			z.metrics = newZoneMetrics(z.name, z.costExpr != nil || z.dyn != nil)
-		}
-		name := "custom"
-		if m, ok := h.store.(caddy.Module); ok {
-			name = m.CaddyModule().ID.Name()
-		}
-		h.storeStats = newStoreMetrics(name)
-	}
-
-	if err := h.Response.compile(&h.resp); err != nil {
-		return err
-	}
-
-	ev, err := ctx.App("events")
-	if err != nil {
-		return fmt.Errorf("loading events app: %w", err)
-	}
-	h.events = ev.(*caddyevents.App)
-
-	// Zone names are checked across the whole configuration being loaded.
-	app, err := rateLimitApp(ctx)
-	if err != nil {
-		return err
-	}
-	if err := app.register(h.zones, storeKey(h.store)); err != nil {
-		return err
-	}
-	h.app = app
-	adminRegister(h) // for admin.api.rate_limit (admin.go)
 	return nil
 }
 

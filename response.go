@@ -73,13 +73,11 @@ func (r *Response) validate() error {
 	return nil
 }
 
-func (r *Response) compile(c *compiledResponse) error {
-	if err := r.validate(); err != nil {
-		return err
-	}
-	*c = compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json"}
+// compile builds the refusal's shape from a validated Response.
+func (r *Response) compile() compiledResponse {
+	c := compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json"}
 	if r == nil {
-		return nil
+		return c
 	}
 	c.handleErrors = r.HandleErrors
 	if r.StatusCode != 0 {
@@ -96,7 +94,7 @@ func (r *Response) compile(c *compiledResponse) error {
 		c.contentType = r.ContentType
 	}
 	c.headers = r.Headers
-	return nil
+	return c
 }
 
 func sniffContentType(body string) string {
