@@ -133,7 +133,7 @@ func activeHandlers() []*Handler {
 
 // adminZone is one zone of the active configuration: its compiled form and
 // the first handler that uses it (every use shares the limit and the store:
-// see registerZones).
+// see App.register).
 type adminZone struct {
 	z       *zone
 	h       *Handler
