@@ -352,7 +352,9 @@ func (p zoneParser) arg(field string) (string, error) {
 	return oneArg(p.d, fmt.Sprintf("zone %q: %s", p.name, field))
 }
 
-// count parses a count, at least 1: the JSON would read 0 as not set.
+// count parses a count the JSON carries as it is: at least 1 (the JSON
+// would read 0 as not set) and at most 2^53 (the adapted JSON rounds larger
+// integers).
 func (p zoneParser) count(field, v string) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	switch {
@@ -360,6 +362,8 @@ func (p zoneParser) count(field, v string) (int64, error) {
 		return 0, p.errf("%s must be an integer, got %q", field, v)
 	case n < 1:
 		return 0, p.errf("%s must be at least 1, got %d", field, n)
+	case n > 1<<53:
+		return 0, p.errf("%s must be at most 2^53, got %d", field, n)
 	}
 	return n, nil
 }

@@ -87,6 +87,7 @@ func TestParseErrors(t *testing.T) {
 		{"zero window", zone("\t\t\tevents 5\n\t\t\twindow 0s"), []string{`zone "z1"`, "window must be positive"}},
 		{"negative window", zone("\t\t\tevents 5\n\t\t\twindow -1m"), []string{`zone "z1"`, "window must be positive"}},
 		{"bad window", zone("\t\t\tevents 5\n\t\t\twindow soon"), []string{`zone "z1"`, "window: invalid duration"}},
+		{"events past 2^53", zone("\t\t\tevents 9007199254740993\n\t\t\twindow 1m"), []string{`zone "z1"`, "events must be at most 2^53"}},
 		{"zero burst", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tburst 0"), []string{`zone "z1"`, "burst must be at least 1"}},
 		{"duplicate events", zone("\t\t\tevents 5\n\t\t\tevents 6\n\t\t\twindow 1m"), []string{`zone "z1"`, "duplicate events"}},
 		{"duplicate window", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\twindow 2m"), []string{`zone "z1"`, "duplicate window"}},
