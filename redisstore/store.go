@@ -40,7 +40,7 @@ type Store struct {
 	denyHits prometheus.Counter
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
-	watch    *watcher // the deny cache's poll of Redis (watch.go); nil without one
+	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
