@@ -32,8 +32,8 @@ import (
 // Algorithm names a rate limiting algorithm.
 type Algorithm uint8
 
-// The algorithms. Their numeric values travel to the Lua twin (see
-// AppendLuaArgs) and must not change.
+// The algorithms. Their numeric values travel to the Lua twins in Redis (as
+// package redisstore's script arguments) and must not change.
 const (
 	// TokenBucket refills Capacity tokens continuously at Events per Window;
 	// a request costing c passes when at least c tokens are left.

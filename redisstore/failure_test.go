@@ -268,7 +268,7 @@ func TestMalformedStateIsAFullBucket(t *testing.T) {
 	l := limit(t, 10, time.Minute, 0)
 	// one token of 10 per minute spent, just now
 	good := func(raw string) bool {
-		st, ok := algorithms.DecodeLua(raw)
+		st, ok := DecodeState(raw)
 		return ok && st.Alg == algorithms.TokenBucket && st.Debt == 60000 && st.Scale == 60000 &&
 			st.At > time.Now().Add(-time.Minute).UnixMilli()
 	}

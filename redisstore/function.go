@@ -6,11 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// The decision runs as a Redis Function (FCALL of algorithms.LuaFunction,
+// The decision runs as a Redis Function (FCALL of LuaFunction,
 // Redis 7+): its helpers and algorithms are defined once when the library
 // loads, where an EVAL script's body defines them again on every call
 // (about 2 µs of Redis's single thread per call). The library is loaded at
@@ -18,7 +16,7 @@ import (
 // (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
 // it by replication, so a Sentinel failover keeps it. A server without
 // Functions (Redis 6, or FCALL renamed away) is detected on the first call
-// and the store falls back to EVALSHA of the same code (algorithms.LuaScript)
+// and the store falls back to EVALSHA of the same code (LuaScript)
 // for good, with EVAL on NOSCRIPT.
 
 // scripts decides how a store's calls run: FCALL, or EVALSHA on servers
@@ -34,7 +32,7 @@ func (m *scripts) queue(ctx context.Context, p redis.Pipeliner, keys []string, a
 	if m.evalsha.Load() {
 		return p.EvalSha(ctx, scriptSHA, keys, args...)
 	}
-	return p.FCall(ctx, algorithms.LuaFunction, keys, args...)
+	return p.FCall(ctx, LuaFunction, keys, args...)
 }
 
 // libLoad remembers, within one batch, whether the library was loaded
@@ -56,10 +54,10 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 	case err == nil:
 		return false
 	case isNoScript(err):
-		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
 	case isUnknownCommand(err):
 		m.evalsha.Store(true)
-		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
@@ -95,16 +93,16 @@ func (e *loadError) Unwrap() error { return e.err }
 // once the server is known to lack Functions.
 func (m *scripts) queueEval(ctx context.Context, p redis.Pipeliner, c *call) *redis.Cmd {
 	if m.evalsha.Load() {
-		return p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		return p.Eval(ctx, LuaScript, c.keys, c.args...)
 	}
-	return p.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+	return p.FCall(ctx, LuaFunction, c.keys, c.args...)
 }
 
 // load loads the library (on every master of a Cluster). A library already
 // loaded is not an error.
 func (m *scripts) load(ctx context.Context) error {
 	one := func(ctx context.Context, c redis.Cmdable) error {
-		err := c.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
+		err := c.FunctionLoad(ctx, LuaLibrary).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
 			err = nil
 		}
@@ -124,7 +122,7 @@ func (m *scripts) prepare(ctx context.Context) error {
 		return err
 	}
 	m.evalsha.Store(true)
-	return m.client.ScriptLoad(ctx, algorithms.LuaScript).Err()
+	return m.client.ScriptLoad(ctx, LuaScript).Err()
 }
 
 func isNoScript(err error) bool {
@@ -152,14 +150,14 @@ func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redi
 	if m.evalsha.Load() {
 		cmd = d.EvalSha(ctx, scriptSHA, c.keys, c.args...)
 	} else {
-		cmd = d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+		cmd = d.FCall(ctx, LuaFunction, c.keys, c.args...)
 	}
 	switch err := cmd.Err(); {
 	case isUnknownCommand(err):
 		m.evalsha.Store(true)
-		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		return d.Eval(ctx, LuaScript, c.keys, c.args...)
 	case isNoScript(err):
-		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+		return d.Eval(ctx, LuaScript, c.keys, c.args...)
 	case isNoFunction(err):
 		if err := m.load(ctx); err != nil && !isUnknownCommand(err) {
 			failed := redis.NewCmd(ctx)
@@ -167,9 +165,9 @@ func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redi
 			return failed
 		}
 		if m.evalsha.Load() {
-			return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+			return d.Eval(ctx, LuaScript, c.keys, c.args...)
 		}
-		return d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
+		return d.FCall(ctx, LuaFunction, c.keys, c.args...)
 	}
 	return cmd
 }

@@ -21,13 +21,13 @@ func TestLuaRefusalStates(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	ctx := testCtx(t)
-	states := redis.NewScript(algorithms.LuaTestScriptStates)
+	states := redis.NewScript(luaTestTime + luaCompact + luaDefs + "\nreturn take(KEYS, ARGV, 1, true)\n")
 	const now = int64(1_800_000_000_000)
 	run := func(sc *redis.Script, keys []string, reqs ...algorithms.Request) []any {
 		t.Helper()
 		args := []any{now}
 		for i := range reqs {
-			args = algorithms.AppendLuaArgs(args, &reqs[i], false)
+			args = luaArgs(args, false, reqs[i])
 		}
 		v, err := sc.Run(ctx, c, keys, args...).Slice()
 		if err != nil {
@@ -61,12 +61,12 @@ func TestLuaRefusalStates(t *testing.T) {
 	// The production function adds them too (its now: Redis's TIME).
 	var fargs []any
 	for i := range reqs {
-		fargs = algorithms.AppendLuaArgs(fargs, &reqs[i], false)
+		fargs = luaArgs(fargs, false, reqs[i])
 	}
-	if err := c.FunctionLoad(ctx, algorithms.LuaLibrary).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
+	if err := c.FunctionLoad(ctx, LuaLibrary).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	f, err := c.FCall(ctx, algorithms.LuaFunction, keys, fargs...).Slice()
+	f, err := c.FCall(ctx, LuaFunction, keys, fargs...).Slice()
 	if err != nil || len(f) != 16 || f[13] != raw[0] || f[14] != int64(0) || f[15] != "" {
 		t.Fatalf("FCALL of a refusal: %q %v", f, err)
 	}

@@ -21,7 +21,7 @@ import (
 
 // script is the production decision script; its SHA is computed once.
 var (
-	script    = redis.NewScript(algorithms.LuaScript)
+	script    = redis.NewScript(LuaScript)
 	scriptSHA = script.Hash()
 )
 
@@ -40,7 +40,7 @@ type Store struct {
 	denyHits prometheus.Counter
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
-	watch    *watcher // the deny cache's poll of Redis (watch.go); nil without one
+	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
 	// batch pipelines concurrent script calls (batch.go); nil sends each
@@ -345,7 +345,7 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 	for i := range reqs {
 		var sn denycache.Snapshot
 		if raw, ok := ref.raws[i].(string); ok {
-			st, ok := algorithms.DecodeLua(raw)
+			st, ok := DecodeState(raw)
 			sn = denycache.Snapshot{State: st, Fresh: !ok, Known: true}
 		}
 		snaps = append(snaps, sn)

@@ -13,20 +13,17 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// The stored state's two forms (algorithms/lua/common.lua): the binary form
+// The stored state's two forms (lua/common.lua): the binary form
 // the script writes, and the text form of the Sluice versions before it,
 // which the script still reads (a rolling upgrade), still writes for an
 // instant outside the binary range, and writes always as LuaScriptText.
 
-// twinTextScript is the test entry point of LuaScriptText.
-var twinTextScript = redis.NewScript(algorithms.LuaTestScriptText)
+// twinTextScript is twinScript writing the text form.
+var twinTextScript = redis.NewScript(luaTestTime + luaText + luaDefs + luaTestRun)
 
-// The binary form's range of instants (algorithms/decode.go): binary in
-// [binEpoch, binEpoch + 2^40), text outside.
-const (
-	binEpoch = 1_600_000_000_000
-	binEnd   = binEpoch + 1<<40
-)
+// The binary form's range of instants (codec.go): binary in
+// [binEpoch, binEnd), text outside.
+const binEnd = binEpoch + binSpan
 
 // compatLimits are limits of every algorithm, fit for random steps.
 func compatLimits(t *testing.T) [][]algorithms.Limit {
@@ -47,7 +44,7 @@ func compatLimits(t *testing.T) [][]algorithms.Limit {
 // writing the binary form or one writing the text form (an older Sluice,
 // or LuaScriptText), at random, on the same keys. Every step, both scripts
 // read what the other wrote exactly as Go does (decisions, stored bytes and
-// PTTL equal to the Go twin's, and DecodeLua reads every stored value back),
+// PTTL equal to the Go twin's, and DecodeState reads every stored value back),
 // including a changed limit and zones of several algorithms in one call.
 func TestLuaTwinRollingUpgrade(t *testing.T) {
 	srv := redistest.Start(t)
@@ -57,7 +54,7 @@ func TestLuaTwinRollingUpgrade(t *testing.T) {
 	run := func(t *testing.T, tw *twin, rng *rand.Rand, pick func() ([]algorithms.Limit, []int64)) {
 		for range 400 {
 			if rng.IntN(2) == 0 {
-				tw.sc, tw.enc = twinTextScript, algorithms.EncodeLuaText
+				tw.sc, tw.enc = twinTextScript, encodeText
 				texts++
 			} else {
 				tw.sc, tw.enc = twinScript, stateString
@@ -122,7 +119,7 @@ func TestLuaTwinBinaryRangeEdges(t *testing.T) {
 					adv := rng.Int64N(max(l.Window/20, 2))
 					tw.step([]algorithms.Limit{l}, []int64{1}, adv)
 					if raw := tw.zones[0].raw; raw != "" {
-						st, _ := algorithms.DecodeLua(raw)
+						st, _ := DecodeState(raw)
 						binary := raw[0] >= 0x80
 						if st.Alg != algorithms.SlidingLog && binary != (st.At >= binEpoch && st.At < binEnd) {
 							t.Fatalf("state %+v stored as %q", st, raw)
@@ -189,7 +186,7 @@ func oddValue(rng *rand.Rand, alg algorithms.Algorithm) string {
 // Values the script did not write, or not this way: another algorithm's,
 // the text form (as older versions wrote it, with oddities they accepted),
 // the binary form with leading zeros, malformed values of both forms. Lua
-// and Go (DecodeLua, then Step) must read each the same way: the same
+// and Go (DecodeState, then Step) must read each the same way: the same
 // decision, the same stored state; a malformed value is no state.
 func TestLuaTwinReadsOddValues(t *testing.T) {
 	srv := redistest.Start(t)
@@ -218,7 +215,7 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 	}
 	read := 0 // values Go reads as a state
 	for _, raw := range append(text, values...) {
-		if _, ok := algorithms.DecodeLua(raw); ok {
+		if _, ok := DecodeState(raw); ok {
 			read++
 		}
 		for _, l := range limits {
@@ -227,10 +224,10 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 				if raw != "" {
 					srv.Do(t, "SET", key, raw, "PX", 60_000)
 				}
-				st, ok := algorithms.DecodeLua(raw)
+				st, ok := DecodeState(raw)
 				d, next, _ := algorithms.Step(st, !ok, l, now, cost)
 				r := algorithms.Request{Limit: l, Cost: cost}
-				res, err := twinScript.Run(ctx, c, []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, false)...).Int64Slice()
+				res, err := twinScript.Run(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...).Int64Slice()
 				if err != nil {
 					t.Fatalf("stored %q, %s cost %d: script: %v", raw, limitString(l), cost, err)
 				}
@@ -240,7 +237,7 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 				}
 				want := raw
 				if d.Allowed {
-					want = algorithms.EncodeLua(next)
+					want = encodeState(next)
 				}
 				if after := getRaw(t, c, key); after != want {
 					t.Fatalf("stored %q (Go reads %+v, %v), %s cost %d: Redis holds %q, Go %q", raw, st, ok, limitString(l), cost, after, want)

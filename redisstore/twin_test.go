@@ -44,7 +44,10 @@ type twin struct {
 	steps int
 }
 
-var twinScript = redis.NewScript(algorithms.LuaTestScript)
+// twinScript is the test entry point of the decision script: its code,
+// with the time in ARGV[1] (the zones' arguments follow), so the Lua twins
+// run the same vectors as algorithms.Step.
+var twinScript = redis.NewScript(luaTestTime + luaCompact + luaDefs + luaTestRun)
 
 func newTwin(t *testing.T, srv *redistest.Server, c *redis.Client, zones int) *twin {
 	tw := &twin{t: t, ctx: testCtx(t), c: c, sc: twinScript, enc: stateString, now: 1_700_000_000_000}
@@ -66,10 +69,10 @@ func goView(d algorithms.Decision) luaDecision {
 		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
-// stateString is what the Lua twin stores for st (algorithms.EncodeLua):
+// stateString is what the Lua twin stores for st (encodeState):
 // comparing it with what Redis holds checks the script's encoder byte for
 // byte.
-func stateString(st algorithms.State) string { return algorithms.EncodeLua(st) }
+func stateString(st algorithms.State) string { return encodeState(st) }
 
 func limitString(l algorithms.Limit) string {
 	return fmt.Sprintf("%s %d/%dms burst %d", l.Algorithm, l.Events, l.Window, l.Burst)
@@ -89,7 +92,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 	for i, z := range tw.zones {
 		keys[i] = z.key
 		r := algorithms.Request{Limit: limits[i], Cost: costs[i]}
-		args = algorithms.AppendLuaArgs(args, &r, false)
+		args = luaArgs(args, false, r)
 		before := "fresh"
 		if !z.fresh {
 			before = fmt.Sprintf("%q", stateString(z.st))
@@ -155,8 +158,8 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 			t.Fatalf("%s\nzone %d stored state: Redis %q, Go %q (all allowed: %v)", tw.history(), i, raw, z.raw, all)
 		}
 		// The Go decoder (the admin API's) reads back the state Go holds.
-		if st, ok := algorithms.DecodeLua(raw); raw != "" && (!ok || algorithms.EncodeLuaText(st) != algorithms.EncodeLuaText(z.st)) {
-			t.Fatalf("%s\nzone %d: DecodeLua(%q) = %+v %v, want %+v", tw.history(), i, raw, st, ok, z.st)
+		if st, ok := DecodeState(raw); raw != "" && (!ok || encodeText(st) != encodeText(z.st)) {
+			t.Fatalf("%s\nzone %d: DecodeState(%q) = %+v %v, want %+v", tw.history(), i, raw, st, ok, z.st)
 		}
 		if all {
 			// Written now: PX = time to full + 1000ms margin.
@@ -284,7 +287,7 @@ func TestLuaTwinMatchesGo(t *testing.T) {
 		perSec, perMin := L(1, time.Second, 2), L(60, time.Minute, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 930)
-		if got, _ := algorithms.DecodeLua(tw.zones[0].raw); got != (algorithms.State{Debt: 1070, At: 1700000000930, Scale: 1000}) {
+		if got, _ := DecodeState(tw.zones[0].raw); got != (algorithms.State{Debt: 1070, At: 1700000000930, Scale: 1000}) {
 			t.Fatalf("state after two takes %+v (%q)", got, tw.zones[0].raw)
 		}
 		tw.step([]algorithms.Limit{perMin}, []int64{1}, 0)

@@ -79,7 +79,7 @@ end
 -- which fit Redis's smallest string object (on Redis 7.0, MEMORY USAGE of
 -- sluice:v1:api0:{41-cb007107} is 88 bytes with a value of at most 12
 -- bytes, 104 with the text form's 18 to 25). The layout, mirrored by
--- algorithms/decode.go:
+-- codec.go:
 --
 --   1 byte    128 + 32 x algorithm id (0..3) + 4 x n1 + unit (0..3)
 --   1 byte    n2 (0..7), the second count's length: sliding window only
@@ -92,7 +92,7 @@ end
 -- Every field is below 2^53 (a value holding more is malformed, so both
 -- twins read exactly the same numbers). A state whose instant lies outside
 -- [EPOCH, EPOCH + 2^40), or every state when `compact` is false (see
--- algorithms/lua.go), is written in the text form of the Sluice versions
+-- script.go), is written in the text form of the Sluice versions
 -- before this encoding; both forms are read, so a key written by an older
 -- Sluice during a rolling upgrade keeps its state. A value in neither form
 -- is no state (a full allowance), as before. The reverse does not hold: an

@@ -1,5 +1,5 @@
 -- Sluice: the decision for a whole request, shared by every entry point
--- (see algorithms/lua.go): the EVAL scripts define `now` (Unix
+-- (see script.go): the EVAL scripts define `now` (Unix
 -- milliseconds) and `compact` (write states in binary), include common.lua
 -- and every algorithm's file, then this, and return take(KEYS, ARGV, base);
 -- the Redis Function library defines all of it once, when it loads, and

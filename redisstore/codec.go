@@ -1,37 +1,21 @@
-package algorithms
+package redisstore
 
 import (
 	"strconv"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// This file reads a key's state back without charging it, for the admin
-// API: Peek computes what a key shows now, and DecodeLua turns a value the
-// Lua twin stored in Redis into the State the Go twin would hold, so that a
-// Redis key can be peeked with Step and Redis's own time, without running
-// (and so without writing through) the decision script.
+// The stored-value codec: the values the Lua twins store in Redis
+// (lua/common.lua and each algorithm's file), read as the State the Go twin
+// would hold. The admin API peeks a key through it (algorithms.Peek at
+// Redis's time, without running the script), and the deny cache gets a
+// refusal's states through it (Store.remember).
 
-// Peek returns what a key shows at now without charging it: Limit,
-// Remaining and ResetAfter as the state stands (Step with cost 0), and, for
-// a request of cost 1, whether it would pass now (Allowed) and if not, the
-// earliest time from now it could (RetryAfter). fresh reports that the key
-// has no state. Peek never writes to st.
-func Peek(st State, fresh bool, l Limit, now int64) Decision {
-	d, _, _ := Step(st, fresh, l, now, 0)
-	if d.Remaining >= 1 {
-		// Every algorithm admits a cost of 1 exactly when at least 1
-		// remains (and a step that admits would append to a sliding log).
-		d.Allowed, d.RetryAfter = true, 0
-		return d
-	}
-	one, _, _ := Step(st, fresh, l, now, 1) // refused: a refusal writes nothing
-	d.Allowed, d.RetryAfter = one.Allowed, one.RetryAfter
-	return d
-}
-
-// DecodeLua parses a state as the Lua twin stores it (see lua/*.lua). The
+// DecodeState parses a state as the Lua twin stores it (see lua/*.lua). The
 // token bucket, gcra, sliding and fixed window are stored in a binary form
-// (see EncodeLua); the text form, which Sluice versions before it wrote and
+// (see encodeState); the text form, which Sluice versions before it wrote and
 // which is still written for an instant outside the binary form's range or
 // by LuaScriptText, is read too:
 //
@@ -41,34 +25,34 @@ func Peek(st State, fresh bool, l Limit, now int64) Decision {
 //	sliding window  "s<prev>:<cur>:<start>:<window>"
 //	sliding log     "l<base>" then ",<t-base>" or ",<t-base>*<cost>" per event
 //
-// The sliding log is always stored in text. The State DecodeLua returns
+// The sliding log is always stored in text. The State DecodeState returns
 // carries the algorithm that wrote it, so Step treats it as no state when
 // the zone's algorithm has changed since, as the script does. ok is false
 // for a value in none of these forms, which the script also counts as no
 // state.
-func DecodeLua(raw string) (st State, ok bool) {
+func DecodeState(raw string) (st algorithms.State, ok bool) {
 	if raw == "" {
-		return State{}, false
+		return algorithms.State{}, false
 	}
 	switch raw[0] {
 	case 'g':
 		var f [3]int64
 		if !decodeFields(raw[1:], f[:], "-++") {
-			return State{}, false
+			return algorithms.State{}, false
 		}
-		return State{Alg: GCRA, At: f[0], Debt: f[1], Scale: f[2]}, true
+		return algorithms.State{Alg: algorithms.GCRA, At: f[0], Debt: f[1], Scale: f[2]}, true
 	case 'f':
 		var f [3]int64
 		if !decodeFields(raw[1:], f[:], "+-+") {
-			return State{}, false
+			return algorithms.State{}, false
 		}
-		return State{Alg: FixedWindow, Debt: f[0], At: f[1], Scale: f[2]}, true
+		return algorithms.State{Alg: algorithms.FixedWindow, Debt: f[0], At: f[1], Scale: f[2]}, true
 	case 's':
 		var f [4]int64
 		if !decodeFields(raw[1:], f[:], "++-+") {
-			return State{}, false
+			return algorithms.State{}, false
 		}
-		return State{Alg: SlidingWindow, Prev: f[0], Debt: f[1], At: f[2], Scale: f[3]}, true
+		return algorithms.State{Alg: algorithms.SlidingWindow, Prev: f[0], Debt: f[1], At: f[2], Scale: f[3]}, true
 	case 'l':
 		return decodeLog(raw[1:])
 	}
@@ -77,9 +61,9 @@ func DecodeLua(raw string) (st State, ok bool) {
 	}
 	var f [3]int64
 	if !decodeFields(raw, f[:], "--+") {
-		return State{}, false
+		return algorithms.State{}, false
 	}
-	return State{Alg: TokenBucket, Debt: f[0], At: f[1], Scale: f[2]}, true
+	return algorithms.State{Alg: algorithms.TokenBucket, Debt: f[0], At: f[1], Scale: f[2]}, true
 }
 
 // The binary form of the constant-size states (lua/common.lua documents
@@ -100,37 +84,37 @@ const (
 var binUnits = [4]int64{1, 1000, 60_000, 3_600_000}
 
 // decodeBinary parses the binary form; raw[0] >= 0x80.
-func decodeBinary(raw string) (State, bool) {
+func decodeBinary(raw string) (algorithms.State, bool) {
 	h := raw[0] - 0x80
-	alg := Algorithm(h >> 5)
+	alg := algorithms.Algorithm(h >> 5)
 	unit, n1 := binUnits[h&3], int(h>>2&7)
 	p, n2 := 1, 0 // p: the instant's first byte
-	if alg == SlidingWindow {
+	if alg == algorithms.SlidingWindow {
 		if len(raw) < 2 || raw[1] > 7 {
-			return State{}, false
+			return algorithms.State{}, false
 		}
 		p, n2 = 2, int(raw[1])
 	}
 	e1 := p + 5 + n1
 	e2 := e1 + n2
 	if rest := len(raw) - e2; rest < 1 || rest > 7 {
-		return State{}, false
+		return algorithms.State{}, false
 	}
 	at := binEpoch + bigEndian(raw[p:p+5])
 	f1, f2, m := bigEndian(raw[p+5:e1]), bigEndian(raw[e1:e2]), bigEndian(raw[e2:])
 	if f1 >= binExact || f2 >= binExact || m > (binExact-1)/unit {
-		return State{}, false
+		return algorithms.State{}, false
 	}
 	last := m * unit
 	switch alg {
-	case TokenBucket:
-		return State{Alg: TokenBucket, Debt: f1, At: at, Scale: last}, true
-	case GCRA:
-		return State{Alg: GCRA, At: at, Debt: f1, Scale: last}, true
-	case SlidingWindow:
-		return State{Alg: SlidingWindow, Prev: f1, Debt: f2, At: at, Scale: last}, true
+	case algorithms.TokenBucket:
+		return algorithms.State{Alg: algorithms.TokenBucket, Debt: f1, At: at, Scale: last}, true
+	case algorithms.GCRA:
+		return algorithms.State{Alg: algorithms.GCRA, At: at, Debt: f1, Scale: last}, true
+	case algorithms.SlidingWindow:
+		return algorithms.State{Alg: algorithms.SlidingWindow, Prev: f1, Debt: f2, At: at, Scale: last}, true
 	default: // FixedWindow: h>>5 is at most 3
-		return State{Alg: FixedWindow, Debt: f1, At: at, Scale: last}, true
+		return algorithms.State{Alg: algorithms.FixedWindow, Debt: f1, At: at, Scale: last}, true
 	}
 }
 
@@ -143,24 +127,24 @@ func bigEndian(b string) int64 {
 	return v
 }
 
-// EncodeLua returns the value the Lua twin (LuaScript) stores for st, which
-// DecodeLua reads back as st; "" for a sliding log without events (the
+// encodeState returns the value the Lua twin (LuaScript) stores for st, which
+// DecodeState reads back as st; "" for a sliding log without events (the
 // script deletes the key). The token bucket, gcra, sliding and fixed window
 // are stored in binary when their instant lies in [2020-09-13, 2055) and
 // every count is between 0 and 2^53 (as every state Step returns), else in
-// the text form (EncodeLuaText); the sliding log always in text.
-func EncodeLua(st State) string {
+// the text form (encodeText); the sliding log always in text.
+func encodeState(st algorithms.State) string {
 	var b []byte
 	switch st.Alg {
-	case TokenBucket, GCRA, FixedWindow:
+	case algorithms.TokenBucket, algorithms.GCRA, algorithms.FixedWindow:
 		b = appendBinary(nil, st.Alg, st.At, st.Debt, -1, st.Scale)
-	case SlidingWindow:
+	case algorithms.SlidingWindow:
 		if st.Debt >= 0 {
 			b = appendBinary(nil, st.Alg, st.At, st.Prev, st.Debt, st.Scale)
 		}
 	}
 	if b == nil {
-		return EncodeLuaText(st)
+		return encodeText(st)
 	}
 	return string(b)
 }
@@ -168,7 +152,7 @@ func EncodeLua(st State) string {
 // appendBinary appends the binary form of a state of algorithm alg: its
 // instant at, counts f1 and f2 (f2 < 0: none, all but the sliding window)
 // and the last field; it returns nil when the state has no binary form.
-func appendBinary(b []byte, alg Algorithm, at, f1, f2, last int64) []byte {
+func appendBinary(b []byte, alg algorithms.Algorithm, at, f1, f2, last int64) []byte {
 	x := at - binEpoch
 	if x < 0 || x >= binSpan || f1 < 0 || f1 >= binExact || f2 >= binExact || last <= 0 || last >= binExact {
 		return nil
@@ -209,20 +193,20 @@ func appendBigEndian(b []byte, v int64) []byte {
 	return b
 }
 
-// EncodeLuaText returns the text form of st (see DecodeLua), which the Lua
+// encodeText returns the text form of st (see DecodeState), which the Lua
 // twin writes for an instant outside the binary form's range, LuaScriptText
 // writes always, and Sluice versions before the binary form wrote; "" for
 // a sliding log without events.
-func EncodeLuaText(st State) string {
+func encodeText(st algorithms.State) string {
 	i := func(v int64) string { return strconv.FormatInt(v, 10) }
 	switch st.Alg {
-	case GCRA:
+	case algorithms.GCRA:
 		return "g" + i(st.At) + ":" + i(st.Debt) + ":" + i(st.Scale)
-	case FixedWindow:
+	case algorithms.FixedWindow:
 		return "f" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case SlidingWindow:
+	case algorithms.SlidingWindow:
 		return "s" + i(st.Prev) + ":" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case SlidingLog:
+	case algorithms.SlidingLog:
 		if st.Log == nil || len(st.Log.Entries) == 0 {
 			return ""
 		}
@@ -263,17 +247,17 @@ func decodeFields(s string, out []int64, signs string) bool {
 
 // decodeLog parses a sliding log's "<base>" then ",<d>" or ",<d>*<cost>"
 // per event (the part after its 'l').
-func decodeLog(s string) (State, bool) {
+func decodeLog(s string) (algorithms.State, bool) {
 	end := strings.IndexByte(s, ',')
 	if end < 0 {
 		end = len(s)
 	}
 	base, ok := parseInt(s[:end], true)
 	if !ok {
-		return State{}, false
+		return algorithms.State{}, false
 	}
 	s = s[end:]
-	lg := &Log{Entries: make([]LogEntry, 0, strings.Count(s, ","))}
+	lg := &algorithms.Log{Entries: make([]algorithms.LogEntry, 0, strings.Count(s, ","))}
 	for s != "" {
 		s = s[1:] // the ','
 		item := s
@@ -289,11 +273,11 @@ func decodeLog(s string) (State, bool) {
 		d, ok1 := parseInt(off, false)
 		c, ok2 := parseInt(cost, false)
 		if !ok1 || !ok2 || c < 1 {
-			return State{}, false
+			return algorithms.State{}, false
 		}
-		lg.Entries = append(lg.Entries, LogEntry{At: base + d, Cost: c})
+		lg.Entries = append(lg.Entries, algorithms.LogEntry{At: base + d, Cost: c})
 	}
-	return State{Alg: SlidingLog, Log: lg}, true
+	return algorithms.State{Alg: algorithms.SlidingLog, Log: lg}, true
 }
 
 // parseInt parses an optional '-' (when neg) and at least one decimal digit,
