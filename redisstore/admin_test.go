@@ -43,7 +43,7 @@ func TestPeekDecodesLuaState(t *testing.T) {
 	run := func(key string, l lim, now, cost int64) []int64 {
 		t.Helper()
 		r := algorithms.Request{Limit: l, Cost: cost}
-		res, err := twinScript.Run(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...).Int64Slice()
+		res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...)
 		if err != nil || len(res) != 4 {
 			t.Fatalf("script: %v %v", res, err)
 		}

@@ -15,9 +15,7 @@ import (
 
 // DecodeState parses a state as the Lua twin stores it (see lua/*.lua). The
 // token bucket, gcra, sliding and fixed window are stored in a binary form
-// (see encodeState); the text form, which Sluice versions before it wrote and
-// which is still written for an instant outside the binary form's range or
-// by LuaScriptText, is read too:
+// (see encodeState), or in a text form for an instant outside its range:
 //
 //	token bucket    "<debt>:<at>:<scale>"
 //	gcra            "g<at>:<fraction>:<unit>"
@@ -125,103 +123,6 @@ func bigEndian(b string) int64 {
 		v = v<<8 | int64(b[i])
 	}
 	return v
-}
-
-// encodeState returns the value the Lua twin (LuaScript) stores for st, which
-// DecodeState reads back as st; "" for a sliding log without events (the
-// script deletes the key). The token bucket, gcra, sliding and fixed window
-// are stored in binary when their instant lies in [2020-09-13, 2055) and
-// every count is between 0 and 2^53 (as every state Step returns), else in
-// the text form (encodeText); the sliding log always in text.
-func encodeState(st algorithms.State) string {
-	var b []byte
-	switch st.Alg {
-	case algorithms.TokenBucket, algorithms.GCRA, algorithms.FixedWindow:
-		b = appendBinary(nil, st.Alg, st.At, st.Debt, -1, st.Scale)
-	case algorithms.SlidingWindow:
-		if st.Debt >= 0 {
-			b = appendBinary(nil, st.Alg, st.At, st.Prev, st.Debt, st.Scale)
-		}
-	}
-	if b == nil {
-		return encodeText(st)
-	}
-	return string(b)
-}
-
-// appendBinary appends the binary form of a state of algorithm alg: its
-// instant at, counts f1 and f2 (f2 < 0: none, all but the sliding window)
-// and the last field; it returns nil when the state has no binary form.
-func appendBinary(b []byte, alg algorithms.Algorithm, at, f1, f2, last int64) []byte {
-	x := at - binEpoch
-	if x < 0 || x >= binSpan || f1 < 0 || f1 >= binExact || f2 >= binExact || last <= 0 || last >= binExact {
-		return nil
-	}
-	k := 0
-	for i := len(binUnits) - 1; i > 0; i-- {
-		if last%binUnits[i] == 0 {
-			k = i
-			break
-		}
-	}
-	n1 := byteLen(f1)
-	b = append(b, 0x80|byte(alg)<<5|byte(n1)<<2|byte(k))
-	if f2 >= 0 {
-		b = append(b, byte(byteLen(f2)))
-	}
-	b = append(b, byte(x>>32), byte(x>>24), byte(x>>16), byte(x>>8), byte(x))
-	b = appendBigEndian(b, f1)
-	if f2 >= 0 {
-		b = appendBigEndian(b, f2)
-	}
-	return appendBigEndian(b, last/binUnits[k])
-}
-
-// byteLen is the number of bytes of v ≥ 0 without leading zeros (0 for 0).
-func byteLen(v int64) int {
-	n := 0
-	for ; v > 0; v >>= 8 {
-		n++
-	}
-	return n
-}
-
-func appendBigEndian(b []byte, v int64) []byte {
-	for i := byteLen(v) - 1; i >= 0; i-- {
-		b = append(b, byte(v>>(8*i)))
-	}
-	return b
-}
-
-// encodeText returns the text form of st (see DecodeState), which the Lua
-// twin writes for an instant outside the binary form's range, LuaScriptText
-// writes always, and Sluice versions before the binary form wrote; "" for
-// a sliding log without events.
-func encodeText(st algorithms.State) string {
-	i := func(v int64) string { return strconv.FormatInt(v, 10) }
-	switch st.Alg {
-	case algorithms.GCRA:
-		return "g" + i(st.At) + ":" + i(st.Debt) + ":" + i(st.Scale)
-	case algorithms.FixedWindow:
-		return "f" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case algorithms.SlidingWindow:
-		return "s" + i(st.Prev) + ":" + i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
-	case algorithms.SlidingLog:
-		if st.Log == nil || len(st.Log.Entries) == 0 {
-			return ""
-		}
-		e := st.Log.Entries
-		var b strings.Builder
-		b.WriteString("l" + i(e[0].At))
-		for _, x := range e {
-			b.WriteString("," + i(x.At-e[0].At))
-			if x.Cost != 1 {
-				b.WriteString("*" + i(x.Cost))
-			}
-		}
-		return b.String()
-	}
-	return i(st.Debt) + ":" + i(st.At) + ":" + i(st.Scale)
 }
 
 // decodeFields parses len(out) ':'-separated integers; signs[i] is '-' when

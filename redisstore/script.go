@@ -33,15 +33,13 @@ var (
 )
 
 // luaDefs are the helpers, every algorithm and take (lua/take.lua), which
-// decides a request. They read the upvalues `now` (Unix milliseconds) and
-// `compact` (whether states are written in the binary form of
-// lua/common.lua, or in the text form of the Sluice versions before it;
-// both forms are always read), which each entry point defines first.
+// decides a request. They read the upvalue `now` (Unix milliseconds),
+// which each entry point defines first.
 var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
 
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
-// in tests, which then pass the zones' arguments after it) and the form
-// states are written in. TIME's fields are decimal strings, which Lua's
+// in tests, which then pass the zones' arguments after it), and the call of
+// take. TIME's fields are decimal strings, which Lua's
 // arithmetic converts as tonumber does (each conversion is a strtod: us
 // holds the microseconds' once); now is seconds x 1000 plus
 // floor(microseconds / 1000).
@@ -50,9 +48,7 @@ const (
 	luaNow      = "t[1] * 1000 + (us - us % 1000) / 1000"
 	luaClock    = luaTime + "local now = " + luaNow + "\n"
 	luaTestTime = "local now = tonumber(ARGV[1])\n"
-	luaCompact  = "local compact = true\n"
-	luaText     = "local compact = false\n"
-	luaRun      = "\nreturn take(KEYS, ARGV, 0, true)\n"
+	luaRun      = "\nreturn take(KEYS, ARGV, 0)\n"
 	luaTestRun  = "\nreturn take(KEYS, ARGV, 1)\n"
 )
 
@@ -60,9 +56,9 @@ const (
 // without Functions): the Lua twin of algorithms.Step for a whole request
 // (see lua/take.lua for its KEYS/ARGV layout, written by argCache). It
 // reads the time from redis.call('TIME') and accepts none from the caller.
-// It stores states in the compact binary form (see encodeState) and reads
-// that form and the text form older Sluice versions wrote.
-var LuaScript = luaClock + luaCompact + luaDefs + luaRun
+// The tests' entry point (twin_test.go) is the same code with the time in
+// ARGV[1].
+var LuaScript = luaClock + luaDefs + luaRun
 
 // LuaFunction names the function of LuaLibrary: FCALL LuaFunction runs
 // exactly what LuaScript runs (same KEYS, ARGV and reply). The name carries
@@ -76,8 +72,8 @@ var LuaFunction, LuaLibrary = luaLibrary()
 // Redis's CPU per call); the function sets the clock they share as an
 // upvalue and calls take.
 func luaLibrary() (name, code string) {
-	defs := "local now\n" + luaCompact + luaDefs
-	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0, true)\n"
+	defs := "local now\n" + luaDefs
+	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0)\n"
 	sum := sha1.Sum([]byte(defs + call))
 	tag := hex.EncodeToString(sum[:6])
 	name = "sluice_take_" + tag

@@ -37,7 +37,7 @@ func TestVectorsLua(t *testing.T) {
 				args := []any{s.Now}
 				r := algorithms.Request{Limit: s.Limit, Cost: s.Cost}
 				args = luaArgs(args, false, r)
-				res, err := twinScript.Run(ctx, c, []string{key}, args...).Int64Slice()
+				res, err := runTwin(ctx, c, []string{key}, args...)
 				if err != nil || len(res) != 4 {
 					t.Fatalf("step %d: script: %v %v", i, res, err)
 				}
@@ -171,7 +171,7 @@ func TestRefundEveryAlgorithm(t *testing.T) {
 			call := func(now, cost int64, refund bool) []int64 {
 				t.Helper()
 				r := algorithms.Request{Limit: l, Cost: cost}
-				res, err := twinScript.Run(ctx, c, []string{key}, luaArgs([]any{now}, refund, r)...).Int64Slice()
+				res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, refund, r)...)
 				if err != nil {
 					t.Fatalf("script: %v", err)
 				}

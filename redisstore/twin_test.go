@@ -36,8 +36,6 @@ type twin struct {
 	t     *testing.T
 	ctx   context.Context
 	c     *redis.Client
-	sc    *redis.Script                 // the script under test: twinScript unless a test sets another
-	enc   func(algorithms.State) string // what sc stores for a state: stateString for twinScript
 	now   int64
 	zones []*twinZone
 	hist  []string
@@ -47,10 +45,32 @@ type twin struct {
 // twinScript is the test entry point of the decision script: its code,
 // with the time in ARGV[1] (the zones' arguments follow), so the Lua twins
 // run the same vectors as algorithms.Step.
-var twinScript = redis.NewScript(luaTestTime + luaCompact + luaDefs + luaTestRun)
+var twinScript = redis.NewScript(luaTestTime + luaDefs + luaTestRun)
+
+// runTwin runs twinScript on keys and returns its decisions, four integers
+// per zone, without what it adds to a refusal for the deny cache (which
+// TestLuaRefusalStates checks).
+func runTwin(ctx context.Context, c redis.Scripter, keys []string, args ...any) ([]int64, error) {
+	v, err := twinScript.Run(ctx, c, keys, args...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	n := 4 * len(keys)
+	if len(v) != n && len(v) != n+1+len(keys) {
+		return nil, fmt.Errorf("the script returned %d values for %d zones", len(v), len(keys))
+	}
+	out := make([]int64, n)
+	for i := range out {
+		var ok bool
+		if out[i], ok = v[i].(int64); !ok {
+			return nil, fmt.Errorf("the script returned %T, want integers", v[i])
+		}
+	}
+	return out, nil
+}
 
 func newTwin(t *testing.T, srv *redistest.Server, c *redis.Client, zones int) *twin {
-	tw := &twin{t: t, ctx: testCtx(t), c: c, sc: twinScript, enc: stateString, now: 1_700_000_000_000}
+	tw := &twin{t: t, ctx: testCtx(t), c: c, now: 1_700_000_000_000}
 	for i := range zones {
 		key := fmt.Sprintf("twin:%s:%d", t.Name(), i)
 		srv.Do(t, "DEL", key)
@@ -105,12 +125,9 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 		tw.hist = tw.hist[1:]
 	}
 
-	res, err := tw.sc.Run(tw.ctx, tw.c, keys, args...).Int64Slice()
+	res, err := runTwin(tw.ctx, tw.c, keys, args...)
 	if err != nil {
 		t.Fatalf("%s\nscript: %v", tw.history(), err)
-	}
-	if len(res) != 4*n {
-		t.Fatalf("%s\nscript returned %d values for %d zones", tw.history(), len(res), n)
 	}
 
 	// Go: every zone steps; all allowed → all charged; otherwise nothing is
@@ -133,7 +150,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 			t.Fatalf("%s\nzone %d decision: Lua %+v, Go %+v", tw.history(), i, got, want)
 		}
 		if all {
-			z.st, z.fresh, z.raw = nexts[i], false, tw.enc(nexts[i])
+			z.st, z.fresh, z.raw = nexts[i], false, stateString(nexts[i])
 		}
 	}
 

@@ -7,26 +7,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// The stored state's two forms (lua/common.lua): the binary form
-// the script writes, and the text form of the Sluice versions before it,
-// which the script still reads (a rolling upgrade), still writes for an
-// instant outside the binary range, and writes always as LuaScriptText.
+// The stored state's two forms (lua/common.lua, codec.go): the binary form,
+// and the text form the script writes for an instant outside the binary
+// range. The twins must agree across the range's edges and on any value
+// Redis may hold, including ones the script never writes.
 
-// twinTextScript is twinScript writing the text form.
-var twinTextScript = redis.NewScript(luaTestTime + luaText + luaDefs + luaTestRun)
-
-// The binary form's range of instants (codec.go): binary in
-// [binEpoch, binEnd), text outside.
+// The binary form's range of instants: binary in [binEpoch, binEnd), text
+// outside.
 const binEnd = binEpoch + binSpan
 
-// compatLimits are limits of every algorithm, fit for random steps.
-func compatLimits(t *testing.T) [][]algorithms.Limit {
+// formLimits are limits of every algorithm, fit for random steps.
+func formLimits(t *testing.T) [][]algorithms.Limit {
 	L := func(alg algorithms.Algorithm, events int64, window time.Duration, burst int64) algorithms.Limit {
 		return limitOf(t, alg, events, window, burst)
 	}
@@ -40,65 +35,6 @@ func compatLimits(t *testing.T) [][]algorithms.Limit {
 	}
 }
 
-// A fleet in a rolling upgrade: each step is decided by an instance
-// writing the binary form or one writing the text form (an older Sluice,
-// or LuaScriptText), at random, on the same keys. Every step, both scripts
-// read what the other wrote exactly as Go does (decisions, stored bytes and
-// PTTL equal to the Go twin's, and DecodeState reads every stored value back),
-// including a changed limit and zones of several algorithms in one call.
-func TestLuaTwinRollingUpgrade(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	sets := compatLimits(t)
-	total, texts := 0, 0
-	run := func(t *testing.T, tw *twin, rng *rand.Rand, pick func() ([]algorithms.Limit, []int64)) {
-		for range 400 {
-			if rng.IntN(2) == 0 {
-				tw.sc, tw.enc = twinTextScript, encodeText
-				texts++
-			} else {
-				tw.sc, tw.enc = twinScript, stateString
-			}
-			ls, costs := pick()
-			tw.step(ls, costs, advance(rng, ls[rng.IntN(len(ls))]))
-		}
-		total += tw.steps
-	}
-	for si, set := range sets {
-		t.Run(set[0].Algorithm.String(), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(twinSeed, uint64(7000+si)))
-			tw := newTwin(t, srv, c, 1)
-			l := set[0]
-			run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
-				if rng.IntN(10) == 0 {
-					l = set[rng.IntN(len(set))]
-				}
-				return []algorithms.Limit{l}, []int64{cost(rng, l)}
-			})
-		})
-	}
-	t.Run("all five in one call", func(t *testing.T) {
-		rng := rand.New(rand.NewPCG(twinSeed, 7100))
-		tw := newTwin(t, srv, c, len(sets))
-		run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
-			ls := make([]algorithms.Limit, len(sets))
-			costs := make([]int64, len(sets))
-			for i, set := range sets {
-				ls[i] = set[0]
-				costs[i] = 1
-				if rng.IntN(4) == 0 {
-					costs[i] = cost(rng, ls[i])
-				}
-			}
-			return ls, costs
-		})
-	})
-	t.Logf("%d steps compared, %d of them by the text-writing script", total, texts)
-	if total < 2000 || texts < total/3 {
-		t.Fatalf("only %d steps compared (%d text)", total, texts)
-	}
-}
-
 // Across the edges of the binary range: sequences that start before its
 // epoch (text) and enter it (binary), and that leave it at its end (text
 // again); the twins agree on every step and the form switches exactly at
@@ -106,7 +42,7 @@ func TestLuaTwinRollingUpgrade(t *testing.T) {
 func TestLuaTwinBinaryRangeEdges(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	sets := compatLimits(t)
+	sets := formLimits(t)
 	for _, edge := range []int64{binEpoch, binEnd} {
 		for si, set := range sets {
 			t.Run(fmt.Sprintf("%d/%s", edge, set[0].Algorithm), func(t *testing.T) {
@@ -184,8 +120,9 @@ func oddValue(rng *rand.Rand, alg algorithms.Algorithm) string {
 }
 
 // Values the script did not write, or not this way: another algorithm's,
-// the text form (as older versions wrote it, with oddities they accepted),
-// the binary form with leading zeros, malformed values of both forms. Lua
+// the text form with oddities its pattern accepts (leading zeros, a
+// negative count), the binary form with leading zeros, malformed values of
+// both forms. Lua
 // and Go (DecodeState, then Step) must read each the same way: the same
 // decision, the same stored state; a malformed value is no state.
 func TestLuaTwinReadsOddValues(t *testing.T) {
@@ -227,7 +164,7 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 				st, ok := DecodeState(raw)
 				d, next, _ := algorithms.Step(st, !ok, l, now, cost)
 				r := algorithms.Request{Limit: l, Cost: cost}
-				res, err := twinScript.Run(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...).Int64Slice()
+				res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...)
 				if err != nil {
 					t.Fatalf("stored %q, %s cost %d: script: %v", raw, limitString(l), cost, err)
 				}
