@@ -19,11 +19,13 @@ import (
 // and the store falls back to EVALSHA of the same code (LuaScript)
 // for good, with EVAL on NOSCRIPT.
 
+// scriptSHA is the SHA of LuaScript, for EVALSHA.
+var scriptSHA = redis.NewScript(LuaScript).Hash()
+
 // scripts decides how a store's calls run: FCALL, or EVALSHA on servers
 // without Functions.
 type scripts struct {
 	client  redis.UniversalClient
-	cluster bool
 	evalsha atomic.Bool // true: no Functions on this server
 }
 
@@ -44,20 +46,16 @@ type libLoad struct {
 
 // retry queues on p again a call that failed only because Redis lacked the
 // code (function missing, NOSCRIPT, or no Functions at all), loading the
-// library first when needed (once per batch). It reports whether it queued
-// the call. When the load itself fails (a replica answering READONLY, an
-// unreachable node), the call fails with that error, which says more than
-// "function not found".
-func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) bool {
-	err := c.cmd.Err()
-	switch {
-	case err == nil:
-		return false
-	case isNoScript(err):
-		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
+// library first when needed (once per batch): as FCALL, or as EVAL (which
+// also loads the script) once the server is known to lack Functions. When
+// the load itself fails (a replica answering READONLY, an unreachable
+// node), the call fails with that error, which says more than "function
+// not found". Any other error is left on the call.
+func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) {
+	switch err := c.cmd.Err(); {
 	case isUnknownCommand(err):
 		m.evalsha.Store(true)
-		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
+	case isNoScript(err):
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
@@ -71,13 +69,16 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 			failed := redis.NewCmd(ctx)
 			failed.SetErr(&loadError{load.err})
 			c.cmd = failed
-			return false
+			return
 		}
-		c.cmd = m.queueEval(ctx, p, c)
 	default:
-		return false
+		return
 	}
-	return true
+	if m.evalsha.Load() {
+		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
+	} else {
+		c.cmd = p.FCall(ctx, LuaFunction, c.keys, c.args...)
+	}
 }
 
 // loadError is the error of a call that Redis answered "function not
@@ -88,15 +89,6 @@ type loadError struct{ err error }
 
 func (e *loadError) Error() string { return e.err.Error() }
 func (e *loadError) Unwrap() error { return e.err }
-
-// queueEval queues c as FCALL, or as EVAL (which also loads the script)
-// once the server is known to lack Functions.
-func (m *scripts) queueEval(ctx context.Context, p redis.Pipeliner, c *call) *redis.Cmd {
-	if m.evalsha.Load() {
-		return p.Eval(ctx, LuaScript, c.keys, c.args...)
-	}
-	return p.FCall(ctx, LuaFunction, c.keys, c.args...)
-}
 
 // load loads the library (on every master of a Cluster). A library already
 // loaded is not an error.
@@ -141,33 +133,4 @@ func isUnknownCommand(err error) bool {
 	msg := err.Error()
 	return strings.HasPrefix(msg, "ERR unknown command") && (strings.Contains(msg, "fcall") || strings.Contains(msg, "FCALL") ||
 		strings.Contains(msg, "function") || strings.Contains(msg, "FUNCTION"))
-}
-
-// runDirect runs c on its own round trip (no pipelining; the benchmarks'
-// baseline), with the same fallbacks.
-func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redis.Cmd {
-	var cmd *redis.Cmd
-	if m.evalsha.Load() {
-		cmd = d.EvalSha(ctx, scriptSHA, c.keys, c.args...)
-	} else {
-		cmd = d.FCall(ctx, LuaFunction, c.keys, c.args...)
-	}
-	switch err := cmd.Err(); {
-	case isUnknownCommand(err):
-		m.evalsha.Store(true)
-		return d.Eval(ctx, LuaScript, c.keys, c.args...)
-	case isNoScript(err):
-		return d.Eval(ctx, LuaScript, c.keys, c.args...)
-	case isNoFunction(err):
-		if err := m.load(ctx); err != nil && !isUnknownCommand(err) {
-			failed := redis.NewCmd(ctx)
-			failed.SetErr(err)
-			return failed
-		}
-		if m.evalsha.Load() {
-			return d.Eval(ctx, LuaScript, c.keys, c.args...)
-		}
-		return d.FCall(ctx, LuaFunction, c.keys, c.args...)
-	}
-	return cmd
 }
