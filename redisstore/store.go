@@ -223,7 +223,8 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 // Before Redis: the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
 // package denycache), and an open circuit breaker returns an error wrapping
-// ErrCircuitOpen at once.
+// ErrCircuitOpen at once. Every error names its kind (StoreErrorKind, see
+// storeError) for the handler's metrics.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
@@ -276,7 +277,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			// forget every denial.
 			s.deny.Clear()
 		}
-		return err
+		return &storeError{err}
 	}
 	s.breaker.done(probe, false, false, nil)
 	if ref != nil && ref.raws != nil {
