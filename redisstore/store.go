@@ -209,7 +209,7 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 	}
 	b.WriteString(":{")
 	var tok [2*algorithms.KeySize + 8]byte
-	b.Write(appendToken(tok[:0], key))
+	b.Write(key.AppendText(tok[:0]))
 	b.WriteByte('}')
 	return b.String()
 }
@@ -334,9 +334,9 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 // slot, without building them: their hash tag is the identity token (Key).
 func tokensInOneSlot(reqs []algorithms.Request) bool {
 	var b [2*algorithms.KeySize + 8]byte
-	first := slot(appendToken(b[:0], reqs[0].Key))
+	first := slot(reqs[0].Key.AppendText(b[:0]))
 	for i := 1; i < len(reqs); i++ {
-		if reqs[i].Key != reqs[0].Key && slot(appendToken(b[:0], reqs[i].Key)) != first {
+		if reqs[i].Key != reqs[0].Key && slot(reqs[i].Key.AppendText(b[:0])) != first {
 			return false
 		}
 	}
@@ -544,31 +544,4 @@ func sameSlot(keys []string) bool {
 		}
 	}
 	return true
-}
-
-// appendToken appends a key's text form. It is the identity token's text
-// (see identity.Token.AppendText), rendered here without importing it.
-func appendToken(b []byte, k algorithms.Key) []byte {
-	const hexdigits = "0123456789abcdef"
-	b = append(b, k[1])
-	b = appendUint(b, uint64(k[0]))
-	b = append(b, '-')
-	payload := k[2:]
-	switch k[1] {
-	case 'e':
-		payload = nil
-	case '4':
-		payload = k[2:6]
-	}
-	for _, c := range payload {
-		b = append(b, hexdigits[c>>4], hexdigits[c&0xf])
-	}
-	return b
-}
-
-func appendUint(b []byte, v uint64) []byte {
-	if v >= 10 {
-		b = appendUint(b, v/10)
-	}
-	return append(b, byte('0'+v%10))
 }
