@@ -51,10 +51,11 @@ func (e *circuitError) Is(target error) bool { return target == ErrCircuitOpen }
 // StoreErrorKind: see storeError.
 func (e *circuitError) StoreErrorKind() string { return "circuit_open" }
 
-// breaker is a small circuit breaker, written for this hot path (see the
-// Redis type's Breaker field for the policy). Closed costs one atomic load
-// before a call and, after a success, one more (a store only when a failure
-// run was in progress). The transitions take a mutex; they are rare.
+// breaker is a small circuit breaker, written for this hot path (the
+// policy: docs/redis.md, "Circuit breaker"; what counts: counts). Closed
+// costs one atomic load before a call and, after a success, one more (a
+// store only when a failure run was in progress). The transitions take a
+// mutex; they are rare.
 //
 // It was preferred to github.com/sony/gobreaker/v2, whose every call takes
 // a mutex and reads the clock (two generations, counts): ~60ns and a
