@@ -511,126 +511,97 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		seen[field] = true
 		args := d.RemainingArgs()
-		one := func() (string, error) {
-			if len(args) != 1 {
-				return "", d.Errf("store redis: %s takes one value", field)
-			}
-			return args[0], nil
-		}
+		var err error
 		switch field {
-		case "url":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			if r.URL != "" {
-				return d.Err("store redis: url given twice")
-			}
-			r.URL = v
 		case "cluster":
 			if len(args) == 0 {
 				return d.Err("store redis: cluster needs at least one host:port")
 			}
 			r.Cluster = args
-		case "username":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.Username = v
-		case "password":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.Password = v
 		case "tls":
 			if len(args) != 0 {
 				return d.Err("store redis: tls takes no value")
 			}
 			r.TLS = true
-		case "timeout":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("store redis: timeout must be a positive duration, got %q", v)
-			}
-			r.Timeout = caddy.Duration(dur)
-		case "late_reply_grace":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			dur := time.Duration(0)
-			if v != "off" {
-				if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
-					return d.Errf("store redis: late_reply_grace must be off or a duration from 0 to %s, got %q", MaxLateReplyGrace, v)
-				}
-			}
-			g := caddy.Duration(dur)
-			r.LateReplyGrace = &g
-		case "key_prefix":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.KeyPrefix = v
-		case "pipelines":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 || n > maxWorkers {
-				return d.Errf("store redis: pipelines must be an integer between 1 and %d, got %q", maxWorkers, v)
-			}
-			r.Pipelines = n
-		case "pool_size":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("store redis: pool_size must be a positive integer, got %q", v)
-			}
-			r.PoolSize = n
 		case "breaker":
-			if err := r.unmarshalBreaker(d, args); err != nil {
-				return err
+			err = r.unmarshalBreaker(d, args)
+		case "url", "username", "password", "timeout", "late_reply_grace", "key_prefix", "pipelines", "pool_size", "deny_cache", "deny_cache_size":
+			if len(args) != 1 {
+				return d.Errf("store redis: %s takes one value", field)
 			}
-		case "deny_cache":
-			v, err := one()
-			if err != nil {
-				return err
+			if err = r.setOption(field, args[0]); err != nil {
+				err = d.WrapErr(err)
 			}
-			switch v {
-			case "off":
-				zero := 0
-				r.DenyCacheSize = &zero
-			case "on":
-			default:
-				return d.Errf("store redis: deny_cache is on or off, got %q", v)
-			}
-		case "deny_cache_size":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("store redis: deny_cache_size must be a non-negative integer, got %q", v)
-			}
-			r.DenyCacheSize = &n
 		default:
 			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, late_reply_grace, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if err := r.validate(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// setOption sets the option field, which takes one value, to v.
+func (r *Redis) setOption(field, v string) error {
+	bad := func(want string) error { return fmt.Errorf("store redis: %s must be %s, got %q", field, want, v) }
+	switch field {
+	case "url":
+		if r.URL != "" {
+			return errors.New("store redis: url given twice")
+		}
+		r.URL = v
+	case "username":
+		r.Username = v
+	case "password":
+		r.Password = v
+	case "key_prefix":
+		r.KeyPrefix = v
+	case "timeout":
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return bad("a positive duration")
+		}
+		r.Timeout = caddy.Duration(dur)
+	case "late_reply_grace":
+		dur := time.Duration(0)
+		if v != "off" {
+			var err error
+			if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
+				return bad("off or a duration from 0 to " + MaxLateReplyGrace.String())
+			}
+		}
+		g := caddy.Duration(dur)
+		r.LateReplyGrace = &g
+	case "pipelines":
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > maxWorkers {
+			return bad("an integer between 1 and " + strconv.Itoa(maxWorkers))
+		}
+		r.Pipelines = n
+	case "pool_size":
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return bad("a positive integer")
+		}
+		r.PoolSize = n
+	case "deny_cache":
+		switch v {
+		case "off":
+			r.DenyCacheSize = new(int)
+		case "on":
+		default:
+			return fmt.Errorf("store redis: deny_cache is on or off, got %q", v)
+		}
+	case "deny_cache_size":
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return bad("a non-negative integer")
+		}
+		r.DenyCacheSize = &n
 	}
 	return nil
 }
