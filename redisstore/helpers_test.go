@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -250,4 +251,12 @@ var testArgs argCache
 // args.
 func luaArgs(args []any, refund bool, reqs ...algorithms.Request) []any {
 	return testArgs.appendArgs(args, reqs, refund)
+}
+
+// hashTag returns the hash tag of one of our keys: the text between its
+// first '{' and the next '}', as Redis reads it.
+func hashTag(k string) []byte {
+	open := strings.IndexByte(k, '{')
+	end := strings.IndexByte(k[open+1:], '}')
+	return []byte(k[open+1 : open+1+end])
 }

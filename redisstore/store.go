@@ -250,7 +250,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	for i := range reqs {
 		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
 	}
-	if !s.cluster || sameSlot(c.keys) {
+	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		err = s.runCall(c, reqs, out, false, ref)
 	} else {
@@ -331,12 +331,11 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 }
 
 // tokensInOneSlot reports whether the keys of reqs live in one Cluster
-// slot, without building them: their hash tag is the identity token (Key).
+// slot, without building them (keySlot).
 func tokensInOneSlot(reqs []algorithms.Request) bool {
-	var b [2*algorithms.KeySize + 8]byte
-	first := slot(reqs[0].Key.AppendText(b[:0]))
+	first := keySlot(reqs[0].Key)
 	for i := 1; i < len(reqs); i++ {
-		if reqs[i].Key != reqs[0].Key && slot(reqs[i].Key.AppendText(b[:0])) != first {
+		if reqs[i].Key != reqs[0].Key && keySlot(reqs[i].Key) != first {
 			return false
 		}
 	}
@@ -446,8 +445,8 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
-	for i, k := range keys {
-		sl := slot(hashTag(k))
+	for i := range reqs {
+		sl := keySlot(reqs[i].Key)
 		if _, ok := groups[sl]; !ok {
 			order = append(order, sl)
 		}
@@ -527,21 +526,4 @@ func subset(keys []string, reqs []algorithms.Request, idx []int) ([]string, []al
 		gk[j], gr[j] = keys[i], reqs[i]
 	}
 	return gk, gr
-}
-
-// hashTag returns the hash tag of one of our keys.
-func hashTag(k string) []byte {
-	open := strings.IndexByte(k, '{')
-	end := strings.IndexByte(k[open+1:], '}')
-	return []byte(k[open+1 : open+1+end])
-}
-
-func sameSlot(keys []string) bool {
-	first := slot(hashTag(keys[0]))
-	for _, k := range keys[1:] {
-		if slot(hashTag(k)) != first {
-			return false
-		}
-	}
-	return true
 }
