@@ -39,10 +39,10 @@ var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixed
 
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
 // in tests, which then pass the zones' arguments after it), and the call of
-// take. TIME's fields are decimal strings, which Lua's
-// arithmetic converts as tonumber does (each conversion is a strtod: us
-// holds the microseconds' once); now is seconds x 1000 plus
-// floor(microseconds / 1000).
+// take. TIME's fields are decimal strings, which Lua's arithmetic converts
+// as tonumber does (each conversion is a strtod: us holds the
+// microseconds' once); now is seconds x 1000 plus floor(microseconds /
+// 1000).
 const (
 	luaTime     = "local t = redis.call('TIME')\nlocal us = t[2] + 0\n"
 	luaNow      = "t[1] * 1000 + (us - us % 1000) / 1000"
