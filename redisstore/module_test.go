@@ -278,8 +278,8 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 // TestPoolReuse counts the server's client connections: a second module
 // with the same config (a reload) adds none, and the pool bounds them:
 // decisions use at most pool_size pipeline connections (one per pipeline
-// and one per spare, within pool_size), plus (at most) one connection of
-// the startup check.
+// and one per spare, within pool_size); the command pool keeps (at most)
+// the startup check's connection and the deny cache watcher's.
 func TestPoolReuse(t *testing.T) {
 	srv := redistest.Start(t)
 	conns := func() int { return srv.ConnectedClients(t) - 1 } // minus the asking connection

@@ -1,9 +1,9 @@
 // Command benchtool is the Go half of the benchmark harness (bench/run.sh,
 // `make bench`): the small jobs that are awkward in a shell script.
 //
-//	benchtool lua                 print the decision as an EVAL script (algorithms.LuaScript)
-//	benchtool lualib              print the production decision library (algorithms.LuaLibrary)
-//	benchtool luafn               print the name of its function (algorithms.LuaFunction)
+//	benchtool lua                 print the decision as an EVAL script (redisstore.LuaScript)
+//	benchtool lualib              print the production decision library (redisstore.LuaLibrary)
+//	benchtool luafn               print the name of its function (redisstore.LuaFunction)
 //	benchtool ports N             print N free loopback TCP ports
 //	benchtool wait URL SECONDS    wait until URL answers (any status)
 //	benchtool snap ADMIN_URL      one line of counters from Caddy's admin endpoint:
@@ -14,7 +14,7 @@
 //	                              time (/proc/stat) and the given processes' (/proc/PID/stat)
 //	benchtool report DIR          the Markdown report of a run from DIR's raw files
 //
-// It uses only the standard library and the algorithms package.
+// It uses only the standard library and the redisstore package (the script).
 package main
 
 import (
@@ -29,7 +29,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/redisstore"
 )
 
 func main() {
@@ -39,11 +39,11 @@ func main() {
 	var err error
 	switch args := os.Args[2:]; os.Args[1] {
 	case "lua":
-		_, err = io.WriteString(os.Stdout, algorithms.LuaScript)
+		_, err = io.WriteString(os.Stdout, redisstore.LuaScript)
 	case "lualib":
-		_, err = io.WriteString(os.Stdout, algorithms.LuaLibrary)
+		_, err = io.WriteString(os.Stdout, redisstore.LuaLibrary)
 	case "luafn":
-		_, err = io.WriteString(os.Stdout, algorithms.LuaFunction+"\n")
+		_, err = io.WriteString(os.Stdout, redisstore.LuaFunction+"\n")
 	case "ports":
 		err = ports(args)
 	case "wait":
