@@ -416,10 +416,7 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 	if err != nil {
 		return err
 	}
-	keys := make([]algorithms.Key, len(toks))
-	for i, t := range toks {
-		keys[i] = algorithms.Key(t)
-	}
+	keys := toks // identity.Token is algorithms.Key
 	decs := make([]algorithms.Decision, len(keys))
 	found := make([]bool, len(keys))
 	if err := st.PeekKeys(ctx, az.z.name, keys, az.z.limit, decs, found); err != nil {
@@ -464,7 +461,7 @@ func resetKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []
 	keys := make([]algorithms.Key, len(toks))
 	out := adminReset{Zone: az.z.name, Tokens: make([]string, len(toks))}
 	for i, t := range toks {
-		keys[i] = algorithms.Key(t)
+		keys[i] = t
 		out.Tokens[i] = t.String()
 	}
 	n, err := st.ResetKeys(ctx, az.z.name, keys)

@@ -136,7 +136,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -234,7 +234,7 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 	if !refused {
 		h.reportWouldRefuse(s)
 	}
-	v := verdict{zone: s.zones[best], shown: s.shown[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best], cost: s.reqs[best].Cost}
+	v := verdict{zone: s.zones[best], shown: s.shown[best], key: s.reqs[best].Key, Decision: s.decs[best], cost: s.reqs[best].Cost}
 	if h.draft {
 		v.policy, v.state = draftFields(s)
 	}
@@ -257,7 +257,7 @@ func (h *Handler) reportWouldRefuse(s *scratch) {
 		if ce := h.refusalLog.check(h.logger, zap.InfoLevel, "rate limit would be exceeded (report only)", time.Now()); ce != nil {
 			h.refusalLog.write(ce,
 				zap.String("zone", s.zones[i].name),
-				zap.String("key", identity.Token(s.reqs[i].Key).String()),
+				zap.String("key", s.reqs[i].Key.String()),
 				zap.Int64("retry_after", ceilSeconds(s.decs[i].RetryAfter)),
 				zap.Int64("cost", s.reqs[i].Cost),
 			)
@@ -286,7 +286,7 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 	for i, z := range s.zones {
 		switch z.fail {
 		case failClosedPolicy:
-			v := verdict{zone: z, shown: s.shown[i], key: identity.Token(s.reqs[i].Key),
+			v := verdict{zone: z, shown: s.shown[i], key: s.reqs[i].Key,
 				Decision: algorithms.Decision{Limit: s.reqs[i].Limit.Capacity(), RetryAfter: failClosedRetry}}
 			if h.resp.problem {
 				v.violated = violatedPolicies(s, true)
