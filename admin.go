@@ -32,6 +32,8 @@ func init() {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>          reset it (unblock the client)
 //	GET    /rate_limit/zones/<zone>/tokens/<token>      the same, by the token logs show
 //	DELETE /rate_limit/zones/<zone>/tokens/<token>
+//	GET    /rate_limit/activity                         decision counters and recent refusals (ui.go)
+//	GET    /rate_limit/ui                               the live page (ui.go)
 //
 // <key> is the raw key value, URL-escaped: what the zone's key renders for
 // the client (an IP address, an API key). It is derived exactly as a
@@ -54,7 +56,7 @@ const adminPrefix = "/rate_limit/"
 
 // Routes returns the module's admin API routes.
 func (AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+	return append([]caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(serveAdmin)}}, uiRoutes()...)
 }
 
 // The admin registry: every provisioned handler, by configuration. The

@@ -143,6 +143,7 @@ func errorKind(err error) string {
 
 // countDecisions records the outcome of every zone of a decided request.
 func countDecisions(s *scratch, refused bool) {
+	recordActivity(s, refused) // for the live page (recent.go)
 	for i, z := range s.zones {
 		if z.metrics == nil {
 			return

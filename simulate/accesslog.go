@@ -271,12 +271,12 @@ func parseDurationMs(raw json.RawMessage) int64 {
 // reqHeap orders pending requests by start time.
 type reqHeap []*Request
 
-func (h reqHeap) Len() int           { return len(h) }
+func (h reqHeap) Len() int { return len(h) }
 func (h reqHeap) Less(i, j int) bool {
 	return h[i].Time < h[j].Time || h[i].Time == h[j].Time && h[i].seq < h[j].seq
 }
-func (h reqHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *reqHeap) Push(x any)        { *h = append(*h, x.(*Request)) }
+func (h reqHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *reqHeap) Push(x any)   { *h = append(*h, x.(*Request)) }
 func (h *reqHeap) Pop() any {
 	old := *h
 	n := len(old)
