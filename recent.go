@@ -12,8 +12,11 @@ import (
 // /rate_limit/activity): per zone name, process-wide, counters of the
 // decisions and the last refusals as tokens (never raw keys). Counters only
 // grow (across config reloads too); the page computes rates from their
-// differences. Kept whatever disable_metrics says: they cost one map
-// lookup and an atomic add per zone decided, and a short lock per refusal.
+// differences. They count what the Prometheus metrics count, and like
+// them are off for a handler with disable_metrics (so the simulator, which
+// loads its configs that way, never shows on a live page). They cost one
+// map lookup and an atomic add per zone decided, and a short lock per
+// refusal.
 
 // recentRefusals is how many refusals a zone remembers.
 const recentRefusals = 32

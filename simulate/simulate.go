@@ -370,3 +370,42 @@ func sortedRetry(m map[int64]int64) []int64 {
 	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
 	return ks
 }
+
+// Requests returns the requests of a --traffic value as the simulator
+// replays them (an access log's lines at their start, a CSV's keys and
+// costs placed for the config's zones), with the source's counts: for
+// tests and tools that send the same traffic to a real server.
+func Requests(o Options) ([]Request, SourceCounts, error) {
+	e, err := NewEngine(o.Config, EngineOptions{Server: o.Server})
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	zones := e.Zones()
+	host := o.Host
+	if host == "" {
+		host = e.DefaultHost()
+	}
+	e.Close()
+	zone := zones[0]
+	for _, z := range zones {
+		if z.Name == o.Zone {
+			zone = z
+		}
+	}
+	tr, err := openTraffic(o, zones, zone, host)
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	defer tr.cleanup()
+	src, c, err := tr.open()
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	defer c.Close()
+	var out []Request
+	var r Request
+	for src.Next(&r) {
+		out = append(out, r)
+	}
+	return out, src.Counts(), src.Err()
+}
