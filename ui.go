@@ -16,7 +16,9 @@ import (
 // refusals of each zone, as tokens). Its peek and reset buttons call the
 // admin API's key endpoints, after a confirmation. The admin endpoint's
 // own rules apply to every one of these requests (its Host and Origin
-// checks); docs/simulate.md says how to open the page in a browser.
+// checks; it refuses no-cors requests, so the page loads its script as a
+// module, which browsers fetch in cors mode); docs/simulate.md says how to
+// open the page in a browser.
 
 //go:embed ui/ui.html
 var uiHTML []byte
