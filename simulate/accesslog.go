@@ -50,20 +50,70 @@ const reorderWindow = 5 * 1000 // ms
 // and http.log.access.*): ts, duration, user_id and request {remote_ip,
 // remote_port, proto, method, host, uri, headers, tls}.
 type accessLog struct {
-	sc      *bufio.Scanner
 	err     error
 	counts  SourceCounts
 	pending reqHeap
 	maxEnd  int64
 	eof     bool
-	line    logLine
+	// Lines are read and decoded by another goroutine, in batches, while
+	// this one replays: decoding JSON costs about as much as the replay.
+	batches chan []parsedLine
+	batch   []parsedLine
+	bi      int
+	quit    chan struct{}
+	readErr error // set by the reader before it closes batches
 }
+
+type parsedLine struct {
+	r      *Request
+	end    int64
+	status int
+}
+
+const logBatch = 256
 
 // newAccessLog reads an access log from r.
 func newAccessLog(r io.Reader) *accessLog {
+	a := &accessLog{batches: make(chan []parsedLine, 8), quit: make(chan struct{})}
+	go a.read(r)
+	return a
+}
+
+// read decodes lines into batches until the end of r or stop.
+func (a *accessLog) read(r io.Reader) {
+	defer close(a.batches)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	return &accessLog{sc: sc}
+	var l logLine
+	batch := make([]parsedLine, 0, logBatch)
+	for sc.Scan() {
+		req, end, st := parseLogLine(sc.Bytes(), &l)
+		batch = append(batch, parsedLine{req, end, st})
+		if len(batch) == logBatch {
+			select {
+			case a.batches <- batch:
+			case <-a.quit:
+				return
+			}
+			batch = make([]parsedLine, 0, logBatch)
+		}
+	}
+	a.readErr = sc.Err()
+	if len(batch) > 0 {
+		select {
+		case a.batches <- batch:
+		case <-a.quit:
+		}
+	}
+}
+
+// stop ends the reader early (the replay gave up).
+func (a *accessLog) stop() {
+	select {
+	case <-a.quit:
+	default:
+		close(a.quit)
+	}
 }
 
 // logLine is the part of an access log line the simulator reads.
@@ -99,16 +149,19 @@ func (a *accessLog) Next(req *Request) bool {
 		if a.eof {
 			return false
 		}
-		if !a.sc.Scan() {
-			a.eof = true
-			if err := a.sc.Err(); err != nil {
-				a.err = err
+		if a.bi == len(a.batch) {
+			b, ok := <-a.batches
+			if !ok {
+				a.eof = true
+				a.err = a.readErr
+				continue
 			}
-			continue
+			a.batch, a.bi = b, 0
 		}
+		p := a.batch[a.bi]
+		a.bi++
 		a.counts.Lines++
-		r, end, status := parseLogLine(a.sc.Bytes(), &a.line)
-		switch status {
+		switch p.status {
 		case lineMalformed:
 			a.counts.Malformed++
 			continue
@@ -116,9 +169,9 @@ func (a *accessLog) Next(req *Request) bool {
 			a.counts.Skipped++
 			continue
 		}
-		a.maxEnd = max(a.maxEnd, end)
-		r.seq = a.counts.Lines
-		heap.Push(&a.pending, r)
+		a.maxEnd = max(a.maxEnd, p.end)
+		p.r.seq = a.counts.Lines
+		heap.Push(&a.pending, p.r)
 	}
 }
 

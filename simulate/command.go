@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -91,6 +92,9 @@ func runSimulate(cmd *cobra.Command, _ []string) error {
 	if name == "" {
 		name = cfgFile
 	}
+	// The replay allocates per request and keeps little: collect less
+	// often (memory stays bounded by the keys).
+	debug.SetGCPercent(400)
 	rep, err := Run(Options{
 		Config: cfg, ConfigName: filepath.Base(name), Traffic: traffic, Zone: zone, Compare: compare,
 		Server: server, Host: host, Series: html != "", TopKeys: top,

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -205,6 +206,9 @@ func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions)
 		return nil, SourceCounts{}, nil, err
 	}
 	defer closer.Close()
+	if s, ok := src.(interface{ stop() }); ok {
+		defer s.stop()
+	}
 	var req Request
 	for src.Next(&req) {
 		for _, e := range engines {
@@ -319,10 +323,13 @@ func openTraffic(o Options, zones []*ZoneConfig, zone *ZoneConfig, host string) 
 		return src, f, nil
 	}
 	// Open once to learn the kind (and fail early).
-	_, c, err := open()
+	src, c, err := open()
 	if err != nil {
 		tr.cleanup()
 		return nil, err
+	}
+	if s, ok := src.(interface{ stop() }); ok {
+		s.stop()
 	}
 	c.Close()
 	tr.open = open
@@ -340,25 +347,18 @@ func detect(r io.Reader, pl *placement, host string) (string, Source, error) {
 		}
 		br = bufio.NewReaderSize(zr, 1<<20)
 	}
-	for i := 1; ; i++ {
-		b, err := br.Peek(i)
-		if len(b) == i {
-			c := b[i-1]
-			if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
-				if i < 4096 {
-					continue
-				}
-			}
-			if c == '{' {
-				return "access log", newAccessLog(br), nil
-			}
-			return "csv", newCSV(br, pl, host), nil
-		}
-		if err != nil {
-			// Empty input: an access log of no lines.
+	// An access log if a line of the first 64 KB is a JSON object (a
+	// garbled first line does not make it a CSV), else a CSV.
+	head, _ := br.Peek(64 << 10)
+	for _, line := range bytes.Split(head, []byte("\n")) {
+		if line = bytes.TrimSpace(line); len(line) > 0 && line[0] == '{' {
 			return "access log", newAccessLog(br), nil
 		}
 	}
+	if len(bytes.TrimSpace(head)) == 0 {
+		return "access log", newAccessLog(br), nil // empty: no lines
+	}
+	return "csv", newCSV(br, pl, host), nil
 }
 
 // sortedRetry returns the Retry-After values seen, in order.
@@ -402,6 +402,9 @@ func Requests(o Options) ([]Request, SourceCounts, error) {
 		return nil, SourceCounts{}, err
 	}
 	defer c.Close()
+	if s, ok := src.(interface{ stop() }); ok {
+		defer s.stop()
+	}
 	var out []Request
 	var r Request
 	for src.Next(&r) {
