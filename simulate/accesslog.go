@@ -36,6 +36,8 @@ type SourceCounts struct {
 	// Skipped lines that are well formed but not requests (other loggers
 	// of Caddy's log, a CSV header).
 	Skipped int64 `json:"skipped"`
+
+	replay time.Duration // the time the replay took (not loading)
 }
 
 // reorderWindow is how far back an access log line's request may have

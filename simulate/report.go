@@ -125,7 +125,13 @@ func (rc *recorder) zoneReport(zs *zoneStats, top int, withSeries bool) ZoneRepo
 		}
 		zr.TopKeys = append(zr.TopKeys, kr)
 	}
+	// Every series of the report has the run's bucket count: a zone (or a
+	// key) quiet at the end still spans the whole time axis.
 	n := len(zr.Series.Allowed)
+	if rc.takes > 0 {
+		n = max(n, min(int((rc.last-rc.origin)/rc.width)+1, maxBuckets))
+	}
+	zr.Series.Allowed, zr.Series.Refused = pad(zr.Series.Allowed, n), pad(zr.Series.Refused, n)
 	for i := range zr.TopKeys {
 		if s := zr.TopKeys[i].Series; s != nil {
 			// Every series of the report has the zone's bucket count.
@@ -213,7 +219,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	if r.Start != "" {
-		fmt.Fprintf(w, "From %s to %s; replayed in %s (%d lines/s)\n", r.Start, r.End, r.Elapsed, r.LinesPerSecond)
+		fmt.Fprintf(w, "From %s to %s; run in %s (replay: %d lines/s)\n", r.Start, r.End, r.Elapsed, r.LinesPerSecond)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

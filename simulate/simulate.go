@@ -94,6 +94,7 @@ func Run(o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	replayTime := counts.replay
 	if o.Series && counts.Requests > 0 {
 		track := make([]recorderOptions, len(recs))
 		for i, rc := range recs {
@@ -105,10 +106,11 @@ func Run(o Options) (*Report, error) {
 				track[i].track[zs.cfg.Name] = zs.topKeys(seriesKeys)
 			}
 		}
-		recs2, _, _, err := pass(o, tr, variants, track)
+		recs2, c2, _, err := pass(o, tr, variants, track)
 		if err != nil {
 			return nil, err
 		}
+		replayTime += c2.replay
 		for i := range recs {
 			if recs[i] != nil {
 				recs[i].merge(recs2[i])
@@ -149,7 +151,7 @@ func Run(o Options) (*Report, error) {
 		}
 	}
 	rep.Elapsed = time.Since(started).Round(time.Millisecond).String()
-	if secs := time.Since(started).Seconds(); secs > 0 {
+	if secs := replayTime.Seconds(); secs > 0 {
 		rep.LinesPerSecond = int64(float64(max(counts.Lines, counts.Requests)) * float64(1+btoi(o.Series)) / secs)
 	}
 	return rep, nil
@@ -210,6 +212,7 @@ func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions)
 		defer s.stop()
 	}
 	var req Request
+	replayStart := time.Now()
 	for src.Next(&req) {
 		for _, e := range engines {
 			if e != nil {
@@ -221,6 +224,7 @@ func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions)
 		return nil, SourceCounts{}, nil, fmt.Errorf("reading the traffic: %w", err)
 	}
 	counts := src.Counts()
+	counts.replay = time.Since(replayStart)
 	recs := make([]*recorder, len(engines))
 	counted := false
 	for i, e := range engines {
