@@ -56,7 +56,7 @@ const adminPrefix = "/rate_limit/"
 
 // Routes returns the module's admin API routes.
 func (AdminAPI) Routes() []caddy.AdminRoute {
-	return append([]caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(serveAdmin)}}, uiRoutes()...)
+	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(serveAdmin)}}
 }
 
 // The admin registry: every provisioned handler, by configuration. The
@@ -302,6 +302,9 @@ const adminUsage = "expected /rate_limit/zones, /rate_limit/zones/<zone>, /rate_
 
 // serveAdmin routes an admin API request.
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	if h := uiHandler(r.URL.Path); h != nil {
+		return h(w, r) // the live page and its JSON (ui.go)
+	}
 	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), adminPrefix+"zones")
 	if !ok {
 		return apiErr(http.StatusBadRequest, "malformed path: %s", adminUsage)

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"slices"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // The live page: GET /rate_limit/ui on the admin endpoint, a small HTML
@@ -29,13 +27,18 @@ var uiJS []byte
 // uiCSP: the page runs only its own script and talks only to its origin.
 const uiCSP = "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// uiRoutes are the live page's admin routes (added to AdminAPI.Routes).
-func uiRoutes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{
-		{Pattern: adminPrefix + "ui", Handler: caddy.AdminHandlerFunc(serveUIPage)},
-		{Pattern: adminPrefix + "ui.js", Handler: caddy.AdminHandlerFunc(serveUIScript)},
-		{Pattern: adminPrefix + "activity", Handler: caddy.AdminHandlerFunc(serveActivity)},
+// uiHandler returns the live page's handler of an admin API path (served
+// under the module's /rate_limit/ route), or nil.
+func uiHandler(path string) func(http.ResponseWriter, *http.Request) error {
+	switch path {
+	case adminPrefix + "ui":
+		return serveUIPage
+	case adminPrefix + "ui.js":
+		return serveUIScript
+	case adminPrefix + "activity":
+		return serveActivity
 	}
+	return nil
 }
 
 func serveStatic(w http.ResponseWriter, r *http.Request, ctype string, body []byte) error {
