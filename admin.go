@@ -68,29 +68,29 @@ func (AdminAPI) Routes() []caddy.AdminRoute {
 var adminRegistry = struct {
 	sync.Mutex
 	next     uint64
-	gens     map[any]uint64 // configuration scope → generation
+	gens     map[*App]uint64 // configuration → generation
 	handlers map[*Handler]adminEntry
-}{gens: map[any]uint64{}, handlers: map[*Handler]adminEntry{}}
+}{gens: map[*App]uint64{}, handlers: map[*Handler]adminEntry{}}
 
 type adminEntry struct {
-	scope any
+	app   *App   // the configuration's
 	gen   uint64 // the configuration's generation
 	order uint64 // the handler's, within it
 }
 
-// adminRegister records a provisioned handler (h.scope set) for the admin
+// adminRegister records a provisioned handler (h.app set) for the admin
 // API.
 func adminRegister(h *Handler) {
 	r := &adminRegistry
 	r.Lock()
 	defer r.Unlock()
 	r.next++
-	gen, ok := r.gens[h.scope]
+	gen, ok := r.gens[h.app]
 	if !ok {
 		gen = r.next
-		r.gens[h.scope] = gen
+		r.gens[h.app] = gen
 	}
-	r.handlers[h] = adminEntry{scope: h.scope, gen: gen, order: r.next}
+	r.handlers[h] = adminEntry{app: h.app, gen: gen, order: r.next}
 }
 
 // adminUnregister forgets a handler (a no-op if it was never registered).
@@ -104,11 +104,11 @@ func adminUnregister(h *Handler) {
 	}
 	delete(r.handlers, h)
 	for _, o := range r.handlers {
-		if o.scope == e.scope {
+		if o.app == e.app {
 			return
 		}
 	}
-	delete(r.gens, e.scope)
+	delete(r.gens, e.app)
 }
 
 // activeHandlers returns the handlers of the active configuration, in the
@@ -135,7 +135,7 @@ func activeHandlers() []*Handler {
 
 // adminZone is one zone of the active configuration: its compiled form and
 // the first handler that uses it (every use shares the limit and the store:
-// see registerZones).
+// see App.register).
 type adminZone struct {
 	z       *zone
 	h       *Handler

@@ -270,7 +270,7 @@ func TestAdminRegistryGenerations(t *testing.T) {
 	// Move them into configurations of their own (as two loads would).
 	adminUnregister(h1)
 	adminUnregister(h2)
-	h1.scope, h2.scope = new(int), new(int)
+	h1.app, h2.app = new(App), new(App)
 	adminRegister(h1)
 	has := func(name string) bool {
 		code, _ := adminCall(t, "GET", "/rate_limit/zones/"+name)
@@ -293,8 +293,8 @@ func TestAdminRegistryGenerations(t *testing.T) {
 		t.Fatal("an unregistered configuration still shows")
 	}
 	adminRegistry.Lock()
-	_, kept1 := adminRegistry.gens[h1.scope]
-	_, kept2 := adminRegistry.gens[h2.scope]
+	_, kept1 := adminRegistry.gens[h1.app]
+	_, kept2 := adminRegistry.gens[h2.app]
 	adminRegistry.Unlock()
 	if kept1 || kept2 {
 		t.Fatal("the registry kept the generation of a configuration with no handler left")

@@ -270,7 +270,7 @@ type parserNames struct {
 func collectParserNames(t *testing.T) []parserNames {
 	t.Helper()
 	funcs := []struct{ file, fn, section string }{
-		{"caddyfile.go", "unmarshal", "Directive"},
+		{"caddyfile.go", "UnmarshalCaddyfile", "Directive"},
 		{"caddyfile.go", "parseGlobalOption", "Global option"},
 		{"caddyfile.go", "parseZone", "Zone"},
 		{"caddyfile.go", "parseResponse", "Response"},

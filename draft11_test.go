@@ -315,11 +315,15 @@ func TestProblemResponse(t *testing.T) {
 }
 
 // TestProblemConfig: `response problem` takes status and header, and not
-// the settings the problem defines itself.
+// the settings the problem defines itself (refused by the grammar or at
+// load).
 func TestProblemConfig(t *testing.T) {
 	parse := func(resp string) (*Handler, error) {
 		h := new(Handler)
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n\tzone z {\n\t\tevents 1\n\t\twindow 1m\n\t}\n\t" + resp + "\n}"))
+		if err == nil {
+			err = h.Validate()
+		}
 		return h, err
 	}
 	h, err := parse("response problem")

@@ -142,7 +142,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	if f := lines[0].ContextMap(); f["zone"] != "dyn_fb" || f["field"] != "burst" || f["value"] != "many" || f["default"] != int64(5) {
 		t.Errorf("log line fields %v, want zone dyn_fb, field burst, value many, default 5", f)
 	}
-	h.badValue().last.Store(0)              // as if a minute had passed
+	h.badValue().start.Store(0)             // as if a minute had passed
 	try(req{"0", "1m", "7", "1", 200, "6"}) // events 5 (the default), burst 7
 	lines = logs.FilterMessageSnippet("chosen per request").All()
 	if len(lines) != 2 || lines[1].ContextMap()["suppressed_since_last"] != int64(7) || lines[1].ContextMap()["field"] != "events" {
@@ -152,7 +152,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 
 // TestDynamicLimitHeaders: the draft RateLimit-Policy and the legacy
 // headers carry the limit each request resolved to, past the cache of
-// per-limit views too.
+// per-limit header values too.
 func TestDynamicLimitHeaders(t *testing.T) {
 	clock := &fakeClock{ms: 1_800_000_000_000}
 	h := newHandler(t, `rate_limit {
@@ -163,7 +163,7 @@ func TestDynamicLimitHeaders(t *testing.T) {
 		}
 		headers both
 	}`, clock)
-	for i := 1; i <= maxViews+10; i++ {
+	for i := 1; i <= maxShown+10; i++ {
 		n := strconv.Itoa(i)
 		w := serve(t, h, "GET", "/", map[string]string{"X-User": "u", "X-Events": n, "X-Window": "1h"})
 		if w.Code != 200 || w.Header().Get("X-Ratelimit-Limit") != n || w.Header().Get("X-Ratelimit-Remaining") != strconv.Itoa(i-1) {
@@ -173,8 +173,8 @@ func TestDynamicLimitHeaders(t *testing.T) {
 			t.Fatalf("events %d: RateLimit-Policy %q, want %q", i, got, want)
 		}
 	}
-	if m := h.zones[0].dyn.views.Load(); m == nil || len(*m) != maxViews {
-		t.Errorf("cached views: %v, want %d", m, maxViews)
+	if m := h.zones[0].dyn.shown.Load(); m == nil || len(*m) != maxShown {
+		t.Errorf("cached header values: %v, want %d", m, maxShown)
 	}
 }
 
@@ -189,8 +189,10 @@ func TestDynamicLimitAllocations(t *testing.T) {
 		h := newHandler(t, block, nil)
 		r := httptest.NewRequest("GET", "/", nil)
 		r.Header.Set("X-User", "alloc")
-		caddyhttp.NewTestReplacer(r)
+		// The vars first: the replacer reads them from the request it is
+		// made for.
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{"plan_events": plan}))
+		caddyhttp.NewTestReplacer(r)
 		w := httptest.NewRecorder()
 		return testing.AllocsPerRun(200, func() {
 			clear(w.Header())
@@ -222,7 +224,7 @@ func TestDynamicLimitAllocations(t *testing.T) {
 }
 
 // badValue returns the only zone's rate-limited log of unusable values.
-func (h *Handler) badValue() *errorLog { return h.zones[0].badValue }
+func (h *Handler) badValue() *sampledLog { return h.zones[0].badValue }
 
 // TestDynamicLimitNoAllocation: resolving a per-request limit, parsing it,
 // checking it and scoping the key allocate nothing.
@@ -292,8 +294,8 @@ func TestDynamicLimitKeys(t *testing.T) {
 	}
 }
 
-// TestDynamicLimitConfigErrors: errors at adapt and at provision name the
-// zone and the field.
+// TestDynamicLimitConfigErrors: errors at adapt or at load, and at
+// provision of a JSON config, name the zone and the field.
 func TestDynamicLimitConfigErrors(t *testing.T) {
 	zone := func(body string) string {
 		return ":8080 {\n\trate_limit {\n\t\tzone z1 {\n" + body + "\n\t\t}\n\t}\n\trespond ok\n}\n"
@@ -302,24 +304,24 @@ func TestDynamicLimitConfigErrors(t *testing.T) {
 		body string
 		want []string
 	}{
-		"events without default":  {"events {plan_events}\nwindow 1m", []string{"zone z1", "events {plan_events} needs a default", "events {plan_events} 60"}},
-		"window without default":  {"events 5\nwindow {plan_window}", []string{"zone z1", "window {plan_window} needs a default"}},
-		"burst without default":   {"events 5\nwindow 1m\nburst {b}", []string{"zone z1", "burst {b} needs a default"}},
-		"placeholder default":     {"events {a} {b}\nwindow 1m", []string{"zone z1", "events takes a value, or a placeholder and a default"}},
-		"two values":              {"events 5 6\nwindow 1m", []string{"zone z1", "events takes a value"}},
-		"bad events default":      {"events {a} many\nwindow 1m", []string{"zone z1", "events must be an integer"}},
-		"zero events default":     {"events {a} 0\nwindow 1m", []string{"zone z1", "events must be at least 1"}},
-		"bad window default":      {"events 5\nwindow {w} soon", []string{"zone z1", "window: invalid duration"}},
-		"burst with sliding log":  {"events 5\nwindow 1m\nalgorithm sliding_log\nburst {b} 5", []string{"zone z1", "burst is not allowed"}},
-		"bad cost default":        {"events 5\nwindow 1m\ncost {c} 0", []string{"zone z1", "cost's default must be at least 1"}},
-		"cost default too large":  {"events 5\nwindow 1m\ncost {c} 6", []string{"zone z1", "cost_default 6 exceeds the zone's capacity 5"}},
-		"cost default on integer": {"events 5\nwindow 1m\ncost 2 1", []string{"zone z1", "cost takes an integer, or a placeholder"}},
-		"malformed placeholder":   {"events {a 5\nwindow 1m", []string{"zone z1", "max_events_from must be a placeholder"}},
+		"events without default":  {"events {plan_events}\nwindow 1m", []string{`zone "z1"`, "events {plan_events} needs a default", "events {plan_events} 60"}},
+		"window without default":  {"events 5\nwindow {plan_window}", []string{`zone "z1"`, "window {plan_window} needs a default"}},
+		"burst without default":   {"events 5\nwindow 1m\nburst {b}", []string{`zone "z1"`, "burst {b} needs a default"}},
+		"placeholder default":     {"events {a} {b}\nwindow 1m", []string{`zone "z1"`, "events takes a value, or a placeholder and a default"}},
+		"two values":              {"events 5 6\nwindow 1m", []string{`zone "z1"`, "events takes a value"}},
+		"bad events default":      {"events {a} many\nwindow 1m", []string{`zone "z1"`, "events must be an integer"}},
+		"zero events default":     {"events {a} 0\nwindow 1m", []string{`zone "z1"`, "events must be at least 1"}},
+		"bad window default":      {"events 5\nwindow {w} soon", []string{`zone "z1"`, "window: invalid duration"}},
+		"burst with sliding log":  {"events 5\nwindow 1m\nalgorithm sliding_log\nburst {b} 5", []string{`zone "z1"`, "burst is not allowed"}},
+		"bad cost default":        {"events 5\nwindow 1m\ncost {c} 0", []string{`zone "z1"`, "cost's default must be at least 1"}},
+		"cost default too large":  {"events 5\nwindow 1m\ncost {c} 6", []string{`zone "z1"`, "cost_default 6 exceeds the zone's capacity 5"}},
+		"cost default on integer": {"events 5\nwindow 1m\ncost 2 1", []string{`zone "z1"`, "cost takes an integer, or a placeholder"}},
+		"malformed placeholder":   {"events {a 5\nwindow 1m", []string{`zone "z1"`, "max_events_from must be a placeholder"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := adapt(t, zone(c.body))
+			err := validateCaddyfile(t, zone(c.body))
 			if err == nil {
-				t.Fatalf("adapted without error:\n%s", c.body)
+				t.Fatalf("loaded without error:\n%s", c.body)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(err.Error(), w) {
@@ -357,9 +359,9 @@ func TestDynamicLimitConfigErrors(t *testing.T) {
 // different per-request placeholders is two limits, refused.
 func TestDynamicLimitOneZoneOneSpec(t *testing.T) {
 	cf := ":8080 {\n\trate_limit {\n\t\tzone shared {\n\t\t\tevents {a} 5\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n:8081 {\n\trate_limit {\n\t\tzone shared {\n\t\t\tevents {b} 5\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"
-	_, err := adapt(t, cf)
+	err := validateCaddyfile(t, cf)
 	if err == nil || !strings.Contains(err.Error(), "max_events_from {a}") || !strings.Contains(err.Error(), "max_events_from {b}") {
-		t.Fatalf("adapt: %v, want a conflict naming both placeholders", err)
+		t.Fatalf("load: %v, want a conflict naming both placeholders", err)
 	}
 	ctx := caddyContext(t)
 	var hs []*Handler

@@ -3,13 +3,11 @@ package sluice
 import (
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
@@ -21,6 +19,7 @@ type scratch struct {
 	reqs  []algorithms.Request
 	decs  []algorithms.Decision
 	zones []*zone
+	shown []*shownLimit // what the responses show of each request's limit
 	buf   []byte
 }
 
@@ -29,12 +28,13 @@ var scratchPool = sync.Pool{New: func() any {
 		reqs:  make([]algorithms.Request, 0, 8),
 		decs:  make([]algorithms.Decision, 0, 8),
 		zones: make([]*zone, 0, 8),
+		shown: make([]*shownLimit, 0, 8),
 		buf:   make([]byte, 0, 256),
 	}
 }}
 
 func (s *scratch) release() {
-	s.reqs, s.decs, s.zones = s.reqs[:0], s.decs[:0], s.zones[:0]
+	s.reqs, s.decs, s.zones, s.shown = s.reqs[:0], s.decs[:0], s.zones[:0], s.shown[:0]
 	if cap(s.buf) > 64<<10 {
 		s.buf = nil // do not keep a huge key buffer alive
 	}
@@ -62,8 +62,9 @@ const (
 
 // verdict is what ServeHTTP keeps of a decision once the scratch is released.
 type verdict struct {
-	zone *zone
-	key  identity.Token
+	zone  *zone
+	shown *shownLimit
+	key   identity.Token
 	algorithms.Decision
 	// policy and state are the RateLimit-Policy and RateLimit field values
 	// (headers draft or both), covering every zone decided.
@@ -90,21 +91,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	now := time.Now()
 	if out == allow {
-		// Another rate_limit may have decided this request already (two
-		// directives in a route): the headers report the most constrained
-		// zone of both, and the draft fields list the zones of both.
-		hdr := w.Header()
-		if h.legacy && !priorLegacyWins(hdr, false, 0, v.Remaining, resetUnix(now, v.ResetAfter)) {
-			setLegacyHeaders(hdr, v.zone, &v.Decision, now)
-		}
-		if v.policy != "" {
-			hdr[hdrPolicy] = []string{appendToPrior(hdr, hdrPolicy, v.policy)}
-			hdr[hdrState] = []string{appendToPrior(hdr, hdrState, v.state)}
-		}
+		var hs headerSet
+		h.addLimitHeaders(&hs, w.Header(), &v, false, 0, resetUnix(now, v.ResetAfter))
+		hs.set(w.Header())
 		return next.ServeHTTP(w, r)
 	}
-	// A refusal sets the rate limit headers itself, with the rest of its
-	// response and in fewer allocations.
 	return h.refuse(w, r, &v, out == failClosed, now)
 }
 
@@ -136,17 +127,18 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			}
 			continue // report only: this zone decides nothing for the request
 		}
-		lim, seen := z.limit, z
+		lim, shown := z.limit, &z.shown
 		if z.dyn != nil {
 			// The limit is chosen per request; a limit other than the
 			// default has a bucket of its own (zone.limitOf), and its own
-			// header values (zone.view).
+			// header values (zone.shownFor).
 			lim, tok, s.buf = z.limitOf(repl, tok, s.buf, h.logger)
-			seen = z.view(lim)
+			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
 		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: algorithms.Key(tok), Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
-		s.zones = append(s.zones, seen)
+		s.zones = append(s.zones, z)
+		s.shown = append(s.shown, shown)
 	}
 	if len(s.reqs) == 0 {
 		return verdict{}, pass, nil
@@ -164,7 +156,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			// counted as a store failure.
 			return verdict{}, pass, nil
 		}
-		h.storeErrors.log(h.logger, err)
+		h.logStoreError(err)
 		if h.storeStats != nil {
 			h.storeStats.failed(err)
 		}
@@ -193,19 +185,12 @@ func (h *Handler) ambiguousKey(z *zone, field *identity.Ambiguity) error {
 			z.metrics.ambiguous.Inc()
 		}
 	}
-	if h.refusalLog.take() {
-		msg := "rate limit key is ambiguous: request refused with 400"
-		if z.reportOnly {
-			msg = "rate limit key is ambiguous (report only: passed, not charged in this zone)"
-		}
-		if ce := h.logger.Check(zap.InfoLevel, msg); ce != nil {
-			ce.Write(
-				zap.String("zone", z.name),
-				zap.String("source", field.Source),
-				zap.String("name", field.Name),
-				zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
-			)
-		}
+	msg := "rate limit key is ambiguous: request refused with 400"
+	if z.reportOnly {
+		msg = "rate limit key is ambiguous (report only: passed, not charged in this zone)"
+	}
+	if ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
+		h.refusalLog.write(ce, zap.String("zone", z.name), zap.String("source", field.Source), zap.String("name", field.Name))
 	}
 	if z.reportOnly {
 		return nil
@@ -249,7 +234,7 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 	if !refused {
 		h.reportWouldRefuse(s)
 	}
-	v := verdict{zone: s.zones[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best], cost: s.reqs[best].Cost}
+	v := verdict{zone: s.zones[best], shown: s.shown[best], key: identity.Token(s.reqs[best].Key), Decision: s.decs[best], cost: s.reqs[best].Cost}
 	if h.draft {
 		v.policy, v.state = draftFields(s)
 	}
@@ -266,16 +251,15 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 // allowed request (the metric is counted by countDecisions).
 func (h *Handler) reportWouldRefuse(s *scratch) {
 	for i := range s.decs {
-		if s.decs[i].Allowed || !s.reqs[i].ReportOnly || !h.refusalLog.take() {
+		if s.decs[i].Allowed || !s.reqs[i].ReportOnly {
 			continue
 		}
-		if ce := h.logger.Check(zap.InfoLevel, "rate limit would be exceeded (report only)"); ce != nil {
-			ce.Write(
+		if ce := h.refusalLog.check(h.logger, zap.InfoLevel, "rate limit would be exceeded (report only)", time.Now()); ce != nil {
+			h.refusalLog.write(ce,
 				zap.String("zone", s.zones[i].name),
 				zap.String("key", identity.Token(s.reqs[i].Key).String()),
 				zap.Int64("retry_after", ceilSeconds(s.decs[i].RetryAfter)),
 				zap.Int64("cost", s.reqs[i].Cost),
-				zap.Int64("suppressed_since_last", h.refusalLog.suppressed.Swap(0)),
 			)
 		}
 	}
@@ -302,24 +286,24 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 	for i, z := range s.zones {
 		switch z.fail {
 		case failClosedPolicy:
-			v := verdict{zone: z, key: identity.Token(s.reqs[i].Key),
-				Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
+			v := verdict{zone: z, shown: s.shown[i], key: identity.Token(s.reqs[i].Key),
+				Decision: algorithms.Decision{Limit: s.reqs[i].Limit.Capacity(), RetryAfter: failClosedRetry}}
 			if h.resp.problem {
 				v.violated = violatedPolicies(s, true)
 			}
 			return v, failClosed, nil
 		case failLocalPolicy:
-			s.reqs[n], s.zones[n] = s.reqs[i], z
+			s.reqs[n], s.zones[n], s.shown[n] = s.reqs[i], z, s.shown[i]
 			n++
 		}
 	}
 	if n == 0 || h.local == nil {
 		return verdict{}, pass, nil
 	}
-	s.reqs, s.zones = s.reqs[:n], s.zones[:n]
+	s.reqs, s.zones, s.shown = s.reqs[:n], s.zones[:n], s.shown[:n]
 	s.sizeDecs()
 	if err := h.local.Take(r.Context(), s.reqs, s.decs); err != nil {
-		h.storeErrors.log(h.logger, err)
+		h.logStoreError(err)
 		return verdict{}, pass, nil
 	}
 	return h.pick(s)
@@ -346,57 +330,7 @@ func violatedPolicies(s *scratch, closed bool) string {
 // unavailable, so the client is asked to come back soon, not at a reset.
 const failClosedRetry = time.Second
 
-// lineSampler admits at most linesPerSecond log lines a second, counting the
-// rest, so that refusals during an attack cannot flood the log.
-type lineSampler struct {
-	second     atomic.Int64
-	n          atomic.Int64
-	suppressed atomic.Int64
-}
-
-const linesPerSecond = 10
-
-func (l *lineSampler) take() bool { return l.takeAt(time.Now().Unix()) }
-
-// takeAt is take for a caller that already read the clock (now in Unix
-// seconds).
-func (l *lineSampler) takeAt(now int64) bool {
-	if sec := l.second.Load(); sec != now && l.second.CompareAndSwap(sec, now) {
-		l.n.Store(0)
-	}
-	if l.n.Add(1) > linesPerSecond {
-		l.suppressed.Add(1)
-		return false
-	}
-	return true
-}
-
-// errorLog writes a log line at most once per interval, counting the ones
-// it drops, so that an outage or a flood of bad input cannot flood the log.
-type errorLog struct {
-	last       atomic.Int64 // Unix nanoseconds of the last line
-	suppressed atomic.Int64
-}
-
-// Intervals of the rate-limited log lines.
-const (
-	storeErrorInterval = 5 * time.Second
-	badCostInterval    = time.Minute
-)
-
-// log reports a store error.
-func (e *errorLog) log(logger *zap.Logger, err error) {
-	e.write(logger, zap.ErrorLevel, storeErrorInterval, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
-}
-
-func (e *errorLog) write(logger *zap.Logger, lvl zapcore.Level, every time.Duration, msg string, fields ...zap.Field) {
-	now := time.Now().UnixNano()
-	last := e.last.Load()
-	if now-last < int64(every) || !e.last.CompareAndSwap(last, now) {
-		e.suppressed.Add(1)
-		return
-	}
-	if ce := logger.Check(lvl, msg); ce != nil {
-		ce.Write(append(fields, zap.Int64("suppressed_since_last", e.suppressed.Swap(0)))...)
-	}
+// logStoreError logs a failed store call (rate-limited).
+func (h *Handler) logStoreError(err error) {
+	h.storeErrors.log(h.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 }

@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -298,13 +297,9 @@ func TestZoneRegistry(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "store") {
 		t.Fatalf("conflicting store: err = %v", err)
 	}
-	// Another configuration (a reload) may redefine the zone.
-	other := new(Handler)
-	_ = json.Unmarshal([]byte(`{"rate_limits":{"reg":{"max_events":50,"window":60000000000}}}`), other)
-	otherCtx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	other.logger = nil
-	if err := registerZones(configScope(otherCtx), []*zone{{name: "reg", limit: mustLimit(t, 50)}}, "x"); err != nil {
+	// Another configuration (a reload), with an app of its own, may
+	// redefine the zone.
+	if err := new(App).register([]*zone{{name: "reg", limit: mustLimit(t, 50)}}, "x"); err != nil {
 		t.Fatalf("another configuration: %v", err)
 	}
 	// Once both users are cleaned up, the name is free again.

@@ -3,14 +3,10 @@ package sluice
 import (
 	"context"
 	"errors"
-	"net"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sluicehq/caddy-sluice/redisstore"
 )
 
 // The collectors are created once per process and registered in the
@@ -118,25 +114,16 @@ func (m *storeMetrics) failed(err error) {
 	metrics.storeErrors.WithLabelValues(m.name, errorKind(err)).Inc()
 }
 
-// errorKind classifies a store error into a bounded set of kinds.
+// errorKind is a store error's kind label: the kind the error names itself
+// (StoreErrorKind; redisstore's: timeout, connection, readonly, oom,
+// noscript, circuit_open, other), else timeout for a deadline, else other.
 func errorKind(err error) string {
-	var ne net.Error
+	var k interface{ StoreErrorKind() string }
 	switch {
-	case errors.Is(err, redisstore.ErrCircuitOpen):
-		return "circuit_open"
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+	case errors.As(err, &k):
+		return k.StoreErrorKind()
+	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
-	case errors.As(err, new(*net.OpError)):
-		return "connection"
-	}
-	msg := err.Error()
-	switch {
-	case strings.HasPrefix(msg, "READONLY"):
-		return "readonly"
-	case strings.HasPrefix(msg, "OOM"):
-		return "oom"
-	case strings.HasPrefix(msg, "NOSCRIPT"):
-		return "noscript"
 	}
 	return "other"
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -26,88 +27,72 @@ func init() {
 // every zone whose matchers it matches, all in one atomic call to the store:
 // if every zone allows, every zone is charged and the request goes on;
 // otherwise nothing is charged and the request is refused with a 429 (or
-// handed to the site's handle_errors routes). Every response carries the
-// X-RateLimit-* headers of the most constrained zone.
-//
-// JSON field names follow mholt/caddy-ratelimit where the concept is the
-// same, so its configurations carry over.
+// handed to the site's handle_errors routes). docs/reference.md documents
+// every field; JSON names follow mholt/caddy-ratelimit's where the concept
+// is the same.
 type Handler struct {
-	// RateLimits are the zones, keyed by zone name. Zone names are global
-	// across the whole configuration: one name used in two places is one
-	// shared bucket (given the same store) and must carry the same limit.
-	// A name is any string of up to 256 bytes of valid UTF-8 without
-	// control or format characters ("api/v1", "login:v2", "my zone");
-	// wherever it cannot go as it is (store keys, admin API paths, header
-	// fields, JSON bodies) it is encoded.
+	// RateLimits are the zones, by name: up to 256 bytes of UTF-8 text
+	// without control or format characters. A name is global across the
+	// configuration: one name in two places is one bucket, and must carry
+	// one limit and one store. Required.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
 	// StoreRaw is the state store, a module in the
-	// http.handlers.rate_limit.stores namespace. Default: the embedded
-	// memory store ("memory"), shared by every handler that uses the same
-	// store configuration and kept across config reloads.
+	// http.handlers.rate_limit.stores namespace. Default: "memory", shared
+	// by handlers with the same store configuration and kept across
+	// reloads.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.rate_limit.stores inline_key=module"`
 
-	// Headers selects the rate limit headers sent on every response:
-	// "legacy" (X-RateLimit-Limit, X-RateLimit-Remaining and
-	// X-RateLimit-Reset, for the most constrained zone), "draft" (the IETF
-	// draft-ietf-httpapi-ratelimit-headers-11 RateLimit-Policy and
-	// RateLimit fields, one list member per zone decided), "both", or
-	// "off".
-	// Retry-After is sent on every refusal regardless. Default: "legacy".
+	// Headers selects the rate limit headers on every decided response:
+	// "legacy" (X-RateLimit-*), "draft" (RateLimit-Policy and RateLimit,
+	// draft-ietf-httpapi-ratelimit-headers-11), "both" or "off".
+	// Default: "legacy".
 	Headers string `json:"headers,omitempty"`
 
-	// Response shapes the refusal. Default: status 429 with a small JSON
-	// body.
+	// Response shapes the refusal. Default: 429 with a small JSON body.
 	Response *Response `json:"response,omitempty"`
 
-	// Jitter adds up to this fraction of random extra time to Retry-After
-	// (0.2 adds up to 20%, 1.5 up to 150%), so refused clients do not all
-	// come back at once. At least 0. Default: 0.
+	// Jitter adds up to this fraction of random time to Retry-After (0.2:
+	// up to 20%), a finite number of at least 0. Default: 0.
 	Jitter float64 `json:"jitter,omitempty"`
 
-	// LogKey logs the raw key value (an IP address, an API key) in refusal
-	// log lines. Off by default: logs carry only the key's token, which
-	// never reveals a credential.
+	// LogKey adds the raw key to refusal log lines, which otherwise carry
+	// only its token.
 	LogKey bool `json:"log_key,omitempty"`
 
-	// ReportOnly puts every zone of the handler in report-only mode (see
-	// Zone.ReportOnly): decide, record, send the headers, never refuse.
+	// ReportOnly puts every zone in report-only mode (see Zone.ReportOnly).
 	ReportOnly bool `json:"report_only,omitempty"`
 
-	// Enabled is the off switch: false turns the handler into a
-	// pass-through (no decisions, no headers), flipped by a config reload.
-	// Default: true.
+	// Enabled false makes the handler a pass-through (no decisions, no
+	// headers). Default: true.
 	Enabled *bool `json:"enabled,omitempty"`
 
-	// SweepInterval is accepted for compatibility with caddy-ratelimit: it
-	// sets how often the default memory store drops keys that are back to
-	// full (the same as `store memory { sweep_interval }`).
+	// SweepInterval is caddy-ratelimit's name for how often the default
+	// memory store drops full keys; at least 1s, and not with StoreRaw.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// DisableMetrics turns off this handler's Prometheus metrics
-	// (caddy_rate_limit_decisions_total, _store_duration_seconds,
-	// _store_errors_total in Caddy's metrics registry).
+	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// Distributed is caddy-ratelimit's storage-synchronised mode. It is
-	// refused: Sluice shares state exactly through a shared store instead.
+	// Distributed is caddy-ratelimit's storage-synchronised mode: refused,
+	// naming the Sluice equivalent (a shared store).
 	Distributed json.RawMessage `json:"distributed,omitempty"`
 
-	// StorageRaw is caddy-ratelimit's storage for distributed mode. It is
-	// refused for the same reason as Distributed.
+	// StorageRaw is caddy-ratelimit's storage for Distributed: refused
+	// likewise.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
 	zones       []*zone
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
-	storeErrors *errorLog
-	refusalLog  *lineSampler
+	storeErrors *sampledLog
+	refusalLog  *sampledLog
 	legacy      bool
 	draft       bool
 	enabled     bool
 	resp        compiledResponse
-	scope       any
+	app         *App // the configuration's: zone names are checked across it
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
@@ -134,8 +119,8 @@ const (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	h.storeErrors = new(errorLog)
-	h.refusalLog = new(lineSampler)
+	h.storeErrors = newSampledLog(1, storeErrorInterval)
+	h.refusalLog = newSampledLog(refusalLines, time.Second)
 	if h.Headers == "" {
 		h.Headers = headersLegacy
 	}
@@ -162,52 +147,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.store = st
 
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		cfg := h.RateLimits[name]
-		if cfg == nil {
-			return fmt.Errorf("zone %q: empty configuration", name)
-		}
-		cfg.setDefaults()
-		if h.ReportOnly {
-			cfg.ReportOnly = true
-		}
-		z, err := cfg.compile(name)
-		if err != nil {
-			return fmt.Errorf("zone %q: %w", name, err)
-		}
-		if cfg.MatcherSetsRaw != nil {
-			mods, err := ctx.LoadModule(cfg, "MatcherSetsRaw")
-			if err != nil {
-				return fmt.Errorf("zone %q: match: %w", name, err)
-			}
-			if err := z.matchers.FromInterface(mods); err != nil {
-				return fmt.Errorf("zone %q: match: %w", name, err)
-			}
-		}
-		if cfg.Enabled != nil && !*cfg.Enabled {
-			h.logger.Info("rate limit zone switched off (enabled false)", zap.String("zone", name))
-			continue
-		}
-		for _, w := range cfg.keyWarnings() {
-			h.logger.Warn(w, zap.String("zone", name))
-		}
-		h.zones = append(h.zones, z)
-	}
-
-	for _, z := range h.zones {
-		if z.fail == failLocalPolicy && h.local == nil {
-			// The fail-local fallback: this instance's default memory store.
-			mod, err := ctx.LoadModuleByID("http.handlers.rate_limit.stores.memory", json.RawMessage(`{}`))
-			if err != nil {
-				return fmt.Errorf("zone %q: fail local: loading the memory store: %w", z.name, err)
-			}
-			h.local = mod.(Store)
-		}
+	if err := h.provisionZones(ctx); err != nil {
+		return err
 	}
 
 	if !h.DisableMetrics {
@@ -224,9 +165,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.storeStats = newStoreMetrics(name)
 	}
 
-	if err := h.Response.compile(&h.resp); err != nil {
-		return err
-	}
+	h.resp = h.Response.compile()
 
 	ev, err := ctx.App("events")
 	if err != nil {
@@ -235,14 +174,61 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = ev.(*caddyevents.App)
 
 	// Zone names are checked across the whole configuration being loaded.
-	// registerZones undoes its own partial work on failure, so the scope is
-	// kept (for Cleanup to release) only once every zone is registered.
-	scope := configScope(ctx)
-	if err := registerZones(scope, h.zones, storeKey(h.store)); err != nil {
+	app, err := rateLimitApp(ctx)
+	if err != nil {
 		return err
 	}
-	h.scope = scope
+	if err := app.register(h.zones, storeKey(h.store)); err != nil {
+		return err
+	}
+	h.app = app
 	adminRegister(h) // for admin.api.rate_limit (admin.go)
+	return nil
+}
+
+// provisionZones compiles the zones, in the order of their names, loads
+// their matchers, and loads the memory store of fail-local zones.
+func (h *Handler) provisionZones(ctx caddy.Context) error {
+	names := slices.Sorted(maps.Keys(h.RateLimits))
+	for _, name := range names {
+		cfg := h.RateLimits[name]
+		if cfg == nil {
+			return zoneErr(name, errors.New("empty configuration"))
+		}
+		cfg.setDefaults()
+		if h.ReportOnly {
+			cfg.ReportOnly = true
+		}
+		z, err := cfg.compile(name)
+		if err != nil {
+			return zoneErr(name, err)
+		}
+		if cfg.MatcherSetsRaw != nil {
+			mods, err := ctx.LoadModule(cfg, "MatcherSetsRaw")
+			if err == nil {
+				err = z.matchers.FromInterface(mods)
+			}
+			if err != nil {
+				return zoneErr(name, fmt.Errorf("match: %w", err))
+			}
+		}
+		if cfg.Enabled != nil && !*cfg.Enabled {
+			h.logger.Info("rate limit zone switched off (enabled false)", zap.String("zone", name))
+			continue
+		}
+		for _, w := range cfg.keyWarnings() {
+			h.logger.Warn(w, zap.String("zone", name))
+		}
+		if z.fail == failLocalPolicy && h.local == nil {
+			// The fail-local fallback: this instance's default memory store.
+			mod, err := ctx.LoadModuleByID("http.handlers.rate_limit.stores.memory", json.RawMessage(`{}`))
+			if err != nil {
+				return zoneErr(name, fmt.Errorf("fail local: loading the memory store: %w", err))
+			}
+			h.local = mod.(Store)
+		}
+		h.zones = append(h.zones, z)
+	}
 	return nil
 }
 
@@ -289,9 +275,9 @@ func (h *Handler) Validate() error {
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
 	adminUnregister(h)
-	if h.scope != nil {
-		unregisterZones(h.scope, h.zones)
-		h.scope = nil
+	if h.app != nil {
+		h.app.unregister(h.zones)
+		h.app = nil
 	}
 	return nil
 }

@@ -31,14 +31,22 @@ var refusalPlaceholders = []string{
 	"http.rate_limit.error",
 }
 
+// defaultBodyTemplate is the default refusal body as a body template:
+// appendDefaultBody must write what it renders to (for a zone name that
+// needs no JSON escaping).
+const defaultBodyTemplate = `{"status":{http.rate_limit.status},"error":"{http.rate_limit.error}","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
+
 // referenceRefuse is the refusal as it was written before it was made
 // cheap: the rate limit headers set one by one, eight placeholders set as
-// static values and the body rendered from the defaultBody template by the
-// replacer. The refusal must answer byte for byte what it answers.
+// static values and the body rendered from a template by the replacer. The
+// refusal must answer byte for byte what it answers.
 func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
 	if !unavailable {
 		if h.legacy {
-			setLegacyHeaders(w.Header(), v.zone, &v.Decision, now)
+			hdr := w.Header()
+			hdr.Set("X-RateLimit-Limit", v.shown.limit)
+			hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(v.Remaining, 10))
+			hdr.Set("X-RateLimit-Reset", strconv.FormatInt(resetUnix(now, v.ResetAfter), 10))
 		}
 		if v.policy != "" {
 			hdr := w.Header()
@@ -76,7 +84,11 @@ func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verd
 			hdr.Add(name, repl.ReplaceKnown(val, ""))
 		}
 	}
-	body := repl.ReplaceKnown(h.resp.body, "")
+	tmpl := h.resp.body
+	if tmpl == "" {
+		tmpl = defaultBodyTemplate
+	}
+	body := repl.ReplaceKnown(tmpl, "")
 	hdr.Set("Content-Type", h.resp.contentType)
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
@@ -166,7 +178,7 @@ func TestRefusalMatchesReference(t *testing.T) {
 			}
 			if c.failClosed {
 				z := v.zone
-				v = verdict{zone: z, key: v.key, Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
+				v = verdict{zone: z, shown: v.shown, key: v.key, Decision: algorithms.Decision{Limit: z.limit.Capacity(), RetryAfter: failClosedRetry}}
 			}
 			now := time.Unix(1_800_000_000, 400_000_000)
 
@@ -232,7 +244,7 @@ func equalHeaders(a, b http.Header) bool {
 }
 
 // TestDefaultBodyIsTheTemplate: appendDefaultBody writes what the
-// defaultBody template renders to, for each status, message and a range of
+// defaultBodyTemplate renders to, for each status, message and a range of
 // zone names and Retry-After values.
 func TestDefaultBodyIsTheTemplate(t *testing.T) {
 	for _, status := range []int{429, 503, 400, 599} {
@@ -244,7 +256,7 @@ func TestDefaultBodyIsTheTemplate(t *testing.T) {
 					repl.Set("http.rate_limit.error", msg)
 					repl.Set("http.rate_limit.zone", zone)
 					repl.Set("http.rate_limit.retry_after", retry)
-					want := repl.ReplaceKnown(defaultBody, "")
+					want := repl.ReplaceKnown(defaultBodyTemplate, "")
 					if got := string(appendDefaultBody(nil, status, msg, zone, retry)); got != want {
 						t.Fatalf("got  %s\nwant %s", got, want)
 					}

@@ -196,9 +196,8 @@ func TestZoneNamesInTheCaddyfile(t *testing.T) {
 			t.Errorf("zone %s: parsed as %v, want %q", tok, h.RateLimits, name)
 		}
 	}
-	h := new(Handler)
-	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n\tzone \"a\tb\" {\n\t\tevents 1\n\t\twindow 1m\n\t}\n}"))
-	if err == nil || !strings.Contains(err.Error(), "control") {
-		t.Errorf("a name with a tab: %v, want a refusal naming control characters", err)
+	err := validateCaddyfile(t, site("", "\t\tzone \"a\tb\" {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}"))
+	if err == nil || !strings.Contains(err.Error(), "control") || !strings.Contains(err.Error(), `zone "a\tb"`) {
+		t.Errorf("a name with a tab: %v, want a refusal at load naming the zone and control characters", err)
 	}
 }

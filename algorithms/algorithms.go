@@ -32,8 +32,8 @@ import (
 // Algorithm names a rate limiting algorithm.
 type Algorithm uint8
 
-// The algorithms. Their numeric values travel to the Lua twin (see
-// AppendLuaArgs) and must not change.
+// The algorithms. Their numeric values travel to the Lua twins in Redis (as
+// package redisstore's script arguments) and must not change.
 const (
 	// TokenBucket refills Capacity tokens continuously at Events per Window;
 	// a request costing c passes when at least c tokens are left.
@@ -215,7 +215,7 @@ func gcd(a, b int64) int64 {
 type Request struct {
 	// Zone is the zone's name; with Key it names the state.
 	Zone string
-	// Key is the identity's fixed-size token (see package identity).
+	// Key is the identity's fixed-size token.
 	Key Key
 	// Limit is the zone's limit, as configured now.
 	Limit Limit
@@ -226,13 +226,6 @@ type Request struct {
 	// itself, exactly as it would be under enforcement.
 	ReportOnly bool
 }
-
-// KeySize is the length of a Key.
-const KeySize = 18
-
-// Key is a bounded identity token: an opaque fixed-size value that never
-// holds a raw credential (package identity builds them).
-type Key [KeySize]byte
 
 // Decision is a store's answer for one Request.
 type Decision struct {

@@ -14,7 +14,7 @@
 #      free loopback ports, generated Caddyfile) — loopback only
 #   3. warm-up, then BENCH_ROUNDS rounds of every target for
 #      BENCH_DURATION seconds each (wrk -t2 -c50; redis-benchmark -c50 and
-#      -c50 -P16 running FCALL of algorithms.LuaLibrary's function)
+#      -c50 -P16 running FCALL of redisstore.LuaLibrary's function)
 #   4. optional CPU profiles of Caddy under load (BENCH_PROFILE="mem1 redis1")
 #   5. stops its servers, then runs the Go benchmarks (-benchmem) and the
 #      memory-per-key tests once
@@ -142,7 +142,7 @@ done
 redis-cli -h 127.0.0.1 -p "$P_REDIS" ping >/dev/null || die "redis-server did not start (see $OUT/redis.log)"
 
 # The production decision, loaded as Sluice loads it (a Redis Function
-# library); its ARGV per algorithms.AppendLuaArgs: algorithm 0 (token
+# library); its ARGV per redisstore's script arguments (lua/take.lua): algorithm 0 (token
 # bucket), events, window (ms), capacity, cost, mode 0 (take). One KEYS
 # entry, a production-shaped key.
 LIB=$("$BT" lualib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)

@@ -2,14 +2,17 @@ package caddytest_test
 
 // Identity end to end (issue 5): who the client is, through a real Caddy.
 // No request header buys a fresh bucket unless a trusted proxy vouched for
-// it; IPs are canonicalised and masked to their prefix; non-IP keys reach
-// neither the store (memory or Redis) nor the logs in clear, stay bounded
-// and never merge; requests with no key share one bucket, with a warning at
-// load time.
+// it; IPs are canonicalised and masked to their prefix; requests with no
+// key share one bucket (TestClientIdentity, one case per rule); non-IP keys
+// reach neither the store (memory or Redis) nor the logs in clear, stay
+// bounded and never merge (TestStoresNeverSeeRawKeys,
+// TestRefusalLogHidesKeyUnlessLogKey); keys that are easy to get wrong
+// warn at load time (TestWeakKeysWarnAtLoad).
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -59,48 +62,6 @@ func clientFrom(t *testing.T, ip string) *http.Client {
 }
 
 // tally counts the outcomes of a series of requests; any status but 200 and
-// 429 fails the test.
-type tally struct{ pass, refused int }
-
-func (c *tally) add(t *testing.T, r result, what string) {
-	t.Helper()
-	switch r.code {
-	case http.StatusOK:
-		c.pass++
-	case http.StatusTooManyRequests:
-		c.refused++
-	default:
-		t.Errorf("%s: status %d, want 200 or 429 (body %q)", what, r.code, r.body)
-	}
-}
-
-// step is one request of a scripted sequence against one bucket.
-type step struct {
-	path      string
-	hdr       string // one "Name: value" header, or ""
-	code      int
-	remaining int64 // checked on 200s
-	body      string
-}
-
-// run sends the steps in order; limit is the zone's capacity.
-func run(t *testing.T, c *http.Client, limit int64, steps []step) {
-	t.Helper()
-	for i, s := range steps {
-		what := fmt.Sprintf("step %d: %s %q", i+1, s.path, s.hdr)
-		var hdrs []string
-		if s.hdr != "" {
-			hdrs = append(hdrs, s.hdr)
-		}
-		r := expect(t, get(t, c, siteA+s.path, hdrs...), s.code, what)
-		if r.code == http.StatusOK {
-			expectLimitHeaders(t, r, limit, s.remaining, what)
-			if s.body != "" && r.body != s.body {
-				t.Errorf("%s: body %q, want %q", what, r.body, s.body)
-			}
-		}
-	}
-}
 
 // randomIP returns a random IPv4 or IPv6 address as text.
 func randomIP(rng *rand.Rand) string {
@@ -133,44 +94,6 @@ func spoofHeaders(rng *rand.Rand) []string {
 	}
 }
 
-// TestSpoofedForwardingHeadersBuyNoBucket: with no trusted proxies,
-// {client_ip} is the TCP peer. 100 requests from one client, each with a
-// fresh random X-Forwarded-For, X-Real-IP and Forwarded (and the CDN
-// headers), against 10 per hour: exactly 10 pass.
-func TestSpoofedForwardingHeadersBuyNoBucket(t *testing.T) {
-	tc := newTester(t)
-	z := zoneName("spoof")
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {client_ip}
-			events 10
-			window 1h
-		}
-	}
-	respond "{client_ip}"
-}
-`, "ZONE", z))
-
-	c := clientFrom(t, "127.0.0.1")
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
-	var n tally
-	for i := 1; i <= 100; i++ {
-		r := get(t, c, siteA+"/", spoofHeaders(rng)...)
-		n.add(t, r, "request "+strconv.Itoa(i))
-		if r.code == http.StatusOK && r.body != "127.0.0.1" {
-			t.Errorf("request %d: {client_ip} is %q, want the TCP peer 127.0.0.1", i, r.body)
-		}
-		if r.code == http.StatusTooManyRequests && i <= 10 {
-			t.Errorf("request %d refused before the bucket of 10 was spent", i)
-		}
-	}
-	if n.pass != 10 || n.refused != 90 {
-		t.Errorf("100 requests with spoofed forwarding headers: %d passed and %d refused, want exactly 10 and 90", n.pass, n.refused)
-	}
-}
-
 // trustedLB is the server options of Caddy behind one load balancer on
 // loopback that appends the client's address to X-Forwarded-For.
 const trustedLB = `	servers {
@@ -179,259 +102,302 @@ const trustedLB = `	servers {
 		client_ip_headers X-Forwarded-For
 	}`
 
-// TestTrustedProxiesStrict: behind a trusted proxy in strict mode, the key is
-// the rightmost X-Forwarded-For address that is not trusted. Requests whose
-// rightmost untrusted hop differs get different buckets; requests that share
-// it share one, whatever the spoofed entries to its left say.
-func TestTrustedProxiesStrict(t *testing.T) {
-	tc := newTester(t)
-	z := zoneName("strict")
-	load(t, tc, config(trustedLB, `
+// identitySite is the one site of an identity case: one zone of its own,
+// answering with the client's address as Caddy sees it.
+const identitySite = `
 http://localhost:@A@ {
 	rate_limit {
 		zone @ZONE@ {
-			key {client_ip}
-			events 3
+			key @KEY@
+			events @EVENTS@
 			window 1h
+@EXTRA@
 		}
 	}
 	respond "{client_ip}"
 }
-`, "ZONE", z))
-	lb := clientFrom(t, "127.0.0.1") // the load balancer: a trusted peer
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 6))
+`
 
-	// Client A (198.51.100.10) writes any X-Forwarded-For it likes; the
-	// load balancer appends the address it saw. 20 attempts, each with
-	// fresh spoofed entries on the left: exactly 3 pass.
-	const clientA, clientB = "198.51.100.10", "198.51.100.11"
-	var n tally
-	for i := 1; i <= 20; i++ {
-		spoof := randomIP(rng) + ", " + randomIP(rng)
-		r := get(t, lb, siteA+"/", "X-Forwarded-For: "+spoof+", "+clientA)
-		n.add(t, r, "client A #"+strconv.Itoa(i))
-		if r.code == http.StatusOK && r.body != clientA {
-			t.Errorf("client A #%d: {client_ip} %q, want %s", i, r.body, clientA)
-		}
-	}
-	if n.pass != 3 || n.refused != 17 {
-		t.Errorf("client A with spoofed leftmost hops: %d passed and %d refused, want exactly 3 and 17", n.pass, n.refused)
-	}
-
-	// The same rightmost untrusted hop in other shapes is the same bucket;
-	// a leftmost entry naming an unused address buys nothing.
-	for _, xff := range []string{
-		"198.51.100.99, " + clientA,         // a fresh address, spoofed on the left
-		clientA + ", 127.0.0.2",             // a second trusted proxy after the client
-		"203.0.113.1, " + clientA + ":5555", // a port kept by a proxy
-		clientA,
-	} {
-		expect(t, get(t, lb, siteA+"/", "X-Forwarded-For: "+xff), 429, "client A as "+xff)
-	}
-
-	// Client B, another rightmost untrusted hop, has a bucket of its own.
-	run(t, lb, 3, []step{
-		{path: "/", hdr: "X-Forwarded-For: " + randomIP(rng) + ", " + clientB, code: 200, remaining: 2, body: clientB},
-		{path: "/", hdr: "X-Forwarded-For: " + clientB, code: 200, remaining: 1, body: clientB},
-		{path: "/", hdr: "X-Forwarded-For: " + clientA + ", " + clientB, code: 200, remaining: 0, body: clientB},
-		{path: "/", hdr: "X-Forwarded-For: " + clientB, code: 429},
-	})
-
-	// Without X-Forwarded-For, or with only trusted hops in it, the client is
-	// the peer itself: a third bucket.
-	run(t, lb, 3, []step{
-		{path: "/", code: 200, remaining: 2, body: "127.0.0.1"},
-		{path: "/", hdr: "X-Forwarded-For: 127.0.0.5, 127.0.0.6", code: 200, remaining: 1, body: "127.0.0.1"},
-	})
+// identityCase is one rule of who the client is: a zone keyed on key,
+// events an hour (extra: more of its options), behind the global server
+// options servers (trusted proxies), and a script of requests with what
+// each must get.
+type identityCase struct {
+	name    string
+	servers string
+	key     string
+	events  int64
+	extra   string
+	script  []send
 }
 
-// TestUntrustedPeerCannotVouch: with trusted_proxies naming only the load
-// balancer (127.0.0.1/32), a client connecting from elsewhere (127.0.0.2)
-// is keyed on its own address whatever X-Forwarded-For it sends.
-func TestUntrustedPeerCannotVouch(t *testing.T) {
-	tc := newTester(t)
-	z := zoneName("untrusted_peer")
-	load(t, tc, config(`	servers {
+// send is one line of a script: n requests alike (1 if n is 0) from the
+// loopback address from (127.0.0.1 if empty) with the headers hdrs ("Name:
+// value"), plus fresh ones drawn by spoof for each request if it is set.
+// Each must get code; on 200s X-RateLimit-Remaining counts down from
+// remaining, one per request, and the body ({client_ip}) must be clientIP
+// if that is set.
+type send struct {
+	n         int
+	from      string
+	hdrs      []string
+	spoof     func(*rand.Rand) []string
+	code      int
+	remaining int64
+	clientIP  string
+}
+
+// TestClientIdentity: each case loads its zone and runs its script; the
+// statuses, the remaining counts and {client_ip} say which requests shared
+// a bucket.
+func TestClientIdentity(t *testing.T) {
+	const clientA, clientB = "198.51.100.10", "198.51.100.11"
+	xff := func(v string) []string { return []string{"X-Forwarded-For: " + v} }
+	addr := func(v string) []string { return []string{"X-Test-Addr: " + v} }
+	// spoofedLeftOf draws an X-Forwarded-For whose rightmost entry is ip
+	// (what the load balancer appended) after two the client wrote.
+	spoofedLeftOf := func(ip string) func(*rand.Rand) []string {
+		return func(rng *rand.Rand) []string { return xff(randomIP(rng) + ", " + randomIP(rng) + ", " + ip) }
+	}
+	const byAddr = "{http.request.header.X-Test-Addr}"
+	emptyKey := []string{"X-Api-Key:"}
+
+	for _, c := range []identityCase{{
+		// With no trusted proxies, {client_ip} is the TCP peer: 100
+		// requests from one client, each with a fresh random
+		// X-Forwarded-For, X-Real-IP and Forwarded (and the CDN headers),
+		// against 10 per hour: exactly 10 pass.
+		name:   "no trusted proxy: spoofed forwarding headers buy no bucket",
+		key:    "{client_ip}",
+		events: 10,
+		script: []send{
+			{n: 10, spoof: spoofHeaders, code: 200, remaining: 9, clientIP: "127.0.0.1"},
+			{n: 90, spoof: spoofHeaders, code: 429},
+		},
+	}, {
+		// Behind a trusted proxy in strict mode, the key is the rightmost
+		// X-Forwarded-For address that is not trusted: client A writes any
+		// X-Forwarded-For it likes, the load balancer appends the address
+		// it saw; 20 attempts with fresh spoofed entries: exactly 3 pass.
+		name:    "strict: spoofed hops left of the client buy no bucket",
+		servers: trustedLB,
+		key:     "{client_ip}",
+		events:  3,
+		script: []send{
+			{n: 3, spoof: spoofedLeftOf(clientA), code: 200, remaining: 2, clientIP: clientA},
+			{n: 17, spoof: spoofedLeftOf(clientA), code: 429},
+		},
+	}, {
+		// The same rightmost untrusted hop in other shapes is the same
+		// bucket; a leftmost entry naming an unused address buys nothing.
+		name:    "strict: the client in other shapes is the same bucket",
+		servers: trustedLB,
+		key:     "{client_ip}",
+		events:  3,
+		script: []send{
+			{n: 3, hdrs: xff(clientA), code: 200, remaining: 2, clientIP: clientA},
+			{hdrs: xff("198.51.100.99, " + clientA), code: 429},         // a fresh address, spoofed on the left
+			{hdrs: xff(clientA + ", 127.0.0.2"), code: 429},             // a second trusted proxy after the client
+			{hdrs: xff("203.0.113.1, " + clientA + ":5555"), code: 429}, // a port kept by a proxy
+			{hdrs: xff(clientA), code: 429},
+		},
+	}, {
+		// Client B, another rightmost untrusted hop, has a bucket of its
+		// own while client A's is spent.
+		name:    "strict: another client behind the proxy has its own bucket",
+		servers: trustedLB,
+		key:     "{client_ip}",
+		events:  3,
+		script: []send{
+			{n: 3, hdrs: xff(clientA), code: 200, remaining: 2, clientIP: clientA},
+			{hdrs: xff(clientA), code: 429},
+			{spoof: spoofedLeftOf(clientB), code: 200, remaining: 2, clientIP: clientB},
+			{hdrs: xff(clientB), code: 200, remaining: 1, clientIP: clientB},
+			{hdrs: xff(clientA + ", " + clientB), code: 200, remaining: 0, clientIP: clientB},
+			{hdrs: xff(clientB), code: 429},
+		},
+	}, {
+		// Without X-Forwarded-For, or with only trusted hops in it, the
+		// client is the peer itself.
+		name:    "strict: without untrusted hops the peer is the client",
+		servers: trustedLB,
+		key:     "{client_ip}",
+		events:  3,
+		script: []send{
+			{code: 200, remaining: 2, clientIP: "127.0.0.1"},
+			{hdrs: xff("127.0.0.5, 127.0.0.6"), code: 200, remaining: 1, clientIP: "127.0.0.1"},
+		},
+	}, {
+		// With trusted_proxies naming only the load balancer
+		// (127.0.0.1/32), a client connecting from elsewhere (127.0.0.2) is
+		// keyed on its own address whatever forwarding headers it sends;
+		// the load balancer still vouches for its clients.
+		name: "an untrusted peer cannot vouch",
+		servers: `	servers {
 		trusted_proxies static 127.0.0.1/32
 		trusted_proxies_strict
 		client_ip_headers X-Forwarded-For
-	}`, `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {client_ip}
-			events 5
-			window 1h
-		}
-	}
-	respond "{client_ip}"
-}
-`, "ZONE", z))
-	direct := clientFrom(t, "127.0.0.2")
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	var n tally
-	for i := 1; i <= 30; i++ {
-		r := get(t, direct, siteA+"/", spoofHeaders(rng)...)
-		n.add(t, r, "direct #"+strconv.Itoa(i))
-		if r.code == http.StatusOK && r.body != "127.0.0.2" {
-			t.Errorf("direct #%d: {client_ip} %q, want the untrusted peer 127.0.0.2", i, r.body)
-		}
-	}
-	if n.pass != 5 || n.refused != 25 {
-		t.Errorf("untrusted peer with spoofed headers: %d passed and %d refused, want exactly 5 and 25", n.pass, n.refused)
-	}
-	// The trusted load balancer still vouches for its clients.
-	r := expect(t, get(t, clientFrom(t, "127.0.0.1"), siteA+"/", "X-Forwarded-For: 192.0.2.44"), 200, "via the load balancer")
-	if r.body != "192.0.2.44" {
-		t.Errorf("via the load balancer: {client_ip} %q, want 192.0.2.44", r.body)
-	}
-}
-
-// TestTrustedProxiesWithoutStrictTrustsLeftmost documents why the README
-// asks for trusted_proxies_strict: without it Caddy takes the LEFTMOST
-// X-Forwarded-For address, which the client writes, so behind a proxy that
-// appends to the header each spoofed value is a fresh bucket. (This is
-// Caddy's behaviour, asserted so the README's advice stays true.)
-func TestTrustedProxiesWithoutStrictTrustsLeftmost(t *testing.T) {
-	tc := newTester(t)
-	z := zoneName("not_strict")
-	load(t, tc, config(`	servers {
+	}`,
+		key:    "{client_ip}",
+		events: 5,
+		script: []send{
+			{n: 5, from: "127.0.0.2", spoof: spoofHeaders, code: 200, remaining: 4, clientIP: "127.0.0.2"},
+			{n: 25, from: "127.0.0.2", spoof: spoofHeaders, code: 429},
+			{hdrs: xff("192.0.2.44"), code: 200, remaining: 4, clientIP: "192.0.2.44"},
+		},
+	}, {
+		// Why the README asks for trusted_proxies_strict: without it Caddy
+		// takes the LEFTMOST X-Forwarded-For address, which the client
+		// writes, so behind a proxy that appends to the header each spoofed
+		// value is a fresh bucket. (Caddy's behaviour, asserted so the
+		// README's advice stays true.)
+		name: "not strict: the leftmost, client-written address is the key",
+		servers: `	servers {
 		trusted_proxies static 127.0.0.1/8
 		client_ip_headers X-Forwarded-For
-	}`, `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {client_ip}
-			events 1
-			window 1h
-		}
-	}
-	respond "{client_ip}"
-}
-`, "ZONE", z))
-	lb := clientFrom(t, "127.0.0.1")
-	for i := 1; i <= 5; i++ {
-		spoof := "192.0.2." + strconv.Itoa(100+i)
-		r := expect(t, get(t, lb, siteA+"/", "X-Forwarded-For: "+spoof+", 198.51.100.10"), 200, "non-strict #"+strconv.Itoa(i))
-		if r.body != spoof {
-			t.Errorf("non-strict #%d: {client_ip} %q, want the spoofed leftmost %s", i, r.body, spoof)
-		}
+	}`,
+		key:    "{client_ip}",
+		events: 1,
+		script: []send{
+			{hdrs: xff("192.0.2.101, 198.51.100.10"), code: 200, remaining: 0, clientIP: "192.0.2.101"},
+			{hdrs: xff("192.0.2.102, 198.51.100.10"), code: 200, remaining: 0, clientIP: "192.0.2.102"},
+			{hdrs: xff("192.0.2.103, 198.51.100.10"), code: 200, remaining: 0, clientIP: "192.0.2.103"},
+			{hdrs: xff("192.0.2.104, 198.51.100.10"), code: 200, remaining: 0, clientIP: "192.0.2.104"},
+			{hdrs: xff("192.0.2.105, 198.51.100.10"), code: 200, remaining: 0, clientIP: "192.0.2.105"},
+		},
+	}, {
+		// A key carrying an address (the test server listens on IPv4
+		// loopback only, so a header stands in for the peer): addresses in
+		// one /64 share a bucket, in any spelling; the neighbouring /64 is
+		// another client; a zone index is dropped.
+		name:   "IPv6: one 64-bit prefix is one client",
+		key:    byAddr,
+		events: 2,
+		script: []send{
+			{hdrs: addr("2001:db8:1:1::1"), code: 200, remaining: 1},
+			{hdrs: addr("2001:db8:1:1:ffff:ffff:ffff:ffff"), code: 200, remaining: 0},
+			{hdrs: addr("2001:db8:1:1::2"), code: 429},
+			{hdrs: addr("[2001:db8:1:1::3]:443"), code: 429},
+			{hdrs: addr("2001:DB8:1:1:0:0:0:4"), code: 429},
+			{hdrs: addr("2001:db8:1:2::1"), code: 200, remaining: 1},
+			{hdrs: addr("2001:db8:1:2:8000::1"), code: 200, remaining: 0},
+			{hdrs: addr("2001:db8:1:2::1"), code: 429},
+			{hdrs: addr("fe80::1%eth0"), code: 200, remaining: 1}, // fe80::1%eth0 and fe80::2%eth1 share fe80::/64
+			{hdrs: addr("fe80::2%eth1"), code: 200, remaining: 0},
+			{hdrs: addr("fe80::3"), code: 429},
+		},
+	}, {
+		// IPv4-mapped IPv6 and plain IPv4 are one address; IPv4 stays /32.
+		name:   "IPv6: IPv4-mapped is IPv4",
+		key:    byAddr,
+		events: 2,
+		script: []send{
+			{hdrs: addr("192.0.2.1"), code: 200, remaining: 1},
+			{hdrs: addr("::ffff:192.0.2.1"), code: 200, remaining: 0},
+			{hdrs: addr("[::ffff:192.0.2.1]:80"), code: 429},
+			{hdrs: addr("192.0.2.1:8080"), code: 429},
+			{hdrs: addr("::ffff:192.0.2.2"), code: 200, remaining: 1},
+			{hdrs: addr("192.0.2.2"), code: 200, remaining: 0},
+		},
+	}, {
+		name:   "IPv6: ipv6_prefix 48 widens the bucket to 48 bits",
+		key:    byAddr,
+		events: 2,
+		extra:  "ipv6_prefix 48",
+		script: []send{
+			{hdrs: addr("2001:db8:aa:1::1"), code: 200, remaining: 1},
+			{hdrs: addr("2001:db8:aa:ffff::1"), code: 200, remaining: 0}, // another /64, same /48
+			{hdrs: addr("2001:db8:aa:2::5"), code: 429},
+			{hdrs: addr("2001:db8:ab::1"), code: 200, remaining: 1}, // the next /48
+		},
+	}, {
+		// "[2001:db8::1]:443" is "2001:db8::1"; at /128 the next address
+		// is another client.
+		name:   "IPv6: brackets, port and spelling are one address at 128 bits",
+		key:    byAddr,
+		events: 1,
+		extra:  "ipv6_prefix 128",
+		script: []send{
+			{hdrs: addr("2001:db8::1"), code: 200, remaining: 0},
+			{hdrs: addr("[2001:db8::1]:443"), code: 429},
+			{hdrs: addr("[2001:db8::1]"), code: 429},
+			{hdrs: addr("2001:0db8:0000:0000:0000:0000:0000:0001"), code: 429},
+			{hdrs: addr("[2001:db8::2]:443"), code: 200, remaining: 0},
+			{hdrs: addr("2001:db8::2"), code: 429},
+		},
+	}, {
+		name:    "IPv6: {client_ip} through a trusted proxy is masked to 64 bits",
+		servers: trustedLB,
+		key:     "{client_ip}",
+		events:  2,
+		script: []send{
+			{hdrs: xff("2001:db8:77:1::1"), code: 200, remaining: 1, clientIP: "2001:db8:77:1::1"},
+			{hdrs: xff("2001:db8:99::1, 2001:db8:77:1::abcd"), code: 200, remaining: 0, clientIP: "2001:db8:77:1::abcd"},
+			{hdrs: xff("2001:db8:77:1::9"), code: 429},
+			{hdrs: xff("[2001:db8:77:1::9]:443"), code: 429},
+			{hdrs: xff("2001:db8:77:2::1"), code: 200, remaining: 1},
+			{hdrs: xff("::ffff:203.0.113.7"), code: 200, remaining: 1},
+			{hdrs: xff("203.0.113.7"), code: 200, remaining: 0, clientIP: "203.0.113.7"},
+			{hdrs: xff("[::ffff:203.0.113.7]:80"), code: 429},
+		},
+	}, {
+		// With `key {http.request.header.X-Api-Key}` alone, every request
+		// without the header (or with it empty) counts against one shared
+		// bucket: exactly `events` anonymous requests pass, whoever sends
+		// them; a request with a key has its own bucket.
+		name:   "requests without a key share one bucket",
+		key:    "{http.request.header.X-Api-Key}",
+		events: 3,
+		script: []send{
+			{from: "127.0.0.1", code: 200, remaining: 2},
+			{from: "127.0.0.2", hdrs: emptyKey, code: 200, remaining: 1},
+			{from: "127.0.0.3", code: 200, remaining: 0},
+			{n: 4, from: "127.0.0.1", code: 429},
+			{n: 4, from: "127.0.0.1", hdrs: emptyKey, code: 429},
+			{n: 4, from: "127.0.0.2", code: 429},
+			{n: 4, from: "127.0.0.2", hdrs: emptyKey, code: 429},
+			{n: 4, from: "127.0.0.3", code: 429},
+			{n: 4, from: "127.0.0.3", hdrs: emptyKey, code: 429},
+			{hdrs: []string{"X-Api-Key: k-" + nonce}, code: 200, remaining: 2},
+		},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			load(t, newTester(t), config(c.servers, identitySite, "ZONE", zoneName("identity"),
+				"KEY", c.key, "EVENTS", strconv.FormatInt(c.events, 10), "EXTRA", c.extra))
+			runScript(t, c.events, c.script)
+		})
 	}
 }
 
-// TestIPv6PrefixesOverHTTP: a zone keyed on a header that carries an address
-// (the test server listens on IPv4 loopback only) and a {client_ip} zone fed
-// IPv6 hops through a trusted proxy. Addresses in one /64 share a bucket,
-// different /64s do not; ipv6_prefix 48 widens it; IPv4-mapped IPv6 and
-// plain IPv4 share one; "[2001:db8::1]:443" is "2001:db8::1".
-func TestIPv6PrefixesOverHTTP(t *testing.T) {
-	tc := newTester(t)
-	z64, z48, z128, zxff := zoneName("v6_64"), zoneName("v6_48"), zoneName("v6_128"), zoneName("v6_xff")
-	load(t, tc, config(trustedLB, `
-http://localhost:@A@ {
-	rate_limit {
-		zone @Z64@ {
-			match {
-				path /64
-			}
-			key {http.request.header.X-Test-Addr}
-			events 2
-			window 1h
+// runScript sends a script's requests in order and checks each answer
+// against a zone of events.
+func runScript(t *testing.T, events int64, script []send) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
+	clients := map[string]*http.Client{}
+	i := 0
+	for _, s := range script {
+		from := cmp.Or(s.from, "127.0.0.1")
+		if clients[from] == nil {
+			clients[from] = clientFrom(t, from)
 		}
-		zone @Z48@ {
-			match {
-				path /48
+		for k := range max(s.n, 1) {
+			i++
+			hdrs := s.hdrs
+			if s.spoof != nil {
+				hdrs = append(slices.Clone(hdrs), s.spoof(rng)...)
 			}
-			key {http.request.header.X-Test-Addr}
-			events 2
-			window 1h
-			ipv6_prefix 48
-		}
-		zone @Z128@ {
-			match {
-				path /128
+			what := fmt.Sprintf("request %d from %s %q", i, from, hdrs)
+			r := expect(t, get(t, clients[from], siteA+"/", hdrs...), s.code, what)
+			if r.code != http.StatusOK {
+				continue
 			}
-			key {http.request.header.X-Test-Addr}
-			events 1
-			window 1h
-			ipv6_prefix 128
-		}
-		zone @ZXFF@ {
-			match {
-				path /xff
+			expectLimitHeaders(t, r, events, s.remaining-int64(k), what)
+			if s.clientIP != "" && r.body != s.clientIP {
+				t.Errorf("%s: {client_ip} is %q, want %s", what, r.body, s.clientIP)
 			}
-			key {client_ip}
-			events 2
-			window 1h
 		}
 	}
-	respond "{client_ip}"
-}
-`, "Z64", z64, "Z48", z48, "Z128", z128, "ZXFF", zxff))
-	c := clientFrom(t, "127.0.0.1")
-	addr := func(a string) string { return "X-Test-Addr: " + a }
-	xff := func(a string) string { return "X-Forwarded-For: " + a }
-
-	t.Run("/64", func(t *testing.T) {
-		run(t, c, 2, []step{
-			{path: "/64", hdr: addr("2001:db8:1:1::1"), code: 200, remaining: 1},
-			{path: "/64", hdr: addr("2001:db8:1:1:ffff:ffff:ffff:ffff"), code: 200, remaining: 0},
-			{path: "/64", hdr: addr("2001:db8:1:1::2"), code: 429},
-			{path: "/64", hdr: addr("[2001:db8:1:1::3]:443"), code: 429},
-			{path: "/64", hdr: addr("2001:DB8:1:1:0:0:0:4"), code: 429},
-			// The neighbouring /64 is another client.
-			{path: "/64", hdr: addr("2001:db8:1:2::1"), code: 200, remaining: 1},
-			{path: "/64", hdr: addr("2001:db8:1:2:8000::1"), code: 200, remaining: 0},
-			{path: "/64", hdr: addr("2001:db8:1:2::1"), code: 429},
-			// A zone index is dropped: fe80::1%eth0 and fe80::2%eth1 share fe80::/64.
-			{path: "/64", hdr: addr("fe80::1%eth0"), code: 200, remaining: 1},
-			{path: "/64", hdr: addr("fe80::2%eth1"), code: 200, remaining: 0},
-			{path: "/64", hdr: addr("fe80::3"), code: 429},
-		})
-	})
-	t.Run("IPv4-mapped", func(t *testing.T) {
-		run(t, c, 2, []step{
-			{path: "/64", hdr: addr("192.0.2.1"), code: 200, remaining: 1},
-			{path: "/64", hdr: addr("::ffff:192.0.2.1"), code: 200, remaining: 0},
-			{path: "/64", hdr: addr("[::ffff:192.0.2.1]:80"), code: 429},
-			{path: "/64", hdr: addr("192.0.2.1:8080"), code: 429},
-			// IPv4 stays /32: the next address is another client.
-			{path: "/64", hdr: addr("::ffff:192.0.2.2"), code: 200, remaining: 1},
-			{path: "/64", hdr: addr("192.0.2.2"), code: 200, remaining: 0},
-		})
-	})
-	t.Run("ipv6_prefix 48", func(t *testing.T) {
-		run(t, c, 2, []step{
-			{path: "/48", hdr: addr("2001:db8:aa:1::1"), code: 200, remaining: 1},
-			{path: "/48", hdr: addr("2001:db8:aa:ffff::1"), code: 200, remaining: 0}, // another /64, same /48
-			{path: "/48", hdr: addr("2001:db8:aa:2::5"), code: 429},
-			{path: "/48", hdr: addr("2001:db8:ab::1"), code: 200, remaining: 1}, // the next /48
-		})
-	})
-	t.Run("brackets and port", func(t *testing.T) {
-		run(t, c, 1, []step{
-			{path: "/128", hdr: addr("2001:db8::1"), code: 200, remaining: 0},
-			{path: "/128", hdr: addr("[2001:db8::1]:443"), code: 429},
-			{path: "/128", hdr: addr("[2001:db8::1]"), code: 429},
-			{path: "/128", hdr: addr("2001:0db8:0000:0000:0000:0000:0000:0001"), code: 429},
-			// At /128, the next address is another client.
-			{path: "/128", hdr: addr("[2001:db8::2]:443"), code: 200, remaining: 0},
-			{path: "/128", hdr: addr("2001:db8::2"), code: 429},
-		})
-	})
-	t.Run("client_ip through a trusted proxy", func(t *testing.T) {
-		run(t, c, 2, []step{
-			{path: "/xff", hdr: xff("2001:db8:77:1::1"), code: 200, remaining: 1, body: "2001:db8:77:1::1"},
-			{path: "/xff", hdr: xff("2001:db8:99::1, 2001:db8:77:1::abcd"), code: 200, remaining: 0, body: "2001:db8:77:1::abcd"},
-			{path: "/xff", hdr: xff("2001:db8:77:1::9"), code: 429},
-			{path: "/xff", hdr: xff("[2001:db8:77:1::9]:443"), code: 429},
-			{path: "/xff", hdr: xff("2001:db8:77:2::1"), code: 200, remaining: 1},
-			{path: "/xff", hdr: xff("::ffff:203.0.113.7"), code: 200, remaining: 1},
-			{path: "/xff", hdr: xff("203.0.113.7"), code: 200, remaining: 0, body: "203.0.113.7"},
-			{path: "/xff", hdr: xff("[::ffff:203.0.113.7]:80"), code: 429},
-		})
-	})
 }
 
 // apiKeys are credential-like values of various lengths (some fit inside a
@@ -541,79 +507,75 @@ func containsRaw(stored []byte, raw string) bool {
 	return len(raw) >= 4 && bytes.Contains(stored, []byte(raw))
 }
 
-// TestMemoryStoreNeverSeesRawKeys: requests keyed on an API key header
-// through the in-process Caddy leave, in the memory store, one hashed key
-// per value and none holding the value; hostile values get distinct,
-// bounded keys and never merge.
-func TestMemoryStoreNeverSeesRawKeys(t *testing.T) {
-	tc := newTester(t)
-	z := zoneName("mem_private")
-	// A memory store configuration of this test's own, so the shared pooled
-	// store it reaches below holds only what this test put in it.
-	const maxKeys = 777_001
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-Api-Key} {client_ip}
-			events 1
-			window 1h
-		}
-		store memory {
-			max_keys @MAX@
-		}
-	}
-	respond "ok"
+// storedKey is one key a store holds, as the test inspects it.
+type storedKey struct {
+	zone  string
+	token identity.Token
+	raw   [][]byte // its forms as stored or shown (bytes, text)
 }
-`, "ZONE", z, "MAX", strconv.Itoa(maxKeys)))
 
-	c := clientFrom(t, "127.0.0.1")
-	values := append(slices.Clone(apiKeys), hostileKeys()...)
-	want := spendEachOnce(t, c, values)
-
-	// The handler's store is the pooled store of its configuration: a
-	// memory store module with the same configuration attaches to it.
-	m := &memstore.Memory{MaxKeys: maxKeys}
-	if err := m.Provision(caddy.ActiveContext()); err != nil {
-		t.Fatalf("provisioning a memory store to inspect the pooled one: %v", err)
-	}
-	defer m.Cleanup()
-	got := map[identity.Token]bool{}
-	m.Store().Keys(func(zone string, key algorithms.Key) {
-		if zone != z {
-			t.Errorf("the test's store holds a key of zone %q", zone)
-			return
-		}
-		tok := identity.Token(key)
-		got[tok] = true
-		if tok.Kind() != identity.KindHash {
-			t.Errorf("stored key %s: kind %q, want a hash", tok, tok.Kind())
-		}
-		for _, raw := range values {
-			if containsRaw(key[:], raw) || containsRaw([]byte(tok.String()), raw) {
-				t.Errorf("stored key %s holds the raw value %q", tok, short(raw))
+// TestStoresNeverSeeRawKeys: requests keyed on an API key header through
+// Caddy leave, in the store, one hashed key per value and none holding the
+// value; hostile values get distinct, bounded keys and never merge. For the
+// memory store and for `store redis` on a real Redis, where SCAN finds
+// keys of the schema `sluice:v1:<zone>:{<token>}`, tokens of [0-9a-z-] only,
+// none longer than the schema allows.
+func TestStoresNeverSeeRawKeys(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// start returns the store's Caddyfile block and a function listing
+		// what the store holds.
+		start func(t *testing.T) (block string, keys func(t *testing.T, zone string) []storedKey)
+	}{
+		{"memory", func(t *testing.T) (string, func(*testing.T, string) []storedKey) {
+			// A memory store configuration of this test's own, so the
+			// shared pooled store it reaches holds only what this test put
+			// in it: a memory store module with the same configuration
+			// attaches to the handler's.
+			const maxKeys = 777_001
+			return "store memory {\n\t\t\tmax_keys " + strconv.Itoa(maxKeys) + "\n\t\t}", func(t *testing.T, _ string) []storedKey {
+				m := &memstore.Memory{MaxKeys: maxKeys}
+				if err := m.Provision(caddy.ActiveContext()); err != nil {
+					t.Fatalf("provisioning a memory store to inspect the pooled one: %v", err)
+				}
+				defer m.Cleanup()
+				var out []storedKey
+				m.Store().Keys(func(zone string, key algorithms.Key) {
+					tok := identity.Token(key)
+					out = append(out, storedKey{zone, tok, [][]byte{bytes.Clone(key[:]), []byte(tok.String())}})
+				})
+				return out
 			}
-		}
-	})
-	if len(got) != len(want) {
-		t.Errorf("the store holds %d keys of zone %s, want %d (one per value)", len(got), z, len(want))
-	}
-	for tok, v := range want {
-		if !got[tok] {
-			t.Errorf("value %q: its token %s is not in the store", short(v), tok)
-		}
-	}
-}
-
-// TestRedisStoreNeverSeesRawKeys: the same through Caddy with `store redis`
-// on a real Redis: SCAN finds one key per value, each
-// `sluice:v1:<zone>:{<token>}` with a token of [0-9a-z-] only, none holding
-// a raw value, none longer than the schema allows.
-func TestRedisStoreNeverSeesRawKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	tc := newTester(t)
-	z := zoneName("redis_private")
-	load(t, tc, config("", `
+		}},
+		{"redis", func(t *testing.T) (string, func(*testing.T, string) []storedKey) {
+			srv := redistest.Start(t)
+			return "store redis " + srv.URL() + " {\n\t\t\ttimeout 2s\n\t\t}", func(t *testing.T, zone string) []storedKey {
+				schema := regexp.MustCompile(`^sluice:v1:` + regexp.QuoteMeta(zone) + `:\{([0-9a-z-]+)\}$`)
+				maxLen := len("sluice:v1:") + len(zone) + len(":{}") + 2 + 3 + 2*16 // kind, candidate, '-', 16 bytes in hex
+				var out []storedKey
+				for _, k := range scanRedis(t, srv) {
+					if len(k) > maxLen {
+						t.Errorf("Redis key %q is %d bytes, more than %d", short(k), len(k), maxLen)
+					}
+					var tok identity.Token
+					m, ok := schema.FindStringSubmatch(k), false
+					if m != nil {
+						tok, ok = identity.ParseToken(m[1])
+					}
+					if !ok {
+						t.Errorf("Redis key %q does not match %s", short(k), schema)
+						continue
+					}
+					out = append(out, storedKey{zone, tok, [][]byte{[]byte(k)}})
+				}
+				return out
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			block, keys := c.start(t)
+			z := zoneName(c.name + "_private")
+			load(t, newTester(t), config("", `
 http://localhost:@A@ {
 	rate_limit {
 		zone @ZONE@ {
@@ -622,48 +584,45 @@ http://localhost:@A@ {
 			window 1h
 			fail closed
 		}
-		store redis @URL@ {
-			timeout 2s
-		}
+		@STORE@
 	}
 	respond "ok"
 }
-`, "ZONE", z, "URL", srv.URL()))
+`, "ZONE", z, "STORE", block))
 
-	c := clientFrom(t, "127.0.0.1")
-	values := append(slices.Clone(apiKeys), hostileKeys()...)
-	want := spendEachOnce(t, c, values)
+			values := append(slices.Clone(apiKeys), hostileKeys()...)
+			want := spendEachOnce(t, clientFrom(t, "127.0.0.1"), values)
 
-	schema := regexp.MustCompile(`^sluice:v1:` + regexp.QuoteMeta(z) + `:\{[0-9a-z-]+\}$`)
-	maxLen := len("sluice:v1:") + len(z) + len(":{}") + 2 + 3 + 2*16 // kind, candidate, '-', 16 bytes in hex
-	wantKeys := map[string]string{}
-	for tok, v := range want {
-		wantKeys["sluice:v1:"+z+":{"+tok.String()+"}"] = v
-	}
-	keys := scanRedis(t, srv)
-	for _, k := range keys {
-		if !schema.MatchString(k) {
-			t.Errorf("Redis key %q does not match %s", short(k), schema)
-		}
-		if len(k) > maxLen {
-			t.Errorf("Redis key %q is %d bytes, more than %d", short(k), len(k), maxLen)
-		}
-		for _, raw := range values {
-			if containsRaw([]byte(k), raw) {
-				t.Errorf("Redis key %q holds the raw value %q", k, short(raw))
+			got := map[identity.Token]bool{}
+			for _, k := range keys(t, z) {
+				if k.zone != z {
+					t.Errorf("the test's store holds a key of zone %q", k.zone)
+					continue
+				}
+				got[k.token] = true
+				if k.token.Kind() != identity.KindHash {
+					t.Errorf("stored key %s: kind %q, want a hash", k.token, k.token.Kind())
+				}
+				for _, raw := range values {
+					for _, form := range k.raw {
+						if containsRaw(form, raw) {
+							t.Errorf("stored key %q holds the raw value %q", short(string(form)), short(raw))
+						}
+					}
+				}
+				if _, ok := want[k.token]; !ok {
+					t.Errorf("unexpected stored key %s", k.token)
+				}
 			}
-		}
-		if _, ok := wantKeys[k]; !ok {
-			t.Errorf("unexpected Redis key %q", k)
-		}
-	}
-	if len(keys) != len(wantKeys) {
-		t.Errorf("Redis holds %d keys, want %d (one per value)", len(keys), len(wantKeys))
-	}
-	for k, v := range wantKeys {
-		if !slices.Contains(keys, k) {
-			t.Errorf("value %q: key %s missing from Redis", short(v), k)
-		}
+			if len(got) != len(want) {
+				t.Errorf("the store holds %d keys of zone %s, want %d (one per value)", len(got), z, len(want))
+			}
+			for tok, v := range want {
+				if !got[tok] {
+					t.Errorf("value %q: its token %s is not in the store", short(v), tok)
+				}
+			}
+		})
 	}
 }
 
@@ -724,13 +683,12 @@ func readLog(t *testing.T, path string) ([]logLine, string) {
 
 const sluiceLogger = "http.handlers.rate_limit"
 
-// TestEmptyKeySharedBucketAndWarnings: with `key
-// {http.request.header.X-Api-Key}` alone, every request without the header
-// (or with it empty) counts against one shared bucket of the zone: exactly
-// `events` anonymous requests pass, whoever sends them. At load time Caddy's
-// log carries the warning for that zone, and for keys on {remote_host} and
-// on a raw X-Forwarded-For; a {client_ip} zone gets none.
-func TestEmptyKeySharedBucketAndWarnings(t *testing.T) {
+// TestWeakKeysWarnAtLoad: Caddy's log at load time carries a warning for a
+// zone whose key can be empty (`key {http.request.header.X-Api-Key}` alone:
+// anonymous requests share one bucket, TestClientIdentity), for a key on
+// {remote_host} and for one on a raw X-Forwarded-For; a zone whose last
+// candidate is {client_ip} gets none.
+func TestWeakKeysWarnAtLoad(t *testing.T) {
 	tc := newTester(t)
 	logPath := filepath.Join(t.TempDir(), "caddy.log")
 	anon, remote, rawXFF, good := zoneName("anon"), zoneName("remote_host"), zoneName("raw_xff"), zoneName("good_key")
@@ -776,29 +734,6 @@ http://localhost:@B@ {
 	respond "ok"
 }
 `, "ANON", anon, "REMOTE", remote, "RAWXFF", rawXFF, "GOOD", good))
-
-	// Anonymous requests from three different peers, with or without an
-	// empty header: one shared bucket of 3.
-	peers := []*http.Client{clientFrom(t, "127.0.0.1"), clientFrom(t, "127.0.0.2"), clientFrom(t, "127.0.0.3")}
-	var n tally
-	for i := 0; i < 30; i++ {
-		var r result
-		if i%2 == 0 {
-			r = get(t, peers[i%3], siteA+"/")
-		} else {
-			r = getRaw(t, peers[i%3], siteA+"/", "X-Api-Key", "")
-		}
-		n.add(t, r, "anonymous #"+strconv.Itoa(i+1))
-		if r.code == http.StatusOK {
-			expectLimitHeaders(t, r, 3, int64(3-n.pass), "anonymous #"+strconv.Itoa(i+1))
-		}
-	}
-	if n.pass != 3 || n.refused != 27 {
-		t.Errorf("30 anonymous requests: %d passed and %d refused, want exactly 3 and 27 (one shared bucket)", n.pass, n.refused)
-	}
-	// A request with a key has its own bucket.
-	r := expect(t, get(t, peers[0], siteA+"/", "X-Api-Key: k-"+nonce), 200, "with a key")
-	expectLimitHeaders(t, r, 3, 2, "with a key")
 
 	lines, _ := readLog(t, logPath)
 	warnings := map[string][]string{}

@@ -104,10 +104,10 @@ func simCounts(rep *simulate.Report) map[string][4]int64 {
 	return out
 }
 
-// send sends a simulator request to the real Caddy: its method, URI, Host
+// sendSim sends a simulator request to the real Caddy: its method, URI, Host
 // and headers, with its remote address as X-Forwarded-For (the configs
 // trust loopback as a proxy, so Caddy's {client_ip} is that address).
-func send(t *testing.T, c *http.Client, site string, r simulate.Request) int {
+func sendSim(t *testing.T, c *http.Client, site string, r simulate.Request) int {
 	t.Helper()
 	req, err := http.NewRequest(r.Method, site+r.URI, nil)
 	if err != nil {
@@ -230,7 +230,7 @@ func TestSimulateMatchesCaddy(t *testing.T) {
 			c := loopbackClient(1)
 			for _, r := range reqs {
 				testClock.Store(r.Time)
-				send(t, c, siteA, r)
+				sendSim(t, c, siteA, r)
 			}
 			real := activityCounts(t)
 			sim := simCounts(rep)

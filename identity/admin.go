@@ -90,10 +90,6 @@ func EmptyToken() Token {
 	return t
 }
 
-// Candidate returns the index+1 of the candidate that produced the token (0
-// for the shared empty-key bucket).
-func (t Token) Candidate() int { return int(t[0]) }
-
 // ParseToken parses a token's text form (Token.String: what logs and store
 // keys show, such as "h1-…" or "41-c0000201"). Hex digits may be upper
 // case; anything else must be exactly the canonical form.

@@ -19,90 +19,37 @@ package identity
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // Size is the length of a Token.
-const Size = 18
+const Size = algorithms.KeySize
 
-// Token is a derived identity: byte 0 is the index+1 of the candidate that
-// produced it (0 for the shared empty-key bucket), byte 1 its Kind, and the
-// remaining 16 bytes the masked address or the hash. Tokens from different
-// candidates or kinds never collide.
-type Token [Size]byte
+// Token is a derived identity: the store's algorithms.Key, whose layout
+// (candidate, kind, payload), text form (String, AppendText) and Scope are
+// defined there.
+type Token = algorithms.Key
 
 // Kind says how a Token was made.
-type Kind byte
+type Kind = algorithms.KeyKind
 
-// Token kinds.
+// Token kinds (see algorithms.KeyKind).
 const (
-	KindEmpty Kind = 'e' // every candidate was empty: the zone's shared bucket
-	KindIPv4  Kind = '4' // a masked IPv4 address (IPv4-mapped IPv6 included)
-	KindIPv6  Kind = '6' // a masked IPv6 address
-	KindHash  Kind = 'h' // any other value, hashed
-	// KindScoped is a token moved to a bucket of its own by Scope (a zone
-	// whose limit is chosen per request gives each resolved limit its own
-	// bucket): the payload hashes the original token and the scope.
-	KindScoped Kind = 's'
+	KindEmpty  = algorithms.KeyEmpty
+	KindIPv4   = algorithms.KeyIPv4
+	KindIPv6   = algorithms.KeyIPv6
+	KindHash   = algorithms.KeyHash
+	KindScoped = algorithms.KeyScoped
 )
 
-// Kind returns how the token was made.
-func (t Token) Kind() Kind { return Kind(t[1]) }
-
-// String renders the token for logs and store keys: the kind, the candidate
-// number and the payload in hex; never the raw value of a hashed key.
-func (t Token) String() string {
-	return string(t.AppendText(make([]byte, 0, 2+2*(Size-2)+2)))
-}
-
-// AppendText appends the token's text form to b. The form uses only
-// [0-9a-z] and '-', so it is safe in any store key (including inside a Redis
-// Cluster hash tag) and in any log.
-func (t Token) AppendText(b []byte) []byte {
-	b = append(b, t[1])
-	b = strconv.AppendUint(b, uint64(t[0]), 10)
-	b = append(b, '-')
-	switch t.Kind() {
-	case KindEmpty:
-		return b
-	case KindIPv4:
-		return hex.AppendEncode(b, t[2:6])
-	}
-	return hex.AppendEncode(b, t[2:])
-}
-
 // MaxScope bounds the scope Token.Scope accepts, in bytes.
-const MaxScope = 64
-
-// Scope returns the token of the same client in a separate bucket named by
-// scope: byte 0 (the candidate) is kept, the kind becomes KindScoped, and
-// the payload is SHA-256 of the token and the scope, truncated to 128 bits.
-// The same token and scope always give the same result; another scope, or
-// another token, gives another token (up to the hash's collisions). The
-// result reveals neither the original token nor the scope. Sluice scopes
-// the key of a zone whose limit is chosen per request by the limit
-// resolved, so that each limit (each plan) has a bucket of its own. Scope
-// does not allocate; it panics if scope is longer than MaxScope.
-func (t Token) Scope(scope []byte) Token {
-	if len(scope) > MaxScope {
-		panic("identity: scope longer than MaxScope")
-	}
-	var buf [Size + MaxScope]byte
-	n := copy(buf[:], t[:])
-	n += copy(buf[n:], scope)
-	sum := sha256.Sum256(buf[:n])
-	var s Token
-	s[0] = t[0]
-	s[1] = byte(KindScoped)
-	copy(s[2:], sum[:Size-2])
-	return s
-}
+const MaxScope = algorithms.MaxScope
 
 // Resolver reads a placeholder's value; *caddy.Replacer satisfies it.
 type Resolver interface {

@@ -505,7 +505,7 @@ func TestEvictionPrefersKeysBackToFull(t *testing.T) {
 	}
 }
 
-// The documented eviction rule (Memory.MaxKeys, and evict's comment): "a new
+// The documented eviction rule (docs/reference.md, and evict's comment): "a new
 // key first displaces a key already back to full (which loses nothing);
 // failing that, of a small sample of keys, the one closest to full". In a
 // shard holding more keys than the eviction sample (8), the one key back to

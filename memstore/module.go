@@ -27,18 +27,11 @@ var pool = caddy.NewUsagePool()
 // configuration shares one store, and the store outlives config reloads
 // that keep that configuration.
 type Memory struct {
-	// MaxKeys bounds the number of keys (zone × client) held. The store is
-	// split in 64 shards of ⌈max_keys/64⌉ keys each, so the bound is
-	// max_keys rounded up to a multiple of 64. When a shard is full, a new
-	// key first makes room by dropping the shard's keys already back to
-	// full (which loses nothing; at most once a second per shard); failing
-	// that, it displaces, of a sample of 8 keys, the one closest to full
-	// (which hands its owner the least). A flood of new keys therefore
-	// costs old clients their state only once the store is full of keys
-	// that are all still refilling. A key takes 94 to 151 bytes of memory
-	// (measured from 30,000 to 1,000,000 keys; the spread is the map's
-	// fill), so the default holds about 150 MB at most; a sliding_log key
-	// takes more (its events). Default: 1000000.
+	// MaxKeys bounds the keys (zone × client) held, rounded up to a
+	// multiple of 64 (the shards). A full shard drops its keys back to
+	// full, then the key closest to full of a sample of 8 (the rule and
+	// its memory: docs/reference.md, "Store memory"). Default: 1000000
+	// (about 150 MB at most).
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// SweepInterval is how often keys that are back to full are dropped.

@@ -24,7 +24,7 @@ const minAdminTimeout = time.Second
 // PeekKeys reads the state of several keys of one zone without charging
 // them and without running the decision script: in one pipeline per node,
 // Redis's TIME (the clock the script uses) and a GET of each key; the
-// stored values are decoded (algorithms.DecodeLua) and viewed with the Go
+// stored values are decoded (DecodeState) and viewed with the Go
 // twin of the script (algorithms.Peek). out and found, sized by the caller
 // to len(keys), get each key's view and whether it holds state (state back
 // to full, or written by another algorithm, counts as none).
@@ -79,7 +79,7 @@ func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.L
 		if err != nil {
 			return err
 		}
-		st, ok := algorithms.DecodeLua(raw)
+		st, ok := DecodeState(raw)
 		out[i] = algorithms.Peek(st, !ok, l, ms)
 		found[i] = ok && out[i].ResetAfter > 0
 	}

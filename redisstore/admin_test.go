@@ -15,7 +15,7 @@ import (
 )
 
 // The admin API's peek reads a key without the decision script: it decodes
-// the value the Lua twin stored (algorithms.DecodeLua) and views it with
+// the value the Lua twin stored (DecodeState) and views it with
 // the Go twin (algorithms.Peek). This checks that view against the Lua
 // twin's own, on values the Lua twin actually wrote to a real Redis: after
 // each random step (the test entry point, time in ARGV), at a later
@@ -43,7 +43,7 @@ func TestPeekDecodesLuaState(t *testing.T) {
 	run := func(key string, l lim, now, cost int64) []int64 {
 		t.Helper()
 		r := algorithms.Request{Limit: l, Cost: cost}
-		res, err := twinScript.Run(ctx, c, []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, false)...).Int64Slice()
+		res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...)
 		if err != nil || len(res) != 4 {
 			t.Fatalf("script: %v %v", res, err)
 		}
@@ -74,9 +74,9 @@ func TestPeekDecodesLuaState(t *testing.T) {
 					if rng.IntN(5) == 0 {
 						pl = set[rng.IntN(len(set))]
 					}
-					st, ok := algorithms.DecodeLua(raw)
+					st, ok := DecodeState(raw)
 					if raw != "" && !ok {
-						t.Fatalf("step %d: DecodeLua(%q) failed on a value the script wrote", step, raw)
+						t.Fatalf("step %d: DecodeState(%q) failed on a value the script wrote", step, raw)
 					}
 					got := algorithms.Peek(st, !ok, pl, at)
 

@@ -65,8 +65,7 @@ const (
 	maxBatch = 64
 	// defaultWorkers is the number of pipelines in flight per store (the
 	// store option pipelines). Measured (BenchmarkTakeModes, go test -bench
-	// TakeModes ./redisstore/, and make bench): see the README's
-	// Performance section.
+	// TakeModes ./redisstore/, and make bench): see docs/performance.md.
 	defaultWorkers = 2
 	// maxWorkers bounds the option.
 	maxWorkers = 64

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
@@ -72,46 +70,26 @@ func TestReportTakeLatency(t *testing.T) {
 	}
 }
 
-// BenchmarkTakeModes compares, side by side in one run, how concurrent
-// decisions travel to Redis: one round trip per call ("direct"), this
-// store's pipeline workers ("batch-N": N pipelines in flight), and
-// go-redis's own autopipeliner (blocking face, default options). 50
-// goroutines per run, one zone, distinct keys, the production timeout.
+// BenchmarkTakeModes compares, side by side in one run, how many pipeline
+// workers concurrent decisions travel through ("batch-N": N pipelines in
+// flight; batch-1 sends one pipeline at a time, the nearest to one round
+// trip per call). 50 goroutines per run, one zone, distinct keys, the
+// production timeout.
 //
 //	go test -run XXX -bench TakeModes -benchmem ./redisstore/
 func BenchmarkTakeModes(b *testing.B) {
 	srv := redistest.Start(b)
-	modes := []struct {
-		name    string
-		workers int
-		auto    bool
-	}{
-		{"direct", -1, false},
-		{"autopipeline", -1, true},
-		{"batch-1", 1, false},
-		{"batch-2", 2, false},
-		{"batch-4", 4, false},
-		{"batch-8", 8, false},
-	}
-	for _, m := range modes {
-		b.Run(m.name, func(b *testing.B) {
+	for _, workers := range []int{1, 2, 4, 8} {
+		b.Run("batch-"+strconv.Itoa(workers), func(b *testing.B) {
 			cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix}
 			c, cluster, err := cfg.newClient()
 			if err != nil {
 				b.Fatal(err)
 			}
 			o := redisPathOptions()
-			o.Workers = m.workers
+			o.Workers = workers
 			s := newStoreWith(c, cluster, DefaultKeyPrefix, DefaultTimeout, o)
 			defer s.Destruct()
-			if m.auto {
-				ap, err := c.(*redis.Client).AutoPipeline()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer ap.Close()
-				s.direct = ap
-			}
 			runParallelTakes(b, s, 1, 50)
 		})
 	}

@@ -48,10 +48,14 @@ type circuitError struct {
 func (e *circuitError) Error() string        { return e.msg }
 func (e *circuitError) Is(target error) bool { return target == ErrCircuitOpen }
 
-// breaker is a small circuit breaker, written for this hot path (see the
-// Redis type's Breaker field for the policy). Closed costs one atomic load
-// before a call and, after a success, one more (a store only when a failure
-// run was in progress). The transitions take a mutex; they are rare.
+// StoreErrorKind: see storeError.
+func (e *circuitError) StoreErrorKind() string { return "circuit_open" }
+
+// breaker is a small circuit breaker, written for this hot path (the
+// policy: docs/redis.md, "Circuit breaker"; what counts: counts). Closed
+// costs one atomic load before a call and, after a success, one more (a
+// store only when a failure run was in progress). The transitions take a
+// mutex; they are rare.
 //
 // It was preferred to github.com/sony/gobreaker/v2, whose every call takes
 // a mutex and reads the clock (two generations, counts): ~60ns and a
@@ -210,4 +214,35 @@ func counts(err error) bool {
 		}
 	}
 	return false
+}
+
+// storeError is the error of a decision that Redis did not give (Take).
+// Its StoreErrorKind names the failure for the handler's
+// caddy_rate_limit_store_errors_total{kind}, from a bounded set: timeout,
+// connection, readonly, oom, noscript, other; and circuit_open, an open
+// breaker's (circuitError, returned as it is: failing fast allocates
+// nothing).
+type storeError struct{ err error }
+
+func (e *storeError) Error() string { return e.err.Error() }
+func (e *storeError) Unwrap() error { return e.err }
+
+func (e *storeError) StoreErrorKind() string {
+	var ne net.Error
+	switch {
+	case errors.Is(e.err, context.DeadlineExceeded), errors.As(e.err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.As(e.err, new(*net.OpError)):
+		return "connection"
+	}
+	msg := e.err.Error()
+	switch {
+	case strings.HasPrefix(msg, "READONLY"):
+		return "readonly"
+	case strings.HasPrefix(msg, "OOM"):
+		return "oom"
+	case strings.HasPrefix(msg, "NOSCRIPT"):
+		return "noscript"
+	}
+	return "other"
 }

@@ -3,8 +3,13 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,8 +67,8 @@ func TestBreakerOpensFailsFastProbesAndCloses(t *testing.T) {
 	}
 	for i := range 5 {
 		d, err := oneTake(s, req)
-		if err == nil || errors.Is(err, ErrCircuitOpen) || d > DefaultTimeout+failMargin {
-			t.Fatalf("stalled take %d: %v after %v, want a timeout within %v", i, err, d, DefaultTimeout+failMargin)
+		if err == nil || errors.Is(err, ErrCircuitOpen) || d > DefaultTimeout+failMargin || kindOf(err) != "timeout" {
+			t.Fatalf("stalled take %d: %v (kind %q) after %v, want a timeout within %v", i, err, kindOf(err), d, DefaultTimeout+failMargin)
 		}
 	}
 	if st := s.CircuitState(); st != "open" {
@@ -73,8 +78,8 @@ func TestBreakerOpensFailsFastProbesAndCloses(t *testing.T) {
 	var durs []time.Duration
 	for i := range 1000 {
 		d, err := oneTake(s, req)
-		if !errors.Is(err, ErrCircuitOpen) {
-			t.Fatalf("open, take %d: %v, want ErrCircuitOpen", i, err)
+		if !errors.Is(err, ErrCircuitOpen) || kindOf(err) != "circuit_open" {
+			t.Fatalf("open, take %d: %v (kind %q), want ErrCircuitOpen", i, err, kindOf(err))
 		}
 		durs = append(durs, d)
 	}
@@ -163,6 +168,46 @@ func concurrentTakes(s *Store, req algorithms.Request, n int) (reached, fast int
 // TestBreakerWhatCounts: refused and reset connections open it; errors
 // about a key (WRONGTYPE) and callers that went away do not; a success
 // resets the run.
+// kindOf is the kind an error of Take names for the store errors metric
+// (StoreErrorKind, as the handler finds it); "" for none.
+func kindOf(err error) string {
+	var k interface{ StoreErrorKind() string }
+	if errors.As(err, &k) {
+		return k.StoreErrorKind()
+	}
+	return ""
+}
+
+// TestStoreErrorKinds: each failure of Take names its kind, one of a
+// bounded set (the kind label of caddy_rate_limit_store_errors_total).
+func TestStoreErrorKinds(t *testing.T) {
+	readonly := errors.New("READONLY You can't write against a read only replica.")
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{context.DeadlineExceeded, "timeout"},
+		{errNotSent, "timeout"},
+		{&unknownError{err: context.DeadlineExceeded}, "timeout"},
+		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, "timeout"},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, "connection"},
+		{readonly, "readonly"},
+		{&loadError{readonly}, "readonly"},
+		{errors.New("OOM command not allowed when used memory > 'maxmemory'."), "oom"},
+		{errors.New("NOSCRIPT No matching script. Please use EVAL."), "noscript"},
+		{errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), "other"},
+		{context.Canceled, "other"},
+		{io.EOF, "other"},
+	} {
+		if got := kindOf(&storeError{tc.err}); got != tc.want {
+			t.Errorf("%v: kind %q, want %q", tc.err, got, tc.want)
+		}
+	}
+	if got := kindOf(fmt.Errorf("x: %w", &circuitError{msg: "open"})); got != "circuit_open" {
+		t.Errorf("an open circuit: kind %q", got)
+	}
+}
+
 func TestBreakerWhatCounts(t *testing.T) {
 	for _, m := range []faultproxy.Mode{faultproxy.Refuse, faultproxy.Reset} {
 		t.Run(m.String(), func(t *testing.T) {

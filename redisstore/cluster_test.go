@@ -71,15 +71,19 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		// Our keys: the slot Redis computes from the whole key is the slot
-		// of the hash tag.
+		// of the hash tag, and keySlot's, whatever the zone's name.
 		for i := range 50 {
-			k := s.Key("zone.x", freshKey(t))
+			id := freshKey(t)
 			if i%5 == 0 {
-				k = s.Key("zone.x", keyOf(t, "10.0.0."+string(rune('0'+i%10))))
+				id = keyOf(t, "10.0.0."+string(rune('0'+i%10)))
 			}
+			k := s.Key([]string{"zone.x", "a{b}c", "api/v1", "z"}[i%4], id)
 			want := n.Do(t, "CLUSTER", "KEYSLOT", k).(int64)
 			if got := slot(hashTag(k)); int64(got) != want {
 				t.Fatalf("key %q: slot(hashTag) = %d, CLUSTER KEYSLOT = %d", k, got, want)
+			}
+			if got := keySlot(id); int64(got) != want {
+				t.Fatalf("key %q: keySlot = %d, CLUSTER KEYSLOT = %d", k, got, want)
 			}
 		}
 	})

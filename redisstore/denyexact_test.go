@@ -61,7 +61,7 @@ func redisView(t *testing.T, s *Store, reqs []algorithms.Request) ([]algorithms.
 	for i := range reqs {
 		keys[i] = s.Key(reqs[i].Zone, reqs[i].Key)
 		scratch[i] = "oracle:" + keys[i]
-		args = algorithms.AppendLuaArgs(args, &reqs[i], false)
+		args = luaArgs(args, false, reqs[i])
 	}
 	var fcall *redis.Cmd
 	var tm *redis.TimeCmd
@@ -73,7 +73,7 @@ func redisView(t *testing.T, s *Store, reqs []algorithms.Request) ([]algorithms.
 			gets[i] = p.Get(ctx, keys[i])
 		}
 		tm = p.Time(ctx)
-		fcall = p.FCall(ctx, algorithms.LuaFunction, scratch, args...)
+		fcall = p.FCall(ctx, LuaFunction, scratch, args...)
 		for i := range reqs {
 			p.Del(ctx, scratch[i])
 		}
@@ -106,13 +106,13 @@ func twinAnswer(reqs []algorithms.Request, raws []string, now int64) []algorithm
 	out := make([]algorithms.Decision, len(reqs))
 	refused := false
 	for i := range reqs {
-		st, ok := algorithms.DecodeLua(raws[i])
+		st, ok := DecodeState(raws[i])
 		out[i], _, _ = algorithms.Step(st, !ok, reqs[i].Limit, now, reqs[i].Cost)
 		refused = refused || (!out[i].Allowed && !reqs[i].ReportOnly)
 	}
 	for i := range reqs {
 		if refused && out[i].Allowed {
-			st, ok := algorithms.DecodeLua(raws[i])
+			st, ok := DecodeState(raws[i])
 			out[i], _, _ = algorithms.Step(st, !ok, reqs[i].Limit, now, 0)
 		}
 		out[i].Limit = reqs[i].Limit.Capacity()

@@ -153,7 +153,8 @@ type failCase struct {
 	// setup breaks the server (s is already warm: its pool holds a live
 	// connection) and returns what the error must say, if anything.
 	setup func(t *testing.T, srv *redistest.Server) *regexp.Regexp
-	cold  bool // also try a store that never connected
+	cold  bool   // also try a store that never connected
+	kind  string // the kind its sequential errors name (StoreErrorKind), if one
 }
 
 func TestFailuresReturnErrorsWithinTimeout(t *testing.T) {
@@ -162,7 +163,7 @@ func TestFailuresReturnErrorsWithinTimeout(t *testing.T) {
 			srv.Stop()
 			return nil
 		}},
-		{name: "frozen server", cold: true, setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
+		{name: "frozen server", cold: true, kind: "timeout", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
 			srv.Freeze(t)
 			t.Cleanup(func() {
 				if srv.Running() {
@@ -171,16 +172,16 @@ func TestFailuresReturnErrorsWithinTimeout(t *testing.T) {
 			})
 			return nil
 		}},
-		{name: "READONLY replica", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
+		{name: "READONLY replica", kind: "readonly", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
 			other := redistest.Start(t)
 			srv.MakeReadOnlyReplicaOf(t, other)
 			return regexp.MustCompile(`READONLY`)
 		}},
-		{name: "OOM", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
+		{name: "OOM", kind: "oom", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
 			srv.SetOOM(t)
 			return regexp.MustCompile(`OOM`)
 		}},
-		{name: "wrong type", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
+		{name: "wrong type", kind: "other", setup: func(t *testing.T, srv *redistest.Server) *regexp.Regexp {
 			return regexp.MustCompile(`WRONGTYPE`)
 		}},
 	}
@@ -215,6 +216,9 @@ func TestFailuresReturnErrorsWithinTimeout(t *testing.T) {
 					out := make([]algorithms.Decision, 1)
 					el, err := timedTake(t, context.Background(), s, []algorithms.Request{req}, out)
 					checkFailure(t, which, i, el, err, want)
+					if k := kindOf(err); tc.kind != "" && k != tc.kind || k == "" {
+						t.Errorf("%s take %d: %v names the kind %q, want %q", which, i, err, k, tc.kind)
+					}
 					// On a connection that was open, the command went out
 					// and no reply came: Redis may have decided it.
 					if tc.name == "frozen server" && which == "warm" && !errors.As(err, new(*unknownError)) {
@@ -268,7 +272,7 @@ func TestMalformedStateIsAFullBucket(t *testing.T) {
 	l := limit(t, 10, time.Minute, 0)
 	// one token of 10 per minute spent, just now
 	good := func(raw string) bool {
-		st, ok := algorithms.DecodeLua(raw)
+		st, ok := DecodeState(raw)
 		return ok && st.Alg == algorithms.TokenBucket && st.Debt == 60000 && st.Scale == 60000 &&
 			st.At > time.Now().Add(-time.Minute).UnixMilli()
 	}

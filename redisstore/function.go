@@ -6,11 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// The decision runs as a Redis Function (FCALL of algorithms.LuaFunction,
+// The decision runs as a Redis Function (FCALL of LuaFunction,
 // Redis 7+): its helpers and algorithms are defined once when the library
 // loads, where an EVAL script's body defines them again on every call
 // (about 2 µs of Redis's single thread per call). The library is loaded at
@@ -18,14 +16,16 @@ import (
 // (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
 // it by replication, so a Sentinel failover keeps it. A server without
 // Functions (Redis 6, or FCALL renamed away) is detected on the first call
-// and the store falls back to EVALSHA of the same code (algorithms.LuaScript)
+// and the store falls back to EVALSHA of the same code (LuaScript)
 // for good, with EVAL on NOSCRIPT.
+
+// scriptSHA is the SHA of LuaScript, for EVALSHA.
+var scriptSHA = redis.NewScript(LuaScript).Hash()
 
 // scripts decides how a store's calls run: FCALL, or EVALSHA on servers
 // without Functions.
 type scripts struct {
 	client  redis.UniversalClient
-	cluster bool
 	evalsha atomic.Bool // true: no Functions on this server
 }
 
@@ -34,7 +34,7 @@ func (m *scripts) queue(ctx context.Context, p redis.Pipeliner, keys []string, a
 	if m.evalsha.Load() {
 		return p.EvalSha(ctx, scriptSHA, keys, args...)
 	}
-	return p.FCall(ctx, algorithms.LuaFunction, keys, args...)
+	return p.FCall(ctx, LuaFunction, keys, args...)
 }
 
 // libLoad remembers, within one batch, whether the library was loaded
@@ -46,20 +46,16 @@ type libLoad struct {
 
 // retry queues on p again a call that failed only because Redis lacked the
 // code (function missing, NOSCRIPT, or no Functions at all), loading the
-// library first when needed (once per batch). It reports whether it queued
-// the call. When the load itself fails (a replica answering READONLY, an
-// unreachable node), the call fails with that error, which says more than
-// "function not found".
-func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) bool {
-	err := c.cmd.Err()
-	switch {
-	case err == nil:
-		return false
-	case isNoScript(err):
-		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+// library first when needed (once per batch): as FCALL, or as EVAL (which
+// also loads the script) once the server is known to lack Functions. When
+// the load itself fails (a replica answering READONLY, an unreachable
+// node), the call fails with that error, which says more than "function
+// not found". Any other error is left on the call.
+func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) {
+	switch err := c.cmd.Err(); {
 	case isUnknownCommand(err):
 		m.evalsha.Store(true)
-		c.cmd = p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
+	case isNoScript(err):
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
@@ -73,13 +69,16 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 			failed := redis.NewCmd(ctx)
 			failed.SetErr(&loadError{load.err})
 			c.cmd = failed
-			return false
+			return
 		}
-		c.cmd = m.queueEval(ctx, p, c)
 	default:
-		return false
+		return
 	}
-	return true
+	if m.evalsha.Load() {
+		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
+	} else {
+		c.cmd = p.FCall(ctx, LuaFunction, c.keys, c.args...)
+	}
 }
 
 // loadError is the error of a call that Redis answered "function not
@@ -91,20 +90,11 @@ type loadError struct{ err error }
 func (e *loadError) Error() string { return e.err.Error() }
 func (e *loadError) Unwrap() error { return e.err }
 
-// queueEval queues c as FCALL, or as EVAL (which also loads the script)
-// once the server is known to lack Functions.
-func (m *scripts) queueEval(ctx context.Context, p redis.Pipeliner, c *call) *redis.Cmd {
-	if m.evalsha.Load() {
-		return p.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
-	}
-	return p.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
-}
-
 // load loads the library (on every master of a Cluster). A library already
 // loaded is not an error.
 func (m *scripts) load(ctx context.Context) error {
 	one := func(ctx context.Context, c redis.Cmdable) error {
-		err := c.FunctionLoad(ctx, algorithms.LuaLibrary).Err()
+		err := c.FunctionLoad(ctx, LuaLibrary).Err()
 		if err != nil && strings.Contains(err.Error(), "already exists") {
 			err = nil
 		}
@@ -124,7 +114,7 @@ func (m *scripts) prepare(ctx context.Context) error {
 		return err
 	}
 	m.evalsha.Store(true)
-	return m.client.ScriptLoad(ctx, algorithms.LuaScript).Err()
+	return m.client.ScriptLoad(ctx, LuaScript).Err()
 }
 
 func isNoScript(err error) bool {
@@ -143,33 +133,4 @@ func isUnknownCommand(err error) bool {
 	msg := err.Error()
 	return strings.HasPrefix(msg, "ERR unknown command") && (strings.Contains(msg, "fcall") || strings.Contains(msg, "FCALL") ||
 		strings.Contains(msg, "function") || strings.Contains(msg, "FUNCTION"))
-}
-
-// runDirect runs c on its own round trip (no pipelining; the benchmarks'
-// baseline), with the same fallbacks.
-func (m *scripts) runDirect(ctx context.Context, d redis.Cmdable, c *call) *redis.Cmd {
-	var cmd *redis.Cmd
-	if m.evalsha.Load() {
-		cmd = d.EvalSha(ctx, scriptSHA, c.keys, c.args...)
-	} else {
-		cmd = d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
-	}
-	switch err := cmd.Err(); {
-	case isUnknownCommand(err):
-		m.evalsha.Store(true)
-		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
-	case isNoScript(err):
-		return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
-	case isNoFunction(err):
-		if err := m.load(ctx); err != nil && !isUnknownCommand(err) {
-			failed := redis.NewCmd(ctx)
-			failed.SetErr(err)
-			return failed
-		}
-		if m.evalsha.Load() {
-			return d.Eval(ctx, algorithms.LuaScript, c.keys, c.args...)
-		}
-		return d.FCall(ctx, algorithms.LuaFunction, c.keys, c.args...)
-	}
-	return cmd
 }

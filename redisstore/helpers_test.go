@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -187,12 +188,12 @@ func scanAll(t testing.TB, srv *redistest.Server) []string {
 	}
 }
 
-// state is a stored token bucket state (algorithms.DecodeLua).
+// state is a stored token bucket state (DecodeState).
 type state struct{ debt, at, scale int64 }
 
 func parseState(t testing.TB, raw string) state {
 	t.Helper()
-	st, ok := algorithms.DecodeLua(raw)
+	st, ok := DecodeState(raw)
 	if !ok || st.Alg != algorithms.TokenBucket {
 		t.Fatalf("stored state %q is not a token bucket's", raw)
 	}
@@ -241,4 +242,21 @@ func timedTake(t testing.TB, ctx context.Context, s *Store, reqs []algorithms.Re
 	start := time.Now()
 	err = s.Take(ctx, reqs, out)
 	return time.Since(start), err
+}
+
+// testArgs writes the tests' script arguments.
+var testArgs argCache
+
+// luaArgs appends the script arguments of reqs (production's writer) to
+// args.
+func luaArgs(args []any, refund bool, reqs ...algorithms.Request) []any {
+	return testArgs.appendArgs(args, reqs, refund)
+}
+
+// hashTag returns the hash tag of one of our keys: the text between its
+// first '{' and the next '}', as Redis reads it.
+func hashTag(k string) []byte {
+	open := strings.IndexByte(k, '{')
+	end := strings.IndexByte(k[open+1:], '}')
+	return []byte(k[open+1 : open+1+end])
 }

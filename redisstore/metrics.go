@@ -18,7 +18,8 @@ var storeMetrics = struct {
 	circuitState *prometheus.GaugeVec
 	fastFailures *prometheus.CounterVec
 	denyHits     *prometheus.CounterVec
-	// unknownDecisions, notSent and lateReplies: see Redis.LateReplyGrace.
+	// unknownDecisions, notSent and lateReplies: see batch.go (deadlines)
+	// and docs/redis.md (late replies).
 	unknownDecisions *prometheus.CounterVec
 	notSent          *prometheus.CounterVec
 	lateReplies      *prometheus.CounterVec

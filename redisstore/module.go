@@ -60,96 +60,62 @@ const (
 
 // Redis is the shared store. Configure exactly one of URL (a standalone
 // server, or Sentinel with the redis+sentinel scheme) or Cluster.
+// docs/reference.md lists the fields; docs/redis.md says what they do under
+// load and failure.
 type Redis struct {
 	// URL of the Redis server: redis://[user:password@]host:port[/db],
 	// rediss:// for TLS, or for Sentinel
-	// redis+sentinel://[user:password@]sentinelhost:port[/db]?master_name=<name>[&addr=<sentinel2:port>...]
-	// (rediss+sentinel for TLS; the user and password in a Sentinel URL
-	// are the Sentinels' own, the master's go in the password=/username=
-	// query parameters). Placeholders such as {env.REDIS_URL} are
-	// resolved at Provision; the URL is never logged.
+	// redis+sentinel://[user:password@]host:port[/db]?master_name=<name>[&addr=<host:port>...]
+	// (rediss+sentinel for TLS; the URL's user and password are the
+	// Sentinels', the master's go in password= and username=).
+	// Placeholders such as {env.REDIS_URL} are resolved at Provision; the
+	// URL is never logged.
 	URL string `json:"url,omitempty"`
 
 	// Cluster lists seed nodes (host:port) of a Redis Cluster.
 	Cluster []string `json:"cluster,omitempty"`
 
-	// Username and Password authenticate to Cluster nodes (for a URL, put
-	// them in the URL). Placeholders are resolved at Provision.
+	// Username and Password authenticate to Cluster nodes (a URL carries
+	// its own). Placeholders are resolved at Provision.
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
 
 	// TLS connects to Cluster nodes over TLS (a URL says so with rediss).
 	TLS bool `json:"tls,omitempty"`
 
-	// Timeout bounds each decision end to end: waiting for a pooled
-	// connection, connecting, the script and its NOSCRIPT retry. When it
-	// passes, the zones' fail policy decides (for a decision already sent,
-	// after LateReplyGrace). Default: 100ms (measured: see docs/redis.md,
-	// "Timeout").
+	// Timeout bounds each decision end to end (pool wait, connect, the
+	// call, one reload retry); then the zones' fail policy decides.
+	// Default: 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
-	// LateReplyGrace: a decision already sent to Redis when the timeout
-	// passes waits this much longer for its reply, which then decides (a
-	// late refusal must not become a fail-open admission); past it the
-	// fail policy applies. Counted per {store,target}:
-	// caddy_rate_limit_store_late_replies_total (decided in the grace),
-	// _store_unknown_decisions_total (no reply: Redis may have decided),
-	// _store_unsent_timeouts_total (never sent: nothing decided). Under
-	// fail open a zone admits at most its limit plus its failed-open
-	// requests. Default 100ms, at most 1s, 0 off (docs/redis.md).
+	// LateReplyGrace is how much longer a decision already sent when the
+	// timeout passes waits for its reply, which then decides; past it the
+	// fail policy applies. 0 is off; at most 1s. Default: 100ms.
 	LateReplyGrace *caddy.Duration `json:"late_reply_grace,omitempty"`
 
-	// KeyPrefix starts every key Sluice writes. Default: "sluice:v1:".
+	// KeyPrefix starts every key Sluice writes; no '{' or '}'. Default:
+	// "sluice:v1:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// PoolSize is the number of connections per node. Default: go-redis's
-	// (10 per CPU). Decisions travel through Pipelines pipelines (at most
-	// PoolSize), each on a connection of its own, plus as many spares when
-	// they stall (connections kept open, within PoolSize); the pool's other
-	// connections serve the admin API.
+	// (10 per CPU).
 	PoolSize int `json:"pool_size,omitempty"`
 
-	// Pipelines is the number of pipeline workers: concurrent decisions
-	// share round trips, each worker sending every call queued behind the
-	// first as one pipeline (see docs/redis.md). More
-	// workers mean more round trips in flight and smaller batches.
-	// Default: 2 (measured: see docs/performance.md).
+	// Pipelines is the number of pipeline workers carrying decisions
+	// (concurrent decisions share round trips): 1 to 64, at most PoolSize.
+	// Default: 2.
 	Pipelines int `json:"pipelines,omitempty"`
 
-	// Breaker is the circuit breaker in front of Redis. After Failures
-	// consecutive failed calls (default 5) that count — timeouts and
-	// connection errors (refused, reset, EOF, pool wait), and the replies
-	// READONLY, OOM, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and BUSY;
-	// not errors about one key or the script (WRONGTYPE, ERR …), which cost
-	// no time, nor a client that went away — it opens: for Cooldown
-	// (default 1s) every decision fails at once with an error wrapping
-	// ErrCircuitOpen, without touching Redis, and each zone's fail policy
-	// applies with no timeout paid. Then it is half-open: a single call
-	// (the probe) goes to Redis while every other keeps failing fast; a
-	// probe that succeeds (or gets any answer from Redis) closes it, one
-	// that fails reopens it for twice the last cool-down, up to MaxCooldown
-	// (default 5s: decisions resume at most 5s plus the timeout after
-	// Redis is back; a probe costs one request per instance per
-	// cool-down). State changes are logged (opened: error; closed: info
-	// with the outage's length; half-open and reopened: debug) and exported
-	// as caddy_rate_limit_circuit_state{store,target} (0 closed, 1
-	// half-open, 2 open), with caddy_rate_limit_circuit_fast_failures_total.
+	// Breaker is the circuit breaker in front of Redis: after consecutive
+	// failures it fails every decision at once (an error wrapping
+	// ErrCircuitOpen, the zones' fail policy) until a probe succeeds.
+	// Default: on, 5 failures, a 1s cool-down doubling up to 5s.
 	Breaker *Breaker `json:"breaker,omitempty"`
 
-	// DenyCacheSize bounds this instance's deny cache (default 10000
-	// entries, about 2.5 MB; 0 turns it off): when Redis refuses a
-	// request, the cache keeps the state Redis read for each of its zones
-	// (and Redis's time), and decides the same client's next requests
-	// locally on that state, without calling Redis, while they are still
-	// refused: with the numbers Redis would give that request (exactly,
-	// when nobody else spent on the key meanwhile), never refusing what
-	// Redis would allow (proof in package denycache). An admin reset
-	// through any instance, and state lost in Redis (FLUSHALL, a restart,
-	// a failover, evictions), end every instance's cached refusals within
-	// a poll of 250ms (the store keeps two keys of its own,
-	// <prefix>ctl:{sluice}:epoch and <prefix>ctl:{sluice}:resets, and in a
-	// Cluster a canary per master). Hits are counted in
-	// caddy_rate_limit_deny_cache_hits_total{store,target}.
+	// DenyCacheSize bounds this instance's deny cache, which answers a
+	// refused client's next requests locally while Redis would still
+	// refuse them, exactly. 0 turns it off. Default: 10000 entries (about
+	// 2.5 MB).
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 
 	store   *Store
@@ -545,126 +511,97 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		seen[field] = true
 		args := d.RemainingArgs()
-		one := func() (string, error) {
-			if len(args) != 1 {
-				return "", d.Errf("store redis: %s takes one value", field)
-			}
-			return args[0], nil
-		}
+		var err error
 		switch field {
-		case "url":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			if r.URL != "" {
-				return d.Err("store redis: url given twice")
-			}
-			r.URL = v
 		case "cluster":
 			if len(args) == 0 {
 				return d.Err("store redis: cluster needs at least one host:port")
 			}
 			r.Cluster = args
-		case "username":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.Username = v
-		case "password":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.Password = v
 		case "tls":
 			if len(args) != 0 {
 				return d.Err("store redis: tls takes no value")
 			}
 			r.TLS = true
-		case "timeout":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("store redis: timeout must be a positive duration, got %q", v)
-			}
-			r.Timeout = caddy.Duration(dur)
-		case "late_reply_grace":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			dur := time.Duration(0)
-			if v != "off" {
-				if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
-					return d.Errf("store redis: late_reply_grace must be off or a duration from 0 to %s, got %q", MaxLateReplyGrace, v)
-				}
-			}
-			g := caddy.Duration(dur)
-			r.LateReplyGrace = &g
-		case "key_prefix":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			r.KeyPrefix = v
-		case "pipelines":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 || n > maxWorkers {
-				return d.Errf("store redis: pipelines must be an integer between 1 and %d, got %q", maxWorkers, v)
-			}
-			r.Pipelines = n
-		case "pool_size":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("store redis: pool_size must be a positive integer, got %q", v)
-			}
-			r.PoolSize = n
 		case "breaker":
-			if err := r.unmarshalBreaker(d, args); err != nil {
-				return err
+			err = r.unmarshalBreaker(d, args)
+		case "url", "username", "password", "timeout", "late_reply_grace", "key_prefix", "pipelines", "pool_size", "deny_cache", "deny_cache_size":
+			if len(args) != 1 {
+				return d.Errf("store redis: %s takes one value", field)
 			}
-		case "deny_cache":
-			v, err := one()
-			if err != nil {
-				return err
+			if err = r.setOption(field, args[0]); err != nil {
+				err = d.WrapErr(err)
 			}
-			switch v {
-			case "off":
-				zero := 0
-				r.DenyCacheSize = &zero
-			case "on":
-			default:
-				return d.Errf("store redis: deny_cache is on or off, got %q", v)
-			}
-		case "deny_cache_size":
-			v, err := one()
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("store redis: deny_cache_size must be a non-negative integer, got %q", v)
-			}
-			r.DenyCacheSize = &n
 		default:
 			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, late_reply_grace, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if err := r.validate(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// setOption sets the option field, which takes one value, to v.
+func (r *Redis) setOption(field, v string) error {
+	bad := func(want string) error { return fmt.Errorf("store redis: %s must be %s, got %q", field, want, v) }
+	switch field {
+	case "url":
+		if r.URL != "" {
+			return errors.New("store redis: url given twice")
+		}
+		r.URL = v
+	case "username":
+		r.Username = v
+	case "password":
+		r.Password = v
+	case "key_prefix":
+		r.KeyPrefix = v
+	case "timeout":
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return bad("a positive duration")
+		}
+		r.Timeout = caddy.Duration(dur)
+	case "late_reply_grace":
+		dur := time.Duration(0)
+		if v != "off" {
+			var err error
+			if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
+				return bad("off or a duration from 0 to " + MaxLateReplyGrace.String())
+			}
+		}
+		g := caddy.Duration(dur)
+		r.LateReplyGrace = &g
+	case "pipelines":
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > maxWorkers {
+			return bad("an integer between 1 and " + strconv.Itoa(maxWorkers))
+		}
+		r.Pipelines = n
+	case "pool_size":
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return bad("a positive integer")
+		}
+		r.PoolSize = n
+	case "deny_cache":
+		switch v {
+		case "off":
+			r.DenyCacheSize = new(int)
+		case "on":
+		default:
+			return fmt.Errorf("store redis: deny_cache is on or off, got %q", v)
+		}
+	case "deny_cache_size":
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return bad("a non-negative integer")
+		}
+		r.DenyCacheSize = &n
 	}
 	return nil
 }

@@ -1,5 +1,7 @@
 package redisstore
 
+import "github.com/sluicehq/caddy-sluice/algorithms"
+
 // slotCount is the number of Redis Cluster hash slots.
 const slotCount = 16384
 
@@ -19,4 +21,12 @@ func slot(tag []byte) uint16 {
 		}
 	}
 	return crc % slotCount
+}
+
+// keySlot is the Cluster slot of every key of identity k: a key's hash tag
+// is k's text form (Store.Key: neither the prefix nor the encoded zone name
+// holds a '{').
+func keySlot(k algorithms.Key) uint16 {
+	var b [2*algorithms.KeySize + 8]byte
+	return slot(k.AppendText(b[:0]))
 }

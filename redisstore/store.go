@@ -19,12 +19,6 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/zonename"
 )
 
-// script is the production decision script; its SHA is computed once.
-var (
-	script    = redis.NewScript(algorithms.LuaScript)
-	scriptSHA = script.Hash()
-)
-
 // Store decides rate limits in Redis: one Lua script per request (per
 // Cluster slot when a request's keys span slots), with the time read from
 // Redis itself, under a tight timeout, behind a circuit breaker and a deny
@@ -40,15 +34,10 @@ type Store struct {
 	denyHits prometheus.Counter
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
-	watch    *watcher // the deny cache's poll of Redis (watch.go); nil without one
+	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
-	// batch pipelines concurrent script calls (batch.go); nil sends each
-	// call on its own round trip (kept for the side-by-side benchmarks).
-	batch *batcher
-	// direct is what an unbatched call runs on: the client, or (in a
-	// benchmark) go-redis's autopipeliner.
-	direct  redis.Cmdable
+	batch   *batcher // pipelines concurrent script calls (batch.go)
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
 }
@@ -62,7 +51,7 @@ type storeOptions struct {
 	DenySize    int           // deny cache entries; ≤ 0 disables it
 	Target      string        // for the metrics' target label (no credential)
 	Logger      *zap.Logger   // state changes; nil: none
-	Workers     int           // pipeline workers; 0: defaultWorkers, < 0: no pipelining
+	Workers     int           // pipeline workers; 0: defaultWorkers
 	Grace       time.Duration // how long past its deadline a sent call waits for its reply (batch.go)
 }
 
@@ -80,19 +69,15 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 // newStoreWith wraps a client with the given breaker and deny cache.
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
-		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize), direct: c}
-	s.scripts = scripts{client: c, cluster: cluster}
-	if o.Workers >= 0 {
-		s.batch = newBatcher(c, &s.scripts, o.Workers, timeout, o.Grace)
-	}
+		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
+	s.scripts.client = c
+	s.batch = newBatcher(c, &s.scripts, o.Workers, timeout, o.Grace)
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
-	if s.batch != nil {
-		s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
-	}
+	s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
 		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
@@ -150,7 +135,7 @@ func (s *Store) warm(ctx context.Context) error {
 // accord: measured on two busy cores, a first burst's round trip that had
 // to dial took 19ms at the median and up to 82ms, against 5ms on an open
 // connection, and the second worker's first batch always dialed
-// (docs/redis-late-replies.md). The pipelines run at once, each holding a
+// (docs/redis.md, late replies). The pipelines run at once, each holding a
 // connection while it waits for its reply; it checks the pool's count and
 // tries again (at most 3 times) when they did not overlap.
 func warmPipelines(ctx context.Context, c *redis.Client) error {
@@ -187,9 +172,7 @@ func (s *Store) Destruct() error {
 	if s.watch != nil {
 		s.watch.close()
 	}
-	if s.batch != nil {
-		s.batch.close()
-	}
+	s.batch.close()
 	if s.breaker != nil {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
 	}
@@ -226,7 +209,7 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 	}
 	b.WriteString(":{")
 	var tok [2*algorithms.KeySize + 8]byte
-	b.Write(appendToken(tok[:0], key))
+	b.Write(key.AppendText(tok[:0]))
 	b.WriteByte('}')
 	return b.String()
 }
@@ -240,7 +223,8 @@ func (s *Store) Key(zone string, key algorithms.Key) string {
 // Before Redis: the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
 // package denycache), and an open circuit breaker returns an error wrapping
-// ErrCircuitOpen at once.
+// ErrCircuitOpen at once. Every error names its kind (StoreErrorKind, see
+// storeError) for the handler's metrics.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
@@ -262,21 +246,14 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			ref = &refBuf
 		}
 	}
-	parent := ctx
 	c := getCall(ctx, time.Now().Add(s.timeout))
 	for i := range reqs {
 		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
 	}
-	switch oneSlot := !s.cluster || sameSlot(c.keys); {
-	case oneSlot && s.batch != nil:
+	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		err = s.runCall(c, reqs, out, false, ref)
-	case oneSlot:
-		dctx, cancel := context.WithDeadline(ctx, c.deadline)
-		c.ctx = dctx
-		err = s.runCall(c, reqs, out, false, ref)
-		cancel()
-	default:
+	} else {
 		dctx, cancel := context.WithDeadline(ctx, c.deadline)
 		keys := slices.Clone(c.keys)
 		putCall(c)
@@ -285,7 +262,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	}
 	if err != nil {
 		// The caller gone (its context done first) says nothing about Redis.
-		abandoned := parent.Err() != nil
+		abandoned := ctx.Err() != nil
 		failed := !abandoned && counts(err)
 		switch {
 		case abandoned:
@@ -300,7 +277,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			// forget every denial.
 			s.deny.Clear()
 		}
-		return err
+		return &storeError{err}
 	}
 	s.breaker.done(probe, false, false, nil)
 	if ref != nil && ref.raws != nil {
@@ -345,7 +322,7 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 	for i := range reqs {
 		var sn denycache.Snapshot
 		if raw, ok := ref.raws[i].(string); ok {
-			st, ok := algorithms.DecodeLua(raw)
+			st, ok := DecodeState(raw)
 			sn = denycache.Snapshot{State: st, Fresh: !ok, Known: true}
 		}
 		snaps = append(snaps, sn)
@@ -354,12 +331,11 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 }
 
 // tokensInOneSlot reports whether the keys of reqs live in one Cluster
-// slot, without building them: their hash tag is the identity token (Key).
+// slot, without building them (keySlot).
 func tokensInOneSlot(reqs []algorithms.Request) bool {
-	var b [2*algorithms.KeySize + 8]byte
-	first := slot(appendToken(b[:0], reqs[0].Key))
+	first := keySlot(reqs[0].Key)
 	for i := 1; i < len(reqs); i++ {
-		if reqs[i].Key != reqs[0].Key && slot(appendToken(b[:0], reqs[i].Key)) != first {
+		if reqs[i].Key != reqs[0].Key && keySlot(reqs[i].Key) != first {
 			return false
 		}
 	}
@@ -378,21 +354,19 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 }
 
 // runCall evaluates the script once for c's keys (all in one slot) and
-// reqs, through the pipeline workers when there are, and decodes the reply
-// into out (nothing for a refund), and a refusal's states into ref when it
-// is not nil. It consumes c.
+// reqs, through the pipeline workers, and decodes the reply into out
+// (nothing for a refund), and a refusal's states into ref when it is not
+// nil. It consumes c.
 func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	c.args = s.argc.appendArgs(c.args, reqs, refund)
-	if s.batch == nil {
-		c.cmd = s.scripts.runDirect(c.ctx, s.direct, c)
-	} else if owned, err := s.batch.do(c); err != nil {
+	if owned, err := s.batch.do(c); err != nil {
 		if owned {
 			putCall(c)
 		}
 		return err
 	}
 	err := decodeReply(c.cmd, reqs, out, refund, ref)
-	if err != nil && s.batch != nil && unanswered(c.cmd.Err()) {
+	if err != nil && unanswered(c.cmd.Err()) {
 		// Sent (the worker had it), and no reply came: Redis may have
 		// decided it.
 		err = &unknownError{err: err}
@@ -471,8 +445,8 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
-	for i, k := range keys {
-		sl := slot(hashTag(k))
+	for i := range reqs {
+		sl := keySlot(reqs[i].Key)
 		if _, ok := groups[sl]; !ok {
 			order = append(order, sl)
 		}
@@ -552,48 +526,4 @@ func subset(keys []string, reqs []algorithms.Request, idx []int) ([]string, []al
 		gk[j], gr[j] = keys[i], reqs[i]
 	}
 	return gk, gr
-}
-
-// hashTag returns the hash tag of one of our keys.
-func hashTag(k string) []byte {
-	open := strings.IndexByte(k, '{')
-	end := strings.IndexByte(k[open+1:], '}')
-	return []byte(k[open+1 : open+1+end])
-}
-
-func sameSlot(keys []string) bool {
-	first := slot(hashTag(keys[0]))
-	for _, k := range keys[1:] {
-		if slot(hashTag(k)) != first {
-			return false
-		}
-	}
-	return true
-}
-
-// appendToken appends a key's text form. It is the identity token's text
-// (see identity.Token.AppendText), rendered here without importing it.
-func appendToken(b []byte, k algorithms.Key) []byte {
-	const hexdigits = "0123456789abcdef"
-	b = append(b, k[1])
-	b = appendUint(b, uint64(k[0]))
-	b = append(b, '-')
-	payload := k[2:]
-	switch k[1] {
-	case 'e':
-		payload = nil
-	case '4':
-		payload = k[2:6]
-	}
-	for _, c := range payload {
-		b = append(b, hexdigits[c>>4], hexdigits[c&0xf])
-	}
-	return b
-}
-
-func appendUint(b []byte, v uint64) []byte {
-	if v >= 10 {
-		b = appendUint(b, v/10)
-	}
-	return append(b, byte('0'+v%10))
 }

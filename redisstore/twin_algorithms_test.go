@@ -36,8 +36,8 @@ func TestVectorsLua(t *testing.T) {
 			for i, s := range v.Compile(t) {
 				args := []any{s.Now}
 				r := algorithms.Request{Limit: s.Limit, Cost: s.Cost}
-				args = algorithms.AppendLuaArgs(args, &r, false)
-				res, err := twinScript.Run(ctx, c, []string{key}, args...).Int64Slice()
+				args = luaArgs(args, false, r)
+				res, err := runTwin(ctx, c, []string{key}, args...)
 				if err != nil || len(res) != 4 {
 					t.Fatalf("step %d: script: %v %v", i, res, err)
 				}
@@ -171,7 +171,7 @@ func TestRefundEveryAlgorithm(t *testing.T) {
 			call := func(now, cost int64, refund bool) []int64 {
 				t.Helper()
 				r := algorithms.Request{Limit: l, Cost: cost}
-				res, err := twinScript.Run(ctx, c, []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, refund)...).Int64Slice()
+				res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, refund, r)...)
 				if err != nil {
 					t.Fatalf("script: %v", err)
 				}
@@ -276,7 +276,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 		for range c.events {
 			now += c.every
 			r := algorithms.Request{Limit: l, Cost: 1}
-			if err := twinScript.Run(testCtx(t), s.Client(), []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, false)...).Err(); err != nil {
+			if err := twinScript.Run(testCtx(t), s.Client(), []string{key}, luaArgs([]any{now}, false, r)...).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -36,18 +36,41 @@ type twin struct {
 	t     *testing.T
 	ctx   context.Context
 	c     *redis.Client
-	sc    *redis.Script                 // the script under test: twinScript unless a test sets another
-	enc   func(algorithms.State) string // what sc stores for a state: stateString for twinScript
 	now   int64
 	zones []*twinZone
 	hist  []string
 	steps int
 }
 
-var twinScript = redis.NewScript(algorithms.LuaTestScript)
+// twinScript is the test entry point of the decision script: its code,
+// with the time in ARGV[1] (the zones' arguments follow), so the Lua twins
+// run the same vectors as algorithms.Step.
+var twinScript = redis.NewScript(luaTestTime + luaDefs + luaTestRun)
+
+// runTwin runs twinScript on keys and returns its decisions, four integers
+// per zone, without what it adds to a refusal for the deny cache (which
+// TestLuaRefusalStates checks).
+func runTwin(ctx context.Context, c redis.Scripter, keys []string, args ...any) ([]int64, error) {
+	v, err := twinScript.Run(ctx, c, keys, args...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	n := 4 * len(keys)
+	if len(v) != n && len(v) != n+1+len(keys) {
+		return nil, fmt.Errorf("the script returned %d values for %d zones", len(v), len(keys))
+	}
+	out := make([]int64, n)
+	for i := range out {
+		var ok bool
+		if out[i], ok = v[i].(int64); !ok {
+			return nil, fmt.Errorf("the script returned %T, want integers", v[i])
+		}
+	}
+	return out, nil
+}
 
 func newTwin(t *testing.T, srv *redistest.Server, c *redis.Client, zones int) *twin {
-	tw := &twin{t: t, ctx: testCtx(t), c: c, sc: twinScript, enc: stateString, now: 1_700_000_000_000}
+	tw := &twin{t: t, ctx: testCtx(t), c: c, now: 1_700_000_000_000}
 	for i := range zones {
 		key := fmt.Sprintf("twin:%s:%d", t.Name(), i)
 		srv.Do(t, "DEL", key)
@@ -66,10 +89,10 @@ func goView(d algorithms.Decision) luaDecision {
 		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
-// stateString is what the Lua twin stores for st (algorithms.EncodeLua):
+// stateString is what the Lua twin stores for st (encodeState):
 // comparing it with what Redis holds checks the script's encoder byte for
 // byte.
-func stateString(st algorithms.State) string { return algorithms.EncodeLua(st) }
+func stateString(st algorithms.State) string { return encodeState(st) }
 
 func limitString(l algorithms.Limit) string {
 	return fmt.Sprintf("%s %d/%dms burst %d", l.Algorithm, l.Events, l.Window, l.Burst)
@@ -89,7 +112,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 	for i, z := range tw.zones {
 		keys[i] = z.key
 		r := algorithms.Request{Limit: limits[i], Cost: costs[i]}
-		args = algorithms.AppendLuaArgs(args, &r, false)
+		args = luaArgs(args, false, r)
 		before := "fresh"
 		if !z.fresh {
 			before = fmt.Sprintf("%q", stateString(z.st))
@@ -102,12 +125,9 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 		tw.hist = tw.hist[1:]
 	}
 
-	res, err := tw.sc.Run(tw.ctx, tw.c, keys, args...).Int64Slice()
+	res, err := runTwin(tw.ctx, tw.c, keys, args...)
 	if err != nil {
 		t.Fatalf("%s\nscript: %v", tw.history(), err)
-	}
-	if len(res) != 4*n {
-		t.Fatalf("%s\nscript returned %d values for %d zones", tw.history(), len(res), n)
 	}
 
 	// Go: every zone steps; all allowed → all charged; otherwise nothing is
@@ -130,7 +150,7 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 			t.Fatalf("%s\nzone %d decision: Lua %+v, Go %+v", tw.history(), i, got, want)
 		}
 		if all {
-			z.st, z.fresh, z.raw = nexts[i], false, tw.enc(nexts[i])
+			z.st, z.fresh, z.raw = nexts[i], false, stateString(nexts[i])
 		}
 	}
 
@@ -155,8 +175,8 @@ func (tw *twin) step(limits []algorithms.Limit, costs []int64, adv int64) {
 			t.Fatalf("%s\nzone %d stored state: Redis %q, Go %q (all allowed: %v)", tw.history(), i, raw, z.raw, all)
 		}
 		// The Go decoder (the admin API's) reads back the state Go holds.
-		if st, ok := algorithms.DecodeLua(raw); raw != "" && (!ok || algorithms.EncodeLuaText(st) != algorithms.EncodeLuaText(z.st)) {
-			t.Fatalf("%s\nzone %d: DecodeLua(%q) = %+v %v, want %+v", tw.history(), i, raw, st, ok, z.st)
+		if st, ok := DecodeState(raw); raw != "" && (!ok || encodeText(st) != encodeText(z.st)) {
+			t.Fatalf("%s\nzone %d: DecodeState(%q) = %+v %v, want %+v", tw.history(), i, raw, st, ok, z.st)
 		}
 		if all {
 			// Written now: PX = time to full + 1000ms margin.
@@ -284,7 +304,7 @@ func TestLuaTwinMatchesGo(t *testing.T) {
 		perSec, perMin := L(1, time.Second, 2), L(60, time.Minute, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 0)
 		tw.step([]algorithms.Limit{perSec}, []int64{1}, 930)
-		if got, _ := algorithms.DecodeLua(tw.zones[0].raw); got != (algorithms.State{Debt: 1070, At: 1700000000930, Scale: 1000}) {
+		if got, _ := DecodeState(tw.zones[0].raw); got != (algorithms.State{Debt: 1070, At: 1700000000930, Scale: 1000}) {
 			t.Fatalf("state after two takes %+v (%q)", got, tw.zones[0].raw)
 		}
 		tw.step([]algorithms.Limit{perMin}, []int64{1}, 0)

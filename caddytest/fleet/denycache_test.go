@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
+	"github.com/sluicehq/caddy-sluice/redisstore"
 )
 
 // denyRoutes: /r, fixed_window 3 per day (a cached refusal would last
@@ -221,7 +222,7 @@ func TestDenyCacheFleet(t *testing.T) {
 			// script's Go twin; at Redis's time, or (a token refilled in
 			// between) at an instant since the request began.
 			raw, now := stateAndTime(t, r, key)
-			st, ok := algorithms.DecodeLua(raw)
+			st, ok := redisstore.DecodeState(raw)
 			took := time.Since(began).Milliseconds()
 			match := func(at int64) bool {
 				d, _, _ := algorithms.Step(st, !ok, lim, at, cost)

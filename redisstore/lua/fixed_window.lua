@@ -1,7 +1,7 @@
 -- fixed_window mirrors algorithms/fixed_window.go.
 -- State: the count of window [start, start+length). Stored in binary (see
 -- common.lua: the instant start, f1 = count, last = length), or, out of the
--- binary range or from an older Sluice, "f<count>:<start>:<length>".
+-- binary range, "f<count>:<start>:<length>".
 
 local function fw_load(raw, w)
   local count, start, length = 0, idiv(now, w) * w, w

@@ -7,29 +7,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// The stored state's two forms (algorithms/lua/common.lua): the binary form
-// the script writes, and the text form of the Sluice versions before it,
-// which the script still reads (a rolling upgrade), still writes for an
-// instant outside the binary range, and writes always as LuaScriptText.
+// The stored state's two forms (lua/common.lua, codec.go): the binary form,
+// and the text form the script writes for an instant outside the binary
+// range. The twins must agree across the range's edges and on any value
+// Redis may hold, including ones the script never writes.
 
-// twinTextScript is the test entry point of LuaScriptText.
-var twinTextScript = redis.NewScript(algorithms.LuaTestScriptText)
+// The binary form's range of instants: binary in [binEpoch, binEnd), text
+// outside.
+const binEnd = binEpoch + binSpan
 
-// The binary form's range of instants (algorithms/decode.go): binary in
-// [binEpoch, binEpoch + 2^40), text outside.
-const (
-	binEpoch = 1_600_000_000_000
-	binEnd   = binEpoch + 1<<40
-)
-
-// compatLimits are limits of every algorithm, fit for random steps.
-func compatLimits(t *testing.T) [][]algorithms.Limit {
+// formLimits are limits of every algorithm, fit for random steps.
+func formLimits(t *testing.T) [][]algorithms.Limit {
 	L := func(alg algorithms.Algorithm, events int64, window time.Duration, burst int64) algorithms.Limit {
 		return limitOf(t, alg, events, window, burst)
 	}
@@ -43,65 +35,6 @@ func compatLimits(t *testing.T) [][]algorithms.Limit {
 	}
 }
 
-// A fleet in a rolling upgrade: each step is decided by an instance
-// writing the binary form or one writing the text form (an older Sluice,
-// or LuaScriptText), at random, on the same keys. Every step, both scripts
-// read what the other wrote exactly as Go does (decisions, stored bytes and
-// PTTL equal to the Go twin's, and DecodeLua reads every stored value back),
-// including a changed limit and zones of several algorithms in one call.
-func TestLuaTwinRollingUpgrade(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client()
-	sets := compatLimits(t)
-	total, texts := 0, 0
-	run := func(t *testing.T, tw *twin, rng *rand.Rand, pick func() ([]algorithms.Limit, []int64)) {
-		for range 400 {
-			if rng.IntN(2) == 0 {
-				tw.sc, tw.enc = twinTextScript, algorithms.EncodeLuaText
-				texts++
-			} else {
-				tw.sc, tw.enc = twinScript, stateString
-			}
-			ls, costs := pick()
-			tw.step(ls, costs, advance(rng, ls[rng.IntN(len(ls))]))
-		}
-		total += tw.steps
-	}
-	for si, set := range sets {
-		t.Run(set[0].Algorithm.String(), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(twinSeed, uint64(7000+si)))
-			tw := newTwin(t, srv, c, 1)
-			l := set[0]
-			run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
-				if rng.IntN(10) == 0 {
-					l = set[rng.IntN(len(set))]
-				}
-				return []algorithms.Limit{l}, []int64{cost(rng, l)}
-			})
-		})
-	}
-	t.Run("all five in one call", func(t *testing.T) {
-		rng := rand.New(rand.NewPCG(twinSeed, 7100))
-		tw := newTwin(t, srv, c, len(sets))
-		run(t, tw, rng, func() ([]algorithms.Limit, []int64) {
-			ls := make([]algorithms.Limit, len(sets))
-			costs := make([]int64, len(sets))
-			for i, set := range sets {
-				ls[i] = set[0]
-				costs[i] = 1
-				if rng.IntN(4) == 0 {
-					costs[i] = cost(rng, ls[i])
-				}
-			}
-			return ls, costs
-		})
-	})
-	t.Logf("%d steps compared, %d of them by the text-writing script", total, texts)
-	if total < 2000 || texts < total/3 {
-		t.Fatalf("only %d steps compared (%d text)", total, texts)
-	}
-}
-
 // Across the edges of the binary range: sequences that start before its
 // epoch (text) and enter it (binary), and that leave it at its end (text
 // again); the twins agree on every step and the form switches exactly at
@@ -109,7 +42,7 @@ func TestLuaTwinRollingUpgrade(t *testing.T) {
 func TestLuaTwinBinaryRangeEdges(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	sets := compatLimits(t)
+	sets := formLimits(t)
 	for _, edge := range []int64{binEpoch, binEnd} {
 		for si, set := range sets {
 			t.Run(fmt.Sprintf("%d/%s", edge, set[0].Algorithm), func(t *testing.T) {
@@ -122,7 +55,7 @@ func TestLuaTwinBinaryRangeEdges(t *testing.T) {
 					adv := rng.Int64N(max(l.Window/20, 2))
 					tw.step([]algorithms.Limit{l}, []int64{1}, adv)
 					if raw := tw.zones[0].raw; raw != "" {
-						st, _ := algorithms.DecodeLua(raw)
+						st, _ := DecodeState(raw)
 						binary := raw[0] >= 0x80
 						if st.Alg != algorithms.SlidingLog && binary != (st.At >= binEpoch && st.At < binEnd) {
 							t.Fatalf("state %+v stored as %q", st, raw)
@@ -187,9 +120,10 @@ func oddValue(rng *rand.Rand, alg algorithms.Algorithm) string {
 }
 
 // Values the script did not write, or not this way: another algorithm's,
-// the text form (as older versions wrote it, with oddities they accepted),
-// the binary form with leading zeros, malformed values of both forms. Lua
-// and Go (DecodeLua, then Step) must read each the same way: the same
+// the text form with oddities its pattern accepts (leading zeros, a
+// negative count), the binary form with leading zeros, malformed values of
+// both forms. Lua
+// and Go (DecodeState, then Step) must read each the same way: the same
 // decision, the same stored state; a malformed value is no state.
 func TestLuaTwinReadsOddValues(t *testing.T) {
 	srv := redistest.Start(t)
@@ -218,7 +152,7 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 	}
 	read := 0 // values Go reads as a state
 	for _, raw := range append(text, values...) {
-		if _, ok := algorithms.DecodeLua(raw); ok {
+		if _, ok := DecodeState(raw); ok {
 			read++
 		}
 		for _, l := range limits {
@@ -227,10 +161,10 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 				if raw != "" {
 					srv.Do(t, "SET", key, raw, "PX", 60_000)
 				}
-				st, ok := algorithms.DecodeLua(raw)
+				st, ok := DecodeState(raw)
 				d, next, _ := algorithms.Step(st, !ok, l, now, cost)
 				r := algorithms.Request{Limit: l, Cost: cost}
-				res, err := twinScript.Run(ctx, c, []string{key}, algorithms.AppendLuaArgs([]any{now}, &r, false)...).Int64Slice()
+				res, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...)
 				if err != nil {
 					t.Fatalf("stored %q, %s cost %d: script: %v", raw, limitString(l), cost, err)
 				}
@@ -240,7 +174,7 @@ func TestLuaTwinReadsOddValues(t *testing.T) {
 				}
 				want := raw
 				if d.Allowed {
-					want = algorithms.EncodeLua(next)
+					want = encodeState(next)
 				}
 				if after := getRaw(t, c, key); after != want {
 					t.Fatalf("stored %q (Go reads %+v, %v), %s cost %d: Redis holds %q, Go %q", raw, st, ok, limitString(l), cost, after, want)

@@ -79,7 +79,7 @@ end
 -- which fit Redis's smallest string object (on Redis 7.0, MEMORY USAGE of
 -- sluice:v1:api0:{41-cb007107} is 88 bytes with a value of at most 12
 -- bytes, 104 with the text form's 18 to 25). The layout, mirrored by
--- algorithms/decode.go:
+-- codec.go:
 --
 --   1 byte    128 + 32 x algorithm id (0..3) + 4 x n1 + unit (0..3)
 --   1 byte    n2 (0..7), the second count's length: sliding window only
@@ -91,14 +91,10 @@ end
 --
 -- Every field is below 2^53 (a value holding more is malformed, so both
 -- twins read exactly the same numbers). A state whose instant lies outside
--- [EPOCH, EPOCH + 2^40), or every state when `compact` is false (see
--- algorithms/lua.go), is written in the text form of the Sluice versions
--- before this encoding; both forms are read, so a key written by an older
--- Sluice during a rolling upgrade keeps its state. A value in neither form
--- is no state (a full allowance), as before. The reverse does not hold: an
--- older Sluice reads a binary value as no state, so while instances of
--- both versions share keys, the new ones must write text (LuaScriptText)
--- until no old one remains.
+-- [EPOCH, EPOCH + 2^40) is written in a text form (each algorithm's file
+-- gives it): a window of years whose aligned start precedes EPOCH, a gcra
+-- arrival time past 2055. Both forms are read; a value in neither is no
+-- state (a full allowance).
 
 -- The constants are written out below, not named: each local of this
 -- chunk that a function uses costs every EVAL call an upvalue (an EVAL
@@ -139,7 +135,7 @@ local buf = {}
 -- instant go to string.char as arguments.
 local function pack(alg, at, f1, f2, last)
   local x = at - 1600000000000
-  if not compact or x < 0 or x >= 1099511627776 then
+  if x < 0 or x >= 1099511627776 then
     return nil
   end
   local k, u = 0, 1

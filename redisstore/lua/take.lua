@@ -1,9 +1,8 @@
 -- Sluice: the decision for a whole request, shared by every entry point
--- (see algorithms/lua.go): the EVAL scripts define `now` (Unix
--- milliseconds) and `compact` (write states in binary), include common.lua
--- and every algorithm's file, then this, and return take(KEYS, ARGV, base);
--- the Redis Function library defines all of it once, when it loads, and
--- its function sets `now` and calls take.
+-- (see script.go): the EVAL scripts define `now` (Unix milliseconds),
+-- include common.lua and every algorithm's file, then this, and return
+-- take(KEYS, ARGV, base); the Redis Function library defines all of it
+-- once, when it loads, and its function sets `now` and calls take.
 --
 -- KEYS[i] is zone i's state key. For zone i, ARGV[base + 6(i-1) + 1..6]
 -- are: algorithm id, events, window (ms), capacity, cost, mode (0 take,
@@ -14,14 +13,13 @@
 -- slot).
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
--- (ms) and reset-after (ms). When states is true (the production entry
--- points) and an enforcing zone refused, the request's reply goes on with
--- what the deny cache needs to answer the same client's next requests as
--- this script would (package denycache): the time it decided at (now, ms),
--- then each zone's stored value as it read it (a refusal writes nothing, so
--- it is also the value now): "" for none, 0 for a value longer than 1024
--- bytes (a long sliding log, not worth the bandwidth). A request that is
--- allowed gets the four integers per zone only.
+-- (ms) and reset-after (ms). When an enforcing zone refused, the reply goes
+-- on with what the deny cache needs to answer the same client's next
+-- requests as this script would (package denycache): the time it decided
+-- at (now, ms), then each zone's stored value as it read it (a refusal
+-- writes nothing, so it is also the value now): "" for none, 0 for a value
+-- longer than 1024 bytes (a long sliding log, not worth the bandwidth). A
+-- request that is allowed gets the four integers per zone only.
 --
 -- Every algorithm's step returns allowed, remaining, retry-after,
 -- reset-after and the value to store (nil: delete the key); its refund
@@ -56,7 +54,7 @@ end
 -- when it decides, every zone has.
 local vals, resets, raws = {}, {}, {}
 
-local function take(keys, argv, base, states)
+local function take(keys, argv, base)
   if not byte then bind() end
   local n = #keys
   local out = {nil, nil, nil, nil} -- room for one zone without a resize
@@ -122,7 +120,7 @@ local function take(keys, argv, base, states)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
-  if states and not all then
+  if not all then
     local o = 4 * n + 1
     out[o] = now
     for i = 1, n do

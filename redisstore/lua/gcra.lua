@@ -2,7 +2,7 @@
 -- gcd(events, window); the emission interval is window / gcd units.
 -- State: the theoretical arrival time (TAT) q + r/u ms. Stored in binary
 -- (see common.lua: the instant q, f1 = r, last = u), or, out of the binary
--- range or from an older Sluice, "g<q>:<r>:<u>".
+-- range, "g<q>:<r>:<u>".
 
 local function gcra_units(events, w, capacity)
   local g = gcd(events, w)

@@ -1,8 +1,7 @@
 -- sliding_window mirrors algorithms/sliding_window.go.
 -- State: cur counted in [start, start+w), prev in the window before.
 -- Stored in binary (see common.lua: the instant start, f1 = prev, f2 =
--- cur, last = w), or, out of the binary range or from an older Sluice,
--- "s<prev>:<cur>:<start>:<w>".
+-- cur, last = w), or, out of the binary range, "s<prev>:<cur>:<start>:<w>".
 
 -- sw_load returns the state rolled forward to max(now, start).
 local function sw_load(raw, n, w)

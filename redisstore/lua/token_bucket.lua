@@ -2,7 +2,7 @@
 -- State: the debt (in tokens x scale), its instant (Unix ms) and the scale
 -- (the window it was counted in). Stored in binary (see common.lua): f1 is
 -- the debt, last the scale, so 100 per minute takes 7 to 10 bytes; or, out
--- of the binary range or from an older Sluice, "<debt>:<at>:<scale>".
+-- of the binary range, "<debt>:<at>:<scale>".
 
 -- rescale converts a debt of x units of scale `from` into units of scale
 -- `to`, rounded up (in the limiter's favour) and capped at limit, exactly

@@ -1,0 +1,146 @@
+package main
+
+// The issue 8 budgets (part 3), as data, and their verdicts on a run.
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// budgetKind says what a budget measures.
+type budgetKind int
+
+const (
+	// ratioToBare: the target's median req/s is at least bound × bare Caddy's.
+	ratioToBare budgetKind = iota
+	// ratioTo: the target's median req/s is at least bound × the other's.
+	ratioTo
+	// fasterThan: the target (refusing) serves more req/s than the other
+	// (allowing): refusals are cheaper than allowing.
+	fasterThan
+	// allocsPerOp: the Go benchmark of the root package whose name starts
+	// with bench allocates at most bound times per operation.
+	allocsPerOp
+	// bytesPerKey: the store's token bucket key takes at most bound bytes.
+	bytesPerKey
+)
+
+// budget is one budget: what it measures and its bound.
+type budget struct {
+	kind          budgetKind
+	what          string  // the name's subject
+	target, other string  // targets, for the req/s budgets
+	bench         string  // the Go benchmark, for allocsPerOp
+	store         string  // memstore or redis, for bytesPerKey
+	bound         float64 // unused by fasterThan (its bound is 1, exclusive)
+}
+
+var budgets = []budget{
+	{kind: ratioToBare, what: "memstore, 1 zone", target: "mem1", bound: 0.95},
+	{kind: ratioToBare, what: "memstore, 3 zones", target: "mem3", bound: 0.90},
+	{kind: ratioToBare, what: "Redis, 1 zone", target: "redis1", bound: 0.65},
+	{kind: ratioTo, what: "Redis, 3 zones ≈ 1 zone", target: "redis3", other: "redis1", bound: 0.95},
+	{kind: fasterThan, what: "memstore", target: "memdeny", other: "mem1"},
+	{kind: fasterThan, what: "Redis", target: "redisdeny", other: "redis1"},
+	{kind: allocsPerOp, what: "memstore", bench: "BenchmarkServeHTTPAllowed", bound: 3},
+	{kind: bytesPerKey, store: "memstore", bound: 128},
+	{kind: bytesPerKey, store: "redis", bound: 100},
+}
+
+// name is the budget as the report's table names it.
+func (b budget) name() string {
+	switch b.kind {
+	case ratioToBare:
+		return fmt.Sprintf("%s ≥ %.2f × bare", b.what, b.bound)
+	case ratioTo:
+		return fmt.Sprintf("%s (≥ %.2f × one zone)", b.what, b.bound)
+	case fasterThan:
+		return fmt.Sprintf("refusals cheaper than allowing (%s)", b.what)
+	case allocsPerOp:
+		return fmt.Sprintf("hot path ≤ %.0f allocs/request (%s, %s)", b.bound, b.what, b.bench)
+	default: // bytesPerKey
+		return fmt.Sprintf("memory per key ≤ %.0f B (%s, token bucket)", b.bound, b.store)
+	}
+}
+
+// verdictKind is a budget's outcome on a run.
+type verdictKind int
+
+const (
+	notMeasured verdictKind = iota
+	met
+	missed
+)
+
+// verdict is one row of the budgets table.
+type verdict struct {
+	budget   string
+	measured string // what was measured, "–" if nothing
+	kind     verdictKind
+}
+
+func judged(b budget, measured string, ok bool) verdict {
+	v := verdict{budget: b.name(), measured: measured, kind: missed}
+	if ok {
+		v.kind = met
+	}
+	return v
+}
+
+// judge returns the verdicts of b on a run: one, or for a memory budget
+// one per matching measurement.
+func (b budget) judge(st *stats, gb []goBench, mk []memKey) []verdict {
+	none := []verdict{{budget: b.name(), measured: "–", kind: notMeasured}}
+	switch b.kind {
+	case ratioToBare:
+		v := st.rps[b.target] / st.bare
+		if math.IsNaN(v) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("%.2f (%s of %s req/s; %+.0f%% vs budget)",
+			v, fmtRate(st.rps[b.target]), fmtRate(st.bare), (v/b.bound-1)*100), v >= b.bound)}
+	case ratioTo:
+		v := st.rps[b.target] / st.rps[b.other]
+		if math.IsNaN(v) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("%.2f × one zone (%s vs %s req/s)",
+			v, fmtRate(st.rps[b.target]), fmtRate(st.rps[b.other])), v >= b.bound)}
+	case fasterThan:
+		v := st.rps[b.target] / st.rps[b.other]
+		if math.IsNaN(v) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("refusing %s req/s = %.2f × allowing %s req/s",
+			fmtRate(st.rps[b.target]), v, fmtRate(st.rps[b.other])), v > 1)}
+	case allocsPerOp:
+		for _, g := range gb {
+			if g.pkg == "." && strings.HasPrefix(g.name, b.bench) && g.hasMem {
+				return []verdict{judged(b, fmt.Sprintf("%.0f allocs/op, %.0f B/op, %.0f ns/op",
+					g.allocsOp, g.bytesOp, g.ns), g.allocsOp <= b.bound)}
+			}
+		}
+		return none
+	default: // bytesPerKey
+		var out []verdict
+		for _, m := range mk {
+			if m.store == b.store && m.alg == "token_bucket" {
+				out = append(out, judged(b, fmt.Sprintf("%.0f B (%+.0f B vs budget)", m.bytes, m.bytes-b.bound), m.bytes <= b.bound))
+			}
+		}
+		if out == nil {
+			return none
+		}
+		return out
+	}
+}
+
+// judgeBudgets returns every budget's verdicts on a run, in order.
+func judgeBudgets(st *stats, gb []goBench, mk []memKey) []verdict {
+	var out []verdict
+	for _, b := range budgets {
+		out = append(out, b.judge(st, gb, mk)...)
+	}
+	return out
+}

@@ -1,0 +1,147 @@
+package main
+
+// `benchtool report DIR`: the Markdown report of a results folder. Reading
+// is in results.go, the numbers in stats.go, the budgets in budgets.go;
+// this file only renders them.
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func report(args []string) error {
+	if len(args) != 1 {
+		usage()
+	}
+	r, err := readResults(args[0])
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(os.Stdout)
+	st := computeStats(r)
+	renderReport(w, r, st, judgeBudgets(st, r.gobench, r.memKeys))
+	return w.Flush()
+}
+
+// renderReport writes the report: the run's metadata, the throughput
+// table, the per-round table, the budgets, the Go benchmarks, memory per
+// key and the CPU profiles.
+func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+
+	p("# Sluice benchmark results\n\n")
+	p("```\n%s```\n\n", r.meta)
+
+	p("## HTTP throughput (medians of the rounds)\n\n")
+	p("| target | req/s | p50 | p99 | × bare | rounds | Caddy CPU µs/req (Δ bare) | allocs/req (Δ bare) | CPU cores: Caddy + Redis + load gen. | check |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	for _, t := range st.rows {
+		cpu := "–"
+		if !math.IsNaN(t.caddyCPU) {
+			cpu = fmt.Sprintf("%.2f + %.2f + %.2f = %.2f", t.caddyCPU, t.redisCPU, t.genCPU, t.caddyCPU+t.redisCPU+t.genCPU)
+		}
+		p("| %s | %s | %s | %s | %.2f | %d/%d | %s | %s | %s | %s |\n", t.what, fmtRate(t.rps), fmtDur(t.p50), fmtDur(t.p99),
+			t.ratio, t.runs, t.allRuns, fmtDelta(t.usPerReq, t.usBase), fmtDelta(t.allocs, t.allocsBase), cpu, t.check)
+	}
+	p("\n`× bare` is the target's median req/s over bare Caddy's median req/s. ")
+	p("rounds: the rounds the medians use: those during which other processes of the machine used at most %.2f cores, when a target has two or more such rounds, otherwise all of them. ", st.maxOther)
+	p("Caddy CPU µs/req: Caddy's CPU time per request (from /proc), and in brackets the difference to bare Caddy: the plugin's CPU cost per request, steadier than req/s on a shared machine. ")
+	p("allocs/req: Go heap allocations in the Caddy process per request over all rounds (runtime Mallocs from /debug/vars), and in brackets the difference to bare Caddy: what the plugin adds per request in the real server. ")
+	p("CPU: cores used during the run (medians of the rounds) by Caddy, Redis and the load generator (wrk or redis-benchmark); a sum near the machine's core count means the run was CPU-bound, well below it means it waited (round trips, locks). ")
+	p("check: the responses were what the target expects (200s, or 429s for the refusing targets) and Sluice's own counters show no store error and no failed-open decision (beyond the requests in flight when wrk stops, whose store calls are cancelled).\n\n")
+
+	p("### Per round\n\nreq/s, × bare Caddy of the same round, and in brackets the CPU (cores) that other processes of the machine used meanwhile (not this run's Caddy, Redis or load generator).\n\n| target |")
+	for r := 1; r <= st.rounds; r++ {
+		p(" round %d |", r)
+	}
+	p("\n|---|")
+	for range st.rounds {
+		p("--:|")
+	}
+	p("\n")
+	for _, row := range st.perRound {
+		cells := make([]string, len(row.cells))
+		for i, c := range row.cells {
+			if c != nil {
+				cells[i] = fmt.Sprintf("%s ×%.2f (%.2f)", fmtRate(c.rps), c.ratio, c.other)
+			}
+		}
+		p("| %s | %s |\n", row.name, strings.Join(cells, " | "))
+	}
+	if len(st.others) > 0 {
+		p("\nOther load: median %.2f, max %.2f cores.", median(st.others), slices.Max(st.others))
+		if slices.Max(st.others) > 0.25 {
+			p(" ⚠ The machine was not idle during some runs: read the ratios of those rounds with care.")
+		}
+		p("\n\n")
+	}
+
+	p("## Budgets\n\n| budget | measured | verdict |\n|---|---|---|\n")
+	for _, v := range verdicts {
+		p("| %s | %s | %s |\n", v.budget, v.measured, verdictText[v.kind])
+	}
+
+	if len(r.gobench) > 0 {
+		p("\n## Go benchmarks (`go test -bench -benchmem`, one run each)\n\n")
+		p("| package | benchmark | ns/op | B/op | allocs/op |\n|---|---|--:|--:|--:|\n")
+		for _, b := range r.gobench {
+			if b.hasMem {
+				p("| %s | %s | %.1f | %.0f | %.0f |\n", b.pkg, b.name, b.ns, b.bytesOp, b.allocsOp)
+			} else {
+				p("| %s | %s | %.1f | – | – |\n", b.pkg, b.name, b.ns)
+			}
+		}
+	}
+	if len(r.memKeys) > 0 {
+		p("\n## Memory per tracked key (TestMemoryPerKey, TestRedisMemoryPerKey)\n\n")
+		p("| store | algorithm | bytes/key |\n|---|---|--:|\n")
+		for _, m := range r.memKeys {
+			p("| %s | %s | %.0f |\n", m.store, m.alg, m.bytes)
+		}
+	}
+	if len(r.profiles) > 0 {
+		p("\n## CPU profiles of Caddy under load (top functions, cumulative)\n\n```\n%s```\n", r.profiles)
+	}
+}
+
+// verdictText is a verdict as the budgets table shows it.
+var verdictText = map[verdictKind]string{met: "**met**", missed: "**missed**", notMeasured: "not measured"}
+
+// fmtDelta renders a per-request number and, when base is known, its
+// difference to it in brackets; "–" when the number is unknown.
+func fmtDelta(v, base float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	s := fmt.Sprintf("%.1f", v)
+	if !math.IsNaN(base) {
+		s += fmt.Sprintf(" (%+.1f)", v-base)
+	}
+	return s
+}
+
+func fmtDur(us float64) string {
+	switch {
+	case math.IsNaN(us):
+		return "–"
+	case us >= 1e6:
+		return fmt.Sprintf("%.2f s", us/1e6)
+	case us >= 1000:
+		return fmt.Sprintf("%.2f ms", us/1000)
+	default:
+		return fmt.Sprintf("%.0f µs", us)
+	}
+}
+
+func fmtRate(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return strconv.FormatFloat(math.Round(v), 'f', 0, 64)
+}
