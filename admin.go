@@ -32,6 +32,8 @@ func init() {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>          reset it (unblock the client)
 //	GET    /rate_limit/zones/<zone>/tokens/<token>      the same, by the token logs show
 //	DELETE /rate_limit/zones/<zone>/tokens/<token>
+//	GET    /rate_limit/activity                         decision counters and recent refusals (ui.go)
+//	GET    /rate_limit/ui                               the live page (ui.go)
 //
 // <key> is the raw key value, URL-escaped: what the zone's key renders for
 // the client (an IP address, an API key). It is derived exactly as a
@@ -300,6 +302,9 @@ const adminUsage = "expected /rate_limit/zones, /rate_limit/zones/<zone>, /rate_
 
 // serveAdmin routes an admin API request.
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	if h := uiHandler(r.URL.Path); h != nil {
+		return h(w, r) // the live page and its JSON (ui.go)
+	}
 	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), adminPrefix+"zones")
 	if !ok {
 		return apiErr(http.StatusBadRequest, "malformed path: %s", adminUsage)

@@ -386,3 +386,40 @@ func TestDemo(t *testing.T) {
 		}
 	})
 }
+
+// TestSimulateCommand: the build has `caddy rate-limit simulate` (registered
+// by the plugin's simulate package), and it shows a fixed window admitting
+// twice its limit across a window boundary.
+func TestSimulateCommand(t *testing.T) {
+	bin := caddyBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "rate-limit", "simulate", "--config", "../../Caddyfile.example",
+		"--traffic", "window-edge:path=/login,method=POST", "--zone", "login", "--compare", "--format", "json")
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("caddy rate-limit simulate: %v\n%s", err, out)
+	}
+	var rep struct {
+		Compare struct {
+			Algorithms []struct {
+				Algorithm string `json:"algorithm"`
+				Allowed   int64  `json:"allowed"`
+			} `json:"algorithms"`
+		} `json:"compare"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	got := map[string]int64{}
+	for _, a := range rep.Compare.Algorithms {
+		got[a.Algorithm] = a.Allowed
+	}
+	want := map[string]int64{"token_bucket": 5, "gcra": 5, "sliding_window": 5, "fixed_window": 10, "sliding_log": 5}
+	for alg, n := range want {
+		if got[alg] != n {
+			t.Errorf("%s admitted %d of the boundary burst, want %d (all: %v)", alg, got[alg], n, got)
+		}
+	}
+}

@@ -1,0 +1,343 @@
+package caddytest_test
+
+// The HTML report of `caddy rate-limit simulate` and the admin API's live
+// page (GET /rate_limit/ui), opened in a real headless Chromium (Debian's
+// package, installed by scripts/test-deps.sh), driven with chromedp.
+// Screenshots go to $SLUICE_SCREENSHOTS, default bin/screenshots in the
+// repository, for a person to look at.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sluicehq/caddy-sluice/simulate"
+)
+
+// browser starts a headless Chromium for one test. It fails the test when
+// Chromium cannot be found or started: never a silent skip.
+func browser(t *testing.T) (context.Context, *consoleErrors) {
+	t.Helper()
+	var exe string
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			exe = p
+			break
+		}
+	}
+	if exe == "" {
+		t.Fatal("Chromium is not installed: run scripts/test-deps.sh (apt-get install chromium) — the browser tests need it")
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(exe),
+		chromedp.Flag("headless", true),
+		chromedp.Flag("no-sandbox", true),
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("no-first-run", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	ctx, cancelT := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
+	// Start the browser, then collect the console's errors and uncaught
+	// exceptions for the rest of the test.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("starting Chromium (%s): %v", exe, err)
+	}
+	ce := &consoleErrors{}
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				ce.add(m.String())
+			}
+		}
+	}()
+	return ctx, ce
+}
+
+type consoleErrors struct {
+	mu  sync.Mutex
+	msg []string
+}
+
+func (c *consoleErrors) add(s string) { c.mu.Lock(); c.msg = append(c.msg, s); c.mu.Unlock() }
+
+func (c *consoleErrors) check(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.msg {
+		t.Errorf("browser: %s", m)
+	}
+}
+
+// screenshotDir is where screenshots go.
+func screenshotDir(t *testing.T) string {
+	dir := os.Getenv("SLUICE_SCREENSHOTS")
+	if dir == "" {
+		dir = filepath.Join("..", "bin", "screenshots")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: PNG (less is JPEG)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	p := filepath.Join(screenshotDir(t), name)
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs(p)
+	t.Logf("screenshot: %s", abs)
+}
+
+// TestSimulateReportInBrowser renders the HTML report of a window-edge
+// replay in Chromium: no console error, one chart per zone and per top
+// key, each with two series (allowed, refused) of one point per bucket.
+func TestSimulateReportInBrowser(t *testing.T) {
+	ctx, ce := browser(t)
+	cf := config("", `
+:@A@ {
+	rate_limit {
+		zone @Z1@ {
+			match {
+				path /api/*
+			}
+			key {http.request.header.X-Client} {client_ip}
+			events 20
+			window 1m
+			algorithm fixed_window
+		}
+		zone @Z2@ {
+			key {client_ip}
+			events 50
+			window 1m
+		}
+	}
+	respond "ok"
+}`, "Z1", zoneName("report_api"), "Z2", zoneName("report_all"))
+	rep, err := simulate.Run(simulate.Options{Config: adapt(t, cf), ConfigName: "report.Caddyfile",
+		Traffic: "sawtooth:path=/api/items,from=0,to=40,period=30s,duration=3m,keys=6", Series: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "report.html")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteHTML(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	wantCharts := 0
+	points := len(rep.Zones[0].Series.Allowed)
+	for _, z := range rep.Zones {
+		wantCharts++
+		for _, k := range z.TopKeys {
+			if k.Series != nil {
+				wantCharts++
+			}
+		}
+		if len(z.Series.Allowed) != points {
+			t.Errorf("zone %s: %d buckets, zone %s %d", z.Name, len(z.Series.Allowed), rep.Zones[0].Name, points)
+		}
+	}
+	if points < 10 || wantCharts < 3 {
+		t.Fatalf("report too small to check: %d points, %d charts", points, wantCharts)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate("file://"+out), chromedp.WaitVisible("#summary")); err != nil {
+		t.Fatal(err)
+	}
+	charts := eval[[]string](t, ctx, `[...document.querySelectorAll("svg.chart")].map(s => s.id)`)
+	series := eval[[]string](t, ctx, `[...document.querySelectorAll("svg.chart")].map(s => String(s.querySelectorAll("polyline.series").length))`)
+	pointAttrs := eval[[]string](t, ctx, `[...document.querySelectorAll("svg.chart polyline.series")].map(p => String(p.getAttribute("points").trim().split(/\s+/).length))`)
+	if len(charts) != wantCharts {
+		t.Errorf("%d charts, want %d (one per zone and per top key)", len(charts), wantCharts)
+	}
+	for i, s := range series {
+		if s != "2" {
+			t.Errorf("chart %d: %s series, want 2 (allowed, refused)", i, s)
+		}
+	}
+	for i, p := range pointAttrs {
+		if p != fmt.Sprint(points) {
+			t.Errorf("polyline %d: %s points, want %d (one per bucket)", i, p, points)
+		}
+	}
+	screenshot(t, ctx, "simulate-report.png")
+	ce.check(t)
+}
+
+// TestLiveUIInBrowser opens GET /rate_limit/ui through a site that proxies
+// the admin endpoint (as docs/simulate.md shows), waits for a refusal to
+// show, checks the zones' charts, and resets the refused key through the
+// page's confirmation: the admin API is called and the key is full again.
+func TestLiveUIInBrowser(t *testing.T) {
+	tc := newTester(t)
+	zl, za := zoneName("ui_login"), zoneName("ui_api")
+	cf := config("", `
+:@A@ {
+	rate_limit {
+		zone @ZL@ {
+			match {
+				path /login
+			}
+			key {http.request.header.X-User}
+			events 2
+			window 1h
+		}
+		zone @ZA@ {
+			match {
+				path /api/*
+			}
+			key {client_ip}
+			events 100
+			window 1m
+		}
+	}
+	respond "ok"
+}
+:@B@ {
+	reverse_proxy localhost:@ADMIN@ {
+		header_up Host localhost:@ADMIN@
+		header_up Origin http://localhost:@ADMIN@
+	}
+}`, "ZL", zl, "ZA", za)
+	load(t, tc, cf)
+	c := loopbackClient(1)
+	for range 4 {
+		get(t, c, siteA+"/login", "X-User: alice")
+	}
+	for range 5 {
+		get(t, c, siteA+"/api/x")
+	}
+	peek := func() (bool, int64) {
+		r := get(t, c, adminURL+"/rate_limit/zones/"+zl+"/keys/alice")
+		var p struct {
+			Found     bool  `json:"found"`
+			Remaining int64 `json:"remaining"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+			t.Fatalf("peek: %v: %s", err, r.body)
+		}
+		return p.Found, p.Remaining
+	}
+	if found, rem := peek(); !found || rem != 0 {
+		t.Fatalf("before the reset: found %v remaining %d, want the key exhausted", found, rem)
+	}
+
+	ctx, ce := browser(t)
+	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.WaitVisible(`#recent tr[data-zone="`+zl+`"]`),
+		// Two polls give the charts their first points.
+		chromedp.WaitVisible(`#zones svg.spark[data-points="2"]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-failed.png", err)
+	}
+	zoneRows := eval[[]string](t, ctx, `[...document.querySelectorAll("#zones tbody tr")].map(r => r.dataset.zone)`)
+	sparks := eval[[]string](t, ctx, `[...document.querySelectorAll("#zones svg.spark")].map(s => s.dataset.points)`)
+	sparkSeries := eval[[]string](t, ctx, `[...document.querySelectorAll("#zones svg.spark")].map(s => String(s.querySelectorAll("polyline.series").length))`)
+	token := eval[string](t, ctx, `document.querySelector('#recent tr[data-zone="`+zl+`"]').dataset.token`)
+	if strings.Join(zoneRows, ",") != strings.Join([]string{za, zl}, ",") && strings.Join(zoneRows, ",") != strings.Join([]string{zl, za}, ",") {
+		t.Errorf("zone rows %v, want %s and %s", zoneRows, za, zl)
+	}
+	if len(sparks) != 2 || len(sparkSeries) != 2 || sparkSeries[0] != "2" || sparkSeries[1] != "2" {
+		t.Errorf("charts: points %v, series %v; want 2 charts of 2 series", sparks, sparkSeries)
+	}
+	if !strings.HasPrefix(token, "h1-") {
+		t.Errorf("refused key shown as %q, want a token (h1-...), never the raw key", token)
+	}
+	html := eval[string](t, ctx, `document.body.outerHTML`)
+	if strings.Contains(html, "alice") {
+		t.Error("the page shows the raw key")
+	}
+	screenshot(t, ctx, "live-ui.png")
+
+	// Reset through the page: cancel first (nothing happens), then confirm.
+	row := `#recent tr[data-zone="` + zl + `"] button.reset`
+	if err := chromedp.Do(ctx,
+		chromedp.Click(row),
+		chromedp.WaitVisible("#confirm"),
+		chromedp.Click("#confirm-cancel"),
+		chromedp.WaitNotVisible("#confirm"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if found, rem := peek(); !found || rem != 0 {
+		t.Fatalf("after cancel: found %v remaining %d, want the key still exhausted", found, rem)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(row), chromedp.WaitVisible("#confirm")); err != nil {
+		t.Fatal(err)
+	}
+	screenshot(t, ctx, "live-ui-confirm.png")
+	err := chromedp.Do(ctx,
+		chromedp.Click("#confirm-ok"),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#detail").textContent.includes('"deleted": 1')`, chromedp.WithPollingTimeout(10*time.Second)),
+	)
+	detail := eval[string](t, ctx, `document.querySelector("#detail").textContent`)
+	if err != nil {
+		t.Fatalf("reset through the page: %v (detail %q)", err, detail)
+	}
+	if found, _ := peek(); found {
+		t.Errorf("after the reset: the key still holds state (page said %q)", detail)
+	}
+	if r := get(t, c, siteA+"/login", "X-User: alice"); r.code != http.StatusOK {
+		t.Errorf("after the reset: POST /login answered %d, want 200", r.code)
+	}
+	screenshot(t, ctx, "live-ui-reset.png")
+	ce.check(t)
+}
+
+// eval evaluates a JavaScript expression in the page.
+func eval[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// failPage fails the test with what the page shows: a screenshot and the
+// status line. (The test context may have run out: a fresh one reads them.)
+func failPage(t *testing.T, ctx context.Context, ce *consoleErrors, name string, err error) {
+	t.Helper()
+	ce.check(t)
+	sctx := ctx
+	if status, e := chromedp.Run(sctx, chromedp.Evaluate[string](`document.body.innerText`)); e == nil {
+		t.Logf("page text:\n%s", status)
+	}
+	screenshot(t, sctx, name)
+	t.Fatal(err)
+}

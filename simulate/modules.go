@@ -1,0 +1,127 @@
+package simulate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+func init() {
+	caddy.RegisterModule(Store{})
+	caddy.RegisterModule(Auth{})
+}
+
+// Module names of the simulator's two guest modules. They load only inside
+// a simulation (a run registered by this process); a configuration that
+// names them otherwise is refused at load.
+const (
+	storeModuleName = "simulate"
+	authHandlerName = "rate_limit_simulate_auth"
+)
+
+// runs maps a simulation's id to its state, for the modules its
+// configuration loads.
+var runs sync.Map // string → *run
+
+func parseDuration(s string) (time.Duration, error) { return caddy.ParseDuration(s) }
+
+// Store is the simulator's rate limit store
+// (http.handlers.rate_limit.stores.simulate): the memory store on the
+// simulation's virtual clock, recording every decision for the report. It
+// exists only inside `caddy rate-limit simulate`.
+type Store struct {
+	// Run is the simulation the store belongs to.
+	Run string `json:"run,omitempty"`
+
+	run *run
+}
+
+// CaddyModule returns the Caddy module information.
+func (Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit.stores." + storeModuleName,
+		New: func() caddy.Module { return new(Store) },
+	}
+}
+
+// Provision attaches the store to its simulation.
+func (s *Store) Provision(caddy.Context) error {
+	v, ok := runs.Load(s.Run)
+	if !ok {
+		return errors.New("store simulate: only `caddy rate-limit simulate` uses this store")
+	}
+	s.run = v.(*run)
+	return nil
+}
+
+// Key identifies the store: every handler of one simulation shares it.
+func (s *Store) Key() string { return "simulate run=" + s.Run }
+
+// Take decides with the memory store at the virtual instant and records
+// the decisions.
+func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
+	if err := s.run.mem.Take(ctx, reqs, out); err != nil {
+		return err
+	}
+	s.run.rec.record(s.run.now, reqs, out)
+	return nil
+}
+
+// ctxKey carries a simulated request's authenticated user into Auth.
+type ctxKey struct{}
+
+// Auth replaces an authentication handler in a simulation
+// (http.handlers.rate_limit_simulate_auth): the user id comes from the
+// traffic (an access log's user_id, a CSV key), so {http.auth.user.id} is
+// what it was; a request without one is refused with 401, as the real
+// authentication refused it. It exists only inside a simulation.
+type Auth struct{}
+
+// CaddyModule returns the Caddy module information.
+func (Auth) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers." + authHandlerName,
+		New: func() caddy.Module { return new(Auth) },
+	}
+}
+
+// Provision refuses to load outside a simulation.
+func (a *Auth) Provision(ctx caddy.Context) error {
+	if !inSimulation() {
+		return errors.New("handler rate_limit_simulate_auth: only `caddy rate-limit simulate` uses this handler")
+	}
+	return nil
+}
+
+// inSimulation reports whether a simulation is being set up or running.
+func inSimulation() bool {
+	n := 0
+	runs.Range(func(_, _ any) bool { n++; return false })
+	return n > 0
+}
+
+// ServeHTTP sets the user id or refuses.
+func (a *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	user, _ := r.Context().Value(ctxKey{}).(string)
+	if user == "" {
+		return caddyhttp.Error(http.StatusUnauthorized, fmt.Errorf("simulated authentication: the request has no user id"))
+	}
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	repl.Set("http.auth.user.id", user)
+	return next.ServeHTTP(w, r)
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Store)(nil)
+	_ caddy.Provisioner           = (*Auth)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
+)

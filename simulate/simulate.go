@@ -1,0 +1,418 @@
+package simulate
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Options configure a simulation.
+type Options struct {
+	// Config is the Caddy JSON configuration (adapted already).
+	Config []byte
+	// ConfigName names it in the report.
+	ConfigName string
+	// Traffic is a file (an access log or a CSV, gzipped or not), "-" for
+	// standard input, or a pattern (see patternHelp).
+	Traffic string
+	// Stdin is read for Traffic "-" (default os.Stdin).
+	Stdin io.Reader
+	// Zone is the zone of --compare and of the patterns' defaults.
+	Zone string
+	// Compare runs the traffic through each algorithm for Zone.
+	Compare bool
+	// Server and Host: see EngineOptions.Server and the --host flag.
+	Server, Host string
+	// Series: keep the per-key series of the top keys (a second pass over
+	// the traffic, for the HTML report).
+	Series bool
+	// TopKeys is how many keys to list per zone (default 10).
+	TopKeys int
+	// TempDir holds standard input spooled for a second pass.
+	TempDir string
+}
+
+// Run runs a simulation and returns its report.
+func Run(o Options) (*Report, error) {
+	if o.TopKeys <= 0 {
+		o.TopKeys = 10
+	}
+	started := time.Now()
+	variants := []Overrides{{}}
+	probe, err := NewEngine(o.Config, EngineOptions{Server: o.Server})
+	if err != nil {
+		return nil, err
+	}
+	zones := probe.Zones()
+	host := o.Host
+	if host == "" {
+		host = probe.DefaultHost()
+	}
+	rw := probe.rw
+	probe.Close()
+	var zone *ZoneConfig
+	if o.Zone != "" {
+		for _, z := range zones {
+			if z.Name == o.Zone {
+				zone = z
+			}
+		}
+		if zone == nil {
+			return nil, fmt.Errorf("--zone %q: no such zone (zones: %s)", o.Zone, zoneList(zones))
+		}
+	} else if o.Compare {
+		if len(zones) > 1 {
+			return nil, fmt.Errorf("--compare needs --zone: the config has several zones (%s)", zoneList(zones))
+		}
+		zone = zones[0]
+	} else {
+		zone = zones[0]
+	}
+	if o.Compare {
+		variants = nil
+		for a := range algorithms.SlidingLog + 1 {
+			variants = append(variants, Overrides{Zone: zone.Name, Algorithm: a.String()})
+		}
+	}
+	tr, err := openTraffic(o, zones, zone, host)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.cleanup()
+
+	rep := &Report{Config: o.ConfigName, Traffic: o.Traffic, Source: tr.kind}
+	recs, counts, skippedVariants, err := pass(o, tr, variants, nil)
+	if err != nil {
+		return nil, err
+	}
+	replayTime := counts.replay
+	if o.Series && counts.Requests > 0 {
+		track := make([]recorderOptions, len(recs))
+		for i, rc := range recs {
+			if rc == nil {
+				continue
+			}
+			track[i] = recorderOptions{origin: rc.origin, width: rc.width, track: map[string][]algorithms.Key{}}
+			for _, zs := range rc.order {
+				track[i].track[zs.cfg.Name] = zs.topKeys(seriesKeys)
+			}
+		}
+		recs2, c2, _, err := pass(o, tr, variants, track)
+		if err != nil {
+			return nil, err
+		}
+		replayTime += c2.replay
+		for i := range recs {
+			if recs[i] != nil {
+				recs[i].merge(recs2[i])
+			}
+		}
+	}
+	rep.Counts = counts
+	rep.Notes = append(rep.Notes, notes(rw, zones, tr.kind, tr.placement)...)
+	for _, v := range skippedVariants {
+		rep.Notes = append(rep.Notes, v)
+	}
+	first := recs[0]
+	for _, rc := range recs {
+		if rc != nil {
+			first = rc
+			break
+		}
+	}
+	if first != nil && first.takes > 0 {
+		rep.Start = time.UnixMilli(first.first).UTC().Format(time.RFC3339Nano)
+		rep.End = time.UnixMilli(first.last).UTC().Format(time.RFC3339Nano)
+		rep.BucketMs = first.width
+		rep.OriginMs = first.origin
+	}
+	if o.Compare {
+		rep.Compare = &Comparison{Zone: zone.Name}
+		for i, rc := range recs {
+			if rc == nil {
+				continue
+			}
+			zr := rc.zoneReport(rc.zones[zone.Name], o.TopKeys, o.Series)
+			zr.Algorithm = variants[i].Algorithm
+			rep.Compare.Algorithms = append(rep.Compare.Algorithms, zr)
+		}
+	} else {
+		for _, zs := range first.order {
+			rep.Zones = append(rep.Zones, first.zoneReport(zs, o.TopKeys, o.Series))
+		}
+	}
+	rep.Elapsed = time.Since(started).Round(time.Millisecond).String()
+	if secs := replayTime.Seconds(); secs > 0 {
+		rep.LinesPerSecond = int64(float64(max(counts.Lines, counts.Requests)) * float64(1+btoi(o.Series)) / secs)
+	}
+	return rep, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// seriesKeys is how many top keys of each zone get a chart.
+const seriesKeys = 5
+
+func zoneList(zones []*ZoneConfig) string {
+	var names []string
+	for _, z := range zones {
+		names = append(names, z.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// pass replays the traffic once through one engine per variant.
+func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions) ([]*recorder, SourceCounts, []string, error) {
+	engines := make([]*Engine, len(variants))
+	var skipped []string
+	defer func() {
+		for _, e := range engines {
+			if e != nil {
+				e.Close()
+			}
+		}
+	}()
+	for i, v := range variants {
+		eo := EngineOptions{Server: o.Server, Overrides: v}
+		if track != nil {
+			eo.rec = track[i]
+		}
+		e, err := NewEngine(o.Config, eo)
+		if err != nil {
+			if len(variants) > 1 {
+				// An algorithm the zone's limit cannot take (sliding_log
+				// above 10,000 events, gcra's unit): say so, compare the rest.
+				skipped = append(skipped, fmt.Sprintf("--compare: %s skipped: %v", v.Algorithm, err))
+				continue
+			}
+			return nil, SourceCounts{}, nil, err
+		}
+		engines[i] = e
+	}
+	src, closer, err := tr.open()
+	if err != nil {
+		return nil, SourceCounts{}, nil, err
+	}
+	defer closer.Close()
+	if s, ok := src.(interface{ stop() }); ok {
+		defer s.stop()
+	}
+	var req Request
+	replayStart := time.Now()
+	for src.Next(&req) {
+		for _, e := range engines {
+			if e != nil {
+				e.Serve(&req)
+			}
+		}
+	}
+	if err := src.Err(); err != nil {
+		return nil, SourceCounts{}, nil, fmt.Errorf("reading the traffic: %w", err)
+	}
+	counts := src.Counts()
+	counts.replay = time.Since(replayStart)
+	recs := make([]*recorder, len(engines))
+	counted := false
+	for i, e := range engines {
+		if e != nil {
+			recs[i] = e.run.rec
+			if !counted {
+				// A request that cannot be built (a malformed URI) is
+				// malformed once, whatever the number of engines.
+				counts.Malformed += e.bad
+				counts.Requests -= e.bad
+				counted = true
+			}
+		}
+	}
+	return recs, counts, skipped, nil
+}
+
+// merge takes the per-key series of a second pass.
+func (rc *recorder) merge(o *recorder) {
+	for name, zs := range rc.zones {
+		if oz := o.zones[name]; oz != nil {
+			zs.tracked = oz.tracked
+			zs.series = oz.series // the same counts, in the final buckets
+		}
+	}
+}
+
+// traffic opens a --traffic value, once per pass.
+type traffic struct {
+	kind      string // "access log", "csv" or "pattern"
+	open      func() (Source, io.Closer, error)
+	placement *placement
+	cleanup   func()
+}
+
+type nopCloser struct{}
+
+func (nopCloser) Close() error { return nil }
+
+func openTraffic(o Options, zones []*ZoneConfig, zone *ZoneConfig, host string) (*traffic, error) {
+	pl := newPlacement(zones)
+	tr := &traffic{placement: pl, cleanup: func() {}}
+	if _, err := os.Stat(o.Traffic); err != nil && o.Traffic != "-" && isPattern(o.Traffic) {
+		p, err := parsePattern(o.Traffic, zone, host)
+		if err != nil {
+			return nil, err
+		}
+		tr.kind = "pattern"
+		tr.open = func() (Source, io.Closer, error) { return newPatternSource(p, pl), nopCloser{}, nil }
+		return tr, nil
+	}
+	path := o.Traffic
+	if path == "-" {
+		in := o.Stdin
+		if in == nil {
+			in = os.Stdin
+		}
+		if !o.Series {
+			kind, src, err := detect(in, pl, host)
+			if err != nil {
+				return nil, err
+			}
+			tr.kind = kind
+			used := false
+			tr.open = func() (Source, io.Closer, error) {
+				if used {
+					return nil, nil, errors.New("standard input read twice")
+				}
+				used = true
+				return src, nopCloser{}, nil
+			}
+			return tr, nil
+		}
+		// Two passes: spool standard input to a file (streamed, never held
+		// in memory).
+		f, err := os.CreateTemp(o.TempDir, "sluice-simulate-*")
+		if err != nil {
+			return nil, err
+		}
+		tr.cleanup = func() { f.Close(); os.Remove(f.Name()) }
+		if _, err := io.Copy(f, in); err != nil {
+			tr.cleanup()
+			return nil, fmt.Errorf("spooling standard input: %w", err)
+		}
+		path = f.Name()
+	} else if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("--traffic %q: not a file (%v) nor a pattern (%s)", path, err, strings.Join(patternNames, ", "))
+	}
+	open := func() (Source, io.Closer, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		kind, src, err := detect(f, pl, host)
+		if err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+		tr.kind = kind
+		return src, f, nil
+	}
+	// Open once to learn the kind (and fail early).
+	src, c, err := open()
+	if err != nil {
+		tr.cleanup()
+		return nil, err
+	}
+	if s, ok := src.(interface{ stop() }); ok {
+		s.stop()
+	}
+	c.Close()
+	tr.open = open
+	return tr, nil
+}
+
+// detect chooses the source by the first bytes: gzip is unpacked, a line
+// starting with '{' is an access log, anything else a CSV.
+func detect(r io.Reader, pl *placement, host string) (string, Source, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	if b, err := br.Peek(2); err == nil && b[0] == 0x1f && b[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return "", nil, fmt.Errorf("gzip: %w", err)
+		}
+		br = bufio.NewReaderSize(zr, 1<<20)
+	}
+	// An access log if a line of the first 64 KB is a JSON object (a
+	// garbled first line does not make it a CSV), else a CSV.
+	head, _ := br.Peek(64 << 10)
+	for _, line := range bytes.Split(head, []byte("\n")) {
+		if line = bytes.TrimSpace(line); len(line) > 0 && line[0] == '{' {
+			return "access log", newAccessLog(br), nil
+		}
+	}
+	if len(bytes.TrimSpace(head)) == 0 {
+		return "access log", newAccessLog(br), nil // empty: no lines
+	}
+	return "csv", newCSV(br, pl, host), nil
+}
+
+// sortedRetry returns the Retry-After values seen, in order.
+func sortedRetry(m map[int64]int64) []int64 {
+	ks := make([]int64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
+// Requests returns the requests of a --traffic value as the simulator
+// replays them (an access log's lines at their start, a CSV's keys and
+// costs placed for the config's zones), with the source's counts: for
+// tests and tools that send the same traffic to a real server.
+func Requests(o Options) ([]Request, SourceCounts, error) {
+	e, err := NewEngine(o.Config, EngineOptions{Server: o.Server})
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	zones := e.Zones()
+	host := o.Host
+	if host == "" {
+		host = e.DefaultHost()
+	}
+	e.Close()
+	zone := zones[0]
+	for _, z := range zones {
+		if z.Name == o.Zone {
+			zone = z
+		}
+	}
+	tr, err := openTraffic(o, zones, zone, host)
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	defer tr.cleanup()
+	src, c, err := tr.open()
+	if err != nil {
+		return nil, SourceCounts{}, err
+	}
+	defer c.Close()
+	if s, ok := src.(interface{ stop() }); ok {
+		defer s.stop()
+	}
+	var out []Request
+	var r Request
+	for src.Next(&r) {
+		out = append(out, r)
+	}
+	return out, src.Counts(), src.Err()
+}

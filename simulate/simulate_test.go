@@ -1,0 +1,274 @@
+package simulate_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/sluicehq/caddy-sluice"
+	"github.com/sluicehq/caddy-sluice/simulate"
+)
+
+func adapt(t testing.TB, cf string) []byte {
+	t.Helper()
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cf), nil)
+	if err != nil {
+		t.Fatalf("adapting: %v", err)
+	}
+	return js
+}
+
+const edgeConfig = `{
+	admin off
+}
+:8080 {
+	rate_limit /api/* {
+		zone api {
+			key {client_ip}
+			events 100
+			window 1m
+		}
+	}
+	respond "ok"
+}`
+
+// TestCompareWindowEdge: the window-edge pattern gives a fixed window
+// twice its limit, and every other algorithm about its limit once.
+func TestCompareWindowEdge(t *testing.T) {
+	rep, err := simulate.Run(simulate.Options{Config: adapt(t, edgeConfig), Traffic: "window-edge:path=/api/x", Compare: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Compare == nil || len(rep.Compare.Algorithms) != 5 {
+		t.Fatalf("compare: %+v", rep.Compare)
+	}
+	for _, z := range rep.Compare.Algorithms {
+		t.Logf("%-14s allowed %d refused %d", z.Algorithm, z.Allowed, z.Refused)
+		if z.Decided != 200 {
+			t.Errorf("%s: decided %d, want 200", z.Algorithm, z.Decided)
+		}
+		switch z.Algorithm {
+		case "fixed_window":
+			if z.Allowed != 200 {
+				t.Errorf("fixed_window admitted %d of the boundary burst, want 200 (twice the limit)", z.Allowed)
+			}
+		default:
+			// Spread 600ms around the boundary: a refill of about 2.
+			if z.Allowed < 100 || z.Allowed > 103 {
+				t.Errorf("%s admitted %d, want about the limit (100..103)", z.Algorithm, z.Allowed)
+			}
+		}
+	}
+	var b bytes.Buffer
+	if err := rep.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "fixed_window") || !strings.Contains(b.String(), "sliding_log") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestPatterns: each pattern makes the requests its parameters say.
+func TestPatterns(t *testing.T) {
+	cfg := adapt(t, edgeConfig)
+	for _, c := range []struct {
+		spec string
+		want int64
+	}{
+		{"steady:rate=10,duration=1m,path=/api/x", 600},
+		{"burst:size=50,every=1m,duration=3m,path=/api/x", 150},
+		{"window-edge:events=30,window=10s,times=2,path=/api/x", 120},
+		{"ramp:from=0,to=20,duration=10s,path=/api/x", 100},
+		{"sawtooth:from=0,to=20,period=5s,duration=10s,path=/api/x", 100},
+	} {
+		rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: c.spec})
+		if err != nil {
+			t.Fatalf("%s: %v", c.spec, err)
+		}
+		got := rep.Counts.Requests
+		if got < c.want-2 || got > c.want+2 {
+			t.Errorf("%s: %d requests, want about %d", c.spec, got, c.want)
+		}
+		if rep.Zones[0].Decided != got {
+			t.Errorf("%s: zone decided %d of %d", c.spec, rep.Zones[0].Decided, got)
+		}
+	}
+	for _, bad := range []string{"steady:rate=x", "burst:every=-1s", "steady:bogus=1", "window-edge:spread=2m,window=1m", "steady:path=nope"} {
+		if _, err := simulate.Run(simulate.Options{Config: cfg, Traffic: bad}); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+}
+
+// TestCSVKeyPlacement: a CSV key that is an address is the client's
+// address; another goes into the header the zone keys on; the cost column
+// into the cost header.
+func TestCSVKeyPlacement(t *testing.T) {
+	cfg := adapt(t, `{
+	admin off
+}
+:8080 {
+	rate_limit {
+		zone by_key {
+			key {http.request.header.X-Api-Key} {client_ip}
+			events 3
+			window 1h
+			cost {http.request.header.X-Cost}
+		}
+	}
+	respond "ok"
+}`)
+	csv := "time,key,path,cost\n" +
+		"2026-01-01T00:00:00Z,203.0.113.9,/a,\n" +
+		"2026-01-01T00:00:01Z,203.0.113.9,/a,2\n" +
+		"2026-01-01T00:00:02Z,203.0.113.9,/a,\n" + // refused: 3 spent
+		"2026-01-01T00:00:03Z,k_live_1,/a,3\n" +
+		"2026-01-01T00:00:04Z,k_live_1,/a,\n" + // refused
+		"not a time,x,/a,\n" +
+		"2026-01-01T00:00:05Z,k_live_2,/a,0\n" // malformed cost
+	p := filepath.Join(t.TempDir(), "t.csv")
+	os.WriteFile(p, []byte(csv), 0o644)
+	rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := rep.Zones[0]
+	if rep.Counts.Requests != 5 || rep.Counts.Malformed != 2 || z.Allowed != 3 || z.Refused != 2 || z.Keys != 2 {
+		t.Errorf("counts %+v, zone allowed %d refused %d keys %d; want 5 requests, 2 malformed, 3 allowed, 2 refused, 2 keys", rep.Counts, z.Allowed, z.Refused, z.Keys)
+	}
+	if len(z.TopKeys) != 2 || !strings.HasPrefix(z.TopKeys[0].Token, "41-") && !strings.HasPrefix(z.TopKeys[0].Token, "42-") && !strings.HasPrefix(z.TopKeys[0].Token, "h1-") {
+		t.Errorf("top keys %+v", z.TopKeys)
+	}
+	var js bytes.Buffer
+	rep.WriteJSON(&js)
+	if strings.Contains(js.String(), "k_live_1") || strings.Contains(js.String(), "203.0.113.9") {
+		t.Errorf("the report shows a raw key:\n%s", js.String())
+	}
+}
+
+// accessLine is one access log line as Caddy writes it.
+func accessLine(ts float64, ip, method, uri, client string) string {
+	hdr := `"User-Agent":["curl/8.0"]`
+	if client != "" {
+		hdr += `,"X-Api-Key":["` + client + `"]`
+	}
+	return fmt.Sprintf(`{"level":"info","ts":%.6f,"logger":"http.log.access.log0","msg":"handled request","request":{"remote_ip":"%s","remote_port":"51234","client_ip":"%s","proto":"HTTP/1.1","method":"%s","host":"localhost:8080","uri":"%s","headers":{%s}},"bytes_read":0,"user_id":"","duration":0.000412,"size":2,"status":200,"resp_headers":{"Server":["Caddy"]}}`,
+		ts, ip, ip, method, uri, hdr)
+}
+
+// FuzzAccessLogLine: no line, however malformed, crashes the reader; a
+// line is a request, malformed or skipped.
+func FuzzAccessLogLine(f *testing.F) {
+	f.Add(accessLine(1.7e9, "192.0.2.1", "GET", "/api/x", "k1"))
+	f.Add(`{"ts":"2026-01-01T00:00:00Z","request":{"uri":"/","method":"GET","headers":{"A":["b"]},"tls":{"server_name":"x"}},"duration":"1ms"}`)
+	f.Add(`{"ts":1e300,"duration":-1,"request":{"uri":"%zz"}}`)
+	f.Add(`{"logger":"http.log.access","ts":null,"request":null}`)
+	f.Add("\x00\xff{")
+	cfg := adapt(f, edgeConfig)
+	f.Fuzz(func(t *testing.T, line string) {
+		p := filepath.Join(t.TempDir(), "a.log")
+		os.WriteFile(p, []byte(line+"\n"+accessLine(1.7e9, "192.0.2.1", "GET", "/api/x", "")+"\n"), 0o644)
+		rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := rep.Counts
+		if c.Requests+c.Malformed+c.Skipped != c.Lines && !strings.ContainsAny(line, "\n\r") {
+			t.Errorf("counts %+v do not add up", c)
+		}
+		if c.Requests < 1 {
+			t.Errorf("the good line was lost: %+v", c)
+		}
+	})
+}
+
+// writeLog writes n access log lines: clients k0..k(keys-1), 1000 lines a
+// second.
+func writeLog(t testing.TB, path string, n, keys int) {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var b bytes.Buffer
+	t0 := float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix())
+	for i := range n {
+		b.WriteString(accessLine(t0+float64(i)/1000, fmt.Sprintf("198.18.%d.%d", (i%keys)/250, 1+(i%keys)%250), "GET", "/api/items?page="+fmt.Sprint(i%7), fmt.Sprintf("k%d", i%keys)))
+		b.WriteByte('\n')
+		if b.Len() > 1<<20 {
+			f.Write(b.Bytes())
+			b.Reset()
+		}
+	}
+	f.Write(b.Bytes())
+}
+
+const benchConfig = `{
+	admin off
+}
+:8080 {
+	rate_limit /api/* {
+		zone per_key {
+			key {http.request.header.X-Api-Key} {client_ip}
+			events 100
+			window 1m
+			burst 20
+		}
+		zone per_ip {
+			key {client_ip}
+			events 300
+			window 1m
+			algorithm sliding_window
+		}
+	}
+	respond "ok"
+}`
+
+// BenchmarkReplayAccessLog measures the replay of access log lines through
+// the production path (b.N lines; reported as lines/s).
+func BenchmarkReplayAccessLog(b *testing.B) {
+	p := filepath.Join(b.TempDir(), "access.log")
+	writeLog(b, p, b.N, 1000)
+	cfg := adapt(b, benchConfig)
+	b.ResetTimer()
+	start := time.Now()
+	rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "lines/s")
+	if rep.Counts.Requests != int64(b.N) {
+		b.Fatalf("replayed %d of %d", rep.Counts.Requests, b.N)
+	}
+}
+
+// TestReplayRate replays 50,000 lines (a bounded check that stays fast under
+// -race; BenchmarkReplayAccessLog and docs/simulate.md give the rate).
+func TestReplayRate(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "access.log")
+	writeLog(t, p, 50_000, 500)
+	rep, err := simulate.Run(simulate.Options{Config: adapt(t, benchConfig), Traffic: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Counts.Requests != 50_000 {
+		t.Fatalf("counts %+v", rep.Counts)
+	}
+	var zs []string
+	for _, z := range rep.Zones {
+		zs = append(zs, fmt.Sprintf("%s %d/%d/%d keys %d", z.Name, z.Decided, z.Allowed, z.Refused, z.Keys))
+		if z.Keys != 500 {
+			t.Errorf("zone %s: %d keys, want 500", z.Name, z.Keys)
+		}
+	}
+	b, _ := json.Marshal(rep.Counts)
+	t.Logf("%s in %s (%d lines/s): %v", b, rep.Elapsed, rep.LinesPerSecond, zs)
+}

@@ -1,0 +1,122 @@
+package sluice
+
+import (
+	_ "embed"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// The live page: GET /rate_limit/ui on the admin endpoint, a small HTML
+// page and its script (embedded: no external asset, nothing fetched but the
+// admin API's own JSON), polling GET /rate_limit/zones (limits, store and
+// breaker state) and GET /rate_limit/activity (decision counters and the
+// refusals of each zone, as tokens). Its peek and reset buttons call the
+// admin API's key endpoints, after a confirmation. The admin endpoint's
+// own rules apply to every one of these requests (its Host and Origin
+// checks; it refuses no-cors requests, so the page loads its script as a
+// module, which browsers fetch in cors mode); docs/simulate.md says how to
+// open the page in a browser.
+
+//go:embed ui/ui.html
+var uiHTML []byte
+
+//go:embed ui/ui.js
+var uiJS []byte
+
+// uiCSP: the page runs only its own script and talks only to its origin.
+const uiCSP = "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// uiHandler returns the live page's handler of an admin API path (served
+// under the module's /rate_limit/ route), or nil.
+func uiHandler(path string) func(http.ResponseWriter, *http.Request) error {
+	switch path {
+	case adminPrefix + "ui":
+		return serveUIPage
+	case adminPrefix + "ui.js":
+		return serveUIScript
+	case adminPrefix + "activity":
+		return serveActivity
+	}
+	return nil
+}
+
+func serveStatic(w http.ResponseWriter, r *http.Request, ctype string, body []byte) error {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return methodNotAllowed(w, http.MethodGet)
+	}
+	h := w.Header()
+	h.Set("Content-Type", ctype)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", uiCSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	_, err := w.Write(body)
+	return err
+}
+
+func serveUIPage(w http.ResponseWriter, r *http.Request) error {
+	return serveStatic(w, r, "text/html; charset=utf-8", uiHTML)
+}
+
+func serveUIScript(w http.ResponseWriter, r *http.Request) error {
+	return serveStatic(w, r, "text/javascript; charset=utf-8", uiJS)
+}
+
+// activityJSON is GET /rate_limit/activity.
+type activityJSON struct {
+	// NowMs is the server's clock (Unix ms), for the ages of refusals.
+	NowMs int64              `json:"now_ms"`
+	Zones []zoneActivityJSON `json:"zones"`
+}
+
+type zoneActivityJSON struct {
+	Name string `json:"name"`
+	// Counters since the process started (they survive reloads):
+	// allowed, refused (by this zone), vetoed (allowed by this zone,
+	// refused by another), report_only_refused (would-be refusals).
+	Allowed           int64 `json:"allowed"`
+	Refused           int64 `json:"refused"`
+	Vetoed            int64 `json:"vetoed"`
+	ReportOnlyRefused int64 `json:"report_only_refused"`
+	// Recent are the zone's last refusals, newest first, as tokens.
+	Recent []recentJSON `json:"recent"`
+}
+
+type recentJSON struct {
+	Token        string `json:"token"`
+	At           string `json:"at"`
+	AtMs         int64  `json:"at_ms"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	ReportOnly   bool   `json:"report_only,omitempty"`
+}
+
+// serveActivity answers GET /rate_limit/activity for the zones of the
+// active configuration.
+func serveActivity(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return methodNotAllowed(w, http.MethodGet)
+	}
+	zs := activeZones()
+	names := make([]string, 0, len(zs))
+	for n := range zs {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	out := activityJSON{NowMs: time.Now().UnixMilli(), Zones: []zoneActivityJSON{}}
+	for _, n := range names {
+		a := activityOf(n)
+		zj := zoneActivityJSON{
+			Name: n, Allowed: a.allowed.Load(), Refused: a.refused.Load(), Vetoed: a.vetoed.Load(),
+			ReportOnlyRefused: a.reportOnly.Load(), Recent: []recentJSON{},
+		}
+		for _, rf := range a.last() {
+			zj.Recent = append(zj.Recent, recentJSON{
+				Token: rf.token.String(), At: time.UnixMilli(rf.at).UTC().Format(time.RFC3339Nano), AtMs: rf.at,
+				RetryAfterMs: rf.retryMs, ReportOnly: rf.reportOnly,
+			})
+		}
+		out.Zones = append(out.Zones, zj)
+	}
+	return writeJSON(w, out)
+}

@@ -1,0 +1,158 @@
+// Sluice live page: polls the admin API's JSON (same origin) and draws the
+// zones, their decisions per second and the keys refused recently.
+"use strict";
+(function () {
+  const base = location.pathname.replace(/\/ui$/, "/"); // "/rate_limit/"
+  const pollMs = 2000;
+  const history = 30; // samples kept per zone (one a poll)
+  const hist = new Map(); // zone → [{t, allowed, refused}]
+  let last = null;
+
+  const $ = (sel) => document.querySelector(sel);
+  const el = (tag, attrs, ...kids) => {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+    }
+    for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+    return e;
+  };
+  const svgEl = (tag, attrs) => {
+    const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    return e;
+  };
+
+  async function getJSON(path, opts) {
+    const r = await fetch(base + path, Object.assign({ cache: "no-store", headers: { Accept: "application/json" } }, opts || {}));
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error(body.error || r.status + " " + r.statusText);
+    return body;
+  }
+
+  function limitText(z) {
+    let s = z.events + " / " + z.window;
+    if (z.burst) s += ", burst " + z.burst;
+    return s;
+  }
+
+  function sparkline(samples) {
+    const w = 160, h = 34;
+    const svg = svgEl("svg", { class: "spark", width: w, height: h, viewBox: "0 0 " + w + " " + h, "data-series": "2", "data-points": samples.length });
+    svg.append(svgEl("rect", { class: "frame", x: 0, y: 0, width: w, height: h }));
+    let peak = 1;
+    for (const s of samples) peak = Math.max(peak, s.allowed, s.refused);
+    for (const k of ["allowed", "refused"]) {
+      const pts = samples.map((s, i) => {
+        const x = samples.length > 1 ? (i * (w - 2)) / (history - 1) + 1 : w / 2;
+        return x.toFixed(1) + "," + (h - 2 - ((h - 4) * s[k]) / peak).toFixed(1);
+      });
+      svg.append(svgEl("polyline", { class: "series " + k, points: pts.join(" "), "data-points": samples.length }));
+    }
+    return svg;
+  }
+
+  function storeCell(st) {
+    const td = el("td", {}, st.module || "?");
+    if (st.circuit) td.append(" ", el("span", { class: "badge " + st.circuit, title: "circuit breaker" }, "breaker " + st.circuit));
+    if (st.target) td.append(el("div", { class: "token" }, st.target));
+    return td;
+  }
+
+  function render(zones, act) {
+    const byName = new Map(act.zones.map((z) => [z.name, z]));
+    const tbody = el("tbody");
+    for (const z of zones.zones) {
+      const a = byName.get(z.name) || { allowed: 0, refused: 0, vetoed: 0, report_only_refused: 0 };
+      const refusedNow = a.refused + a.report_only_refused;
+      let h = hist.get(z.name);
+      if (!h) hist.set(z.name, (h = []));
+      let ar = 0, rr = 0;
+      if (last && last.byName.has(z.name)) {
+        const p = last.byName.get(z.name), dt = Math.max(0.001, (act.now_ms - last.now) / 1000);
+        ar = Math.max(0, a.allowed - p.allowed) / dt;
+        rr = Math.max(0, refusedNow - p.refused - p.report_only_refused) / dt;
+        h.push({ allowed: ar, refused: rr });
+        if (h.length > history) h.shift();
+      }
+      tbody.append(el("tr", { "data-zone": z.name },
+        el("td", {}, el("strong", {}, z.name), z.report_only ? " (report only)" : "", z.enabled ? "" : " (off)"),
+        el("td", {}, z.algorithm),
+        el("td", {}, limitText(z)),
+        el("td", { class: "token" }, z.key.join(" ")),
+        storeCell(z.store || {}),
+        el("td", { class: "num allowed" }, ar.toFixed(1)),
+        el("td", { class: "num refused" }, rr.toFixed(1)),
+        el("td", {}, sparkline(h)),
+        el("td", { class: "num" }, a.allowed),
+        el("td", { class: "num" }, a.refused),
+        el("td", { class: "num" }, a.vetoed),
+        el("td", { class: "num" }, a.report_only_refused)));
+    }
+    if (!zones.zones.length) tbody.append(el("tr", {}, el("td", { colspan: 12, class: "empty" }, "no rate_limit zone in the active configuration")));
+    $("#zones tbody").replaceWith(tbody);
+
+    const rows = [];
+    for (const z of act.zones) for (const r of z.recent) rows.push(Object.assign({ zone: z.name }, r));
+    rows.sort((x, y) => y.at_ms - x.at_ms);
+    const rb = el("tbody");
+    for (const r of rows.slice(0, 50)) {
+      const age = Math.max(0, Math.round((act.now_ms - r.at_ms) / 1000));
+      rb.append(el("tr", { "data-zone": r.zone, "data-token": r.token },
+        el("td", { title: r.at }, age + "s ago"),
+        el("td", {}, r.zone + (r.report_only ? " (report only)" : "")),
+        el("td", { class: "token" }, r.token),
+        el("td", { class: "num" }, Math.ceil(r.retry_after_ms / 1000) + "s"),
+        el("td", {},
+          el("button", { class: "peek", onclick: () => peek(r.zone, r.token) }, "peek"), " ",
+          el("button", { class: "reset danger", onclick: () => reset(r.zone, r.token) }, "reset…"))));
+    }
+    if (!rows.length) rb.append(el("tr", {}, el("td", { colspan: 5, class: "empty" }, "no refusal yet")));
+    $("#recent tbody").replaceWith(rb);
+    last = { now: act.now_ms, byName };
+  }
+
+  const keyPath = (zone, token) => "zones/" + encodeURIComponent(zone) + "/tokens/" + encodeURIComponent(token);
+
+  async function peek(zone, token) {
+    try {
+      const p = await getJSON(keyPath(zone, token));
+      $("#detail").textContent = "GET " + zone + " " + token + "\n" + JSON.stringify(p, null, 2);
+    } catch (e) {
+      $("#detail").textContent = "peek failed: " + e.message;
+    }
+  }
+
+  function reset(zone, token) {
+    const d = $("#confirm");
+    $("#confirm-text").textContent = "Reset " + token + " in zone " + zone + "? Its next request gets a full allowance.";
+    d.returnValue = "";
+    d.onclose = async () => {
+      if (d.returnValue !== "ok") return;
+      try {
+        const r = await getJSON(keyPath(zone, token), { method: "DELETE" });
+        $("#detail").textContent = "DELETE " + zone + " " + token + "\n" + JSON.stringify(r, null, 2);
+        await peek(zone, token).then(() => { $("#detail").textContent = "DELETE " + zone + " " + token + "\n" + JSON.stringify(r, null, 2) + "\n\nafter:\n" + $("#detail").textContent; });
+      } catch (e) {
+        $("#detail").textContent = "reset failed: " + e.message;
+      }
+    };
+    d.showModal();
+  }
+
+  async function poll() {
+    try {
+      const [zones, act] = await Promise.all([getJSON("zones"), getJSON("activity")]);
+      render(zones, act);
+      const s = $("#status");
+      s.className = "";
+      s.textContent = "updated " + new Date(act.now_ms).toLocaleTimeString() + ", every " + pollMs / 1000 + "s";
+    } catch (e) {
+      const s = $("#status");
+      s.className = "error";
+      s.textContent = "admin API: " + e.message;
+    }
+  }
+  poll();
+  setInterval(poll, pollMs);
+})();
