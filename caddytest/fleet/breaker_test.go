@@ -405,7 +405,12 @@ func TestNoLeakAcrossOutage(t *testing.T) {
 		t.Fatal("decisions did not resume within 8s after the outage")
 	}
 	g1, cl1, pc1 := steady("after")
-	slow, fives := 0, 0
+	// Every request within the decision budget, but for a scheduling tail
+	// (this test runs beside the rest of the fleet package on two shared
+	// cores): at most one in 10,000 past the budget, none past twice it. A
+	// request that waited on the dead Redis would be past it every time
+	// the breaker let one through.
+	slow, tooSlow, fives := 0, 0, 0
 	for _, res := range bg {
 		if res.err != nil || res.code >= 500 {
 			fives++
@@ -413,11 +418,15 @@ func TestNoLeakAcrossOutage(t *testing.T) {
 		if res.dur > decisionBudget {
 			slow++
 		}
+		if res.dur > 2*decisionBudget {
+			tooSlow++
+		}
 	}
 	t.Logf("outage %v, %d requests during it (%d 5xx/errors, %d slower than %v, mean %v): goroutines %d before, %d mid-outage, %d after; redis clients %d → %d; proxy connections %d → %d",
 		outage, len(bg), fives, slow, decisionBudget, meanOf(bg), g0, gMid, g1, cl0, cl1, pc0, pc1)
-	if fives != 0 || slow != 0 {
-		t.Errorf("during the outage: %d 5xx or errors, %d requests slower than %v", fives, slow, decisionBudget)
+	if fives != 0 || tooSlow != 0 || slow > len(bg)/10_000 {
+		t.Errorf("during the outage: %d 5xx or errors, %d requests slower than %v (at most %d allowed), %d slower than %v",
+			fives, slow, decisionBudget, len(bg)/10_000, tooSlow, 2*decisionBudget)
 	}
 	if g1 > g0+10 || gMid > g0+40 {
 		t.Errorf("goroutines %d before, %d mid-outage, %d after: want after within 10 of before", g0, gMid, g1)
