@@ -48,7 +48,7 @@
 //	func (s *Server) CommandCount(t testing.TB, name string) int64 // INFO commandstats calls, e.g. "evalsha"
 //	func (s *Server) CommandStats(t testing.TB, name string) CommandStats // calls, rejected, failed
 //	func (s *Server) ConnectedClients(t testing.TB) int           // INFO clients, counts the asking connection too
-//	func (s *Server) MakeReadOnlyReplicaOf(t testing.TB, other *Server) // writes fail with READONLY
+//	func (s *Server) MakeReadOnlyReplicaOf(t testing.TB, other *Server) // writes fail with READONLY (returns once synced)
 //	func (s *Server) MakeMaster(t testing.TB)                      // REPLICAOF NO ONE
 //	func (s *Server) SetOOM(t testing.TB)                          // maxmemory 1 + noeviction: writes fail with OOM
 //	func (s *Server) ClearOOM(t testing.TB)

@@ -77,13 +77,16 @@ func (s *Server) ConnectedClients(t testing.TB) int {
 // MakeReadOnlyReplicaOf turns s into a replica of other (REPLICAOF), so
 // writes to s fail with READONLY (replica-read-only is on by default). The
 // replica drops its own data and loads other's. It returns once s reports
-// role:slave; it does not wait for the sync. Undo with MakeMaster.
+// role:slave with its link to other up: the sync (during which the replica
+// loads other's data and may block for a moment) is over, so what a test
+// sees next is the READONLY replica, not the sync. Undo with MakeMaster.
 func (s *Server) MakeReadOnlyReplicaOf(t testing.TB, other *Server) {
 	t.Helper()
 	s.Do(t, "REPLICAOF", "127.0.0.1", strconv.Itoa(other.Port))
-	waitUntil(t, startTimeout, s.Addr+" becomes a replica", func() (bool, string) {
-		role := s.Info(t, "replication")["role"]
-		return role == "slave", "role:" + role
+	waitUntil(t, startTimeout, s.Addr+" becomes a synced replica", func() (bool, string) {
+		info := s.Info(t, "replication")
+		return info["role"] == "slave" && info["master_link_status"] == "up",
+			"role:" + info["role"] + " master_link_status:" + info["master_link_status"]
 	}, s)
 }
 
