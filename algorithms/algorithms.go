@@ -110,6 +110,9 @@ type Limit struct {
 	Window int64
 	// Burst is the bucket's capacity; 0 means Events.
 	Burst int64
+	// Penalty, in milliseconds, is how long a key stays refused once this
+	// limit refuses it (penalty.go); 0: no penalty.
+	Penalty int64
 }
 
 // NewLimit builds a Limit from configuration values and checks it.
@@ -152,6 +155,8 @@ var (
 	ErrLogTooLong = fmt.Errorf("events must not exceed %d with sliding_log: it stores every admitted event of the window (use sliding_window for larger limits)", MaxLogEvents)
 	// ErrGCRAUnit: see MaxGCRAUnit.
 	ErrGCRAUnit = fmt.Errorf("with gcra, events / gcd(events, window in ms) must not exceed %d (choose a window that shares factors with events, or use token_bucket: same behaviour)", MaxGCRAUnit)
+	// ErrPenalty: see Limit.Penalty.
+	ErrPenalty = errors.New("penalty must be between 1ms and 100 years (0: none)")
 )
 
 // Validate reports whether the limit can be enforced exactly. Errors name
@@ -170,6 +175,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%s: %w", l.Algorithm, ErrBurstNotAllowed)
 	case l.Events > MaxScaled || l.Burst > MaxScaled:
 		return ErrTooMany
+	case l.Penalty < 0 || l.Penalty > MaxRefill:
+		return ErrPenalty
 	}
 	switch l.Algorithm {
 	case TokenBucket, GCRA, SlidingWindow:
@@ -225,6 +232,10 @@ type Request struct {
 	// it is charged only when the whole request passes and it allows
 	// itself, exactly as it would be under enforcement.
 	ReportOnly bool
+	// Refundable marks a charge that may be given back (a zone that counts
+	// only some response statuses): the store sets the Decision's At, which
+	// the Refund passes back.
+	Refundable bool
 }
 
 // Decision is a store's answer for one Request.
@@ -240,6 +251,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time from now at which the key is back to full.
 	ResetAfter time.Duration
+	// At is the store's clock (Unix ms) when it decided: set for a
+	// Refundable request (a store may set it for any); a Refund of this
+	// charge passes it back.
+	At int64
 }
 
 // State is one key's stored state. Alg says which algorithm wrote it; a
@@ -259,6 +274,10 @@ type Decision struct {
 //     At+Scale), Prev in the one before.
 //   - sliding_log: Log, the admitted events of the last window.
 //
+// Penalized, for every algorithm, is the instant the key's penalty started
+// (Unix ms; penalty.go), 0 for none. A state may hold a penalty and nothing
+// else (Scale 0 and no Log): then the algorithm's part counts as none.
+//
 // State is small and stored by value; only the sliding log points to
 // memory of its own (bounded by Events entries).
 type State struct {
@@ -268,6 +287,8 @@ type State struct {
 	Prev  int64
 	Log   *Log
 	Alg   Algorithm
+	// Penalized is when the key's penalty started; see above.
+	Penalized int64
 }
 
 // Log is the sliding log's state: admitted events, oldest first.
@@ -287,17 +308,19 @@ type LogEntry struct {
 	Cost int64
 }
 
-// Step runs one decision of the limit's algorithm. fresh reports that the key
-// has no state (never seen, or expired), which every algorithm treats as a
-// full allowance. It returns the decision, the state to store, and the Unix
+// step runs one decision of the limit's algorithm, without the penalty
+// (Step, penalty.go, adds it). fresh reports that the key has no state
+// (never seen, or expired), which every algorithm treats as a full
+// allowance. It returns the decision, the state to store, and the Unix
 // millisecond at which the state is back to full and may be forgotten.
 //
 // Every algorithm obeys the same contract: a refusal never consumes (the
 // state returned with a refusal is the given state, advanced to now); a cost
 // above the capacity is refused with RetryAfter = Window; cost 0 returns the
-// key's view without charging. Step never allocates, except for the sliding
-// log (a new Log header, and its entries' growth).
-func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
+// key's view without charging. step never allocates, except for the sliding
+// log (a new Log header, and its entries' growth). The state it returns
+// never holds a penalty (Penalized 0).
+func step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
 	if !fresh && st.Alg != l.Algorithm {
 		fresh = true // written by another algorithm: start afresh
 	}

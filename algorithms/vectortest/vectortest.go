@@ -27,6 +27,7 @@ type Limit struct {
 	Events    int64  `json:"events"`
 	WindowMs  int64  `json:"window_ms"`
 	Burst     int64  `json:"burst"`
+	PenaltyMs int64  `json:"penalty_ms,omitempty"`
 }
 
 // Compile checks the limit and returns its compiled form.
@@ -35,13 +36,23 @@ func (l Limit) Compile() (algorithms.Limit, error) {
 	if err != nil {
 		return algorithms.Limit{}, err
 	}
-	return algorithms.NewLimit(alg, l.Events, time.Duration(l.WindowMs)*time.Millisecond, l.Burst)
+	lim, err := algorithms.NewLimit(alg, l.Events, time.Duration(l.WindowMs)*time.Millisecond, l.Burst)
+	if err != nil {
+		return lim, err
+	}
+	lim.Penalty = l.PenaltyMs
+	return lim, lim.Validate()
 }
 
-// Step is one request of a vector and the decision it must get.
+// Step is one request of a vector and the decision it must get; or, with
+// Refund, the refund of a charge of Cost made at ChargedAtMs (an offset
+// from the base; absent: unknown), which must leave the key showing the
+// decision given (the key's view after it, as a request of cost 0 gets it).
 type Step struct {
 	AtMs         int64  `json:"at_ms"` // offset from the base
 	Cost         int64  `json:"cost"`
+	Refund       bool   `json:"refund,omitempty"`
+	ChargedAtMs  *int64 `json:"charged_at_ms,omitempty"`
 	Limit        *Limit `json:"limit,omitempty"` // a changed limit, from this step on
 	Allowed      bool   `json:"allowed"`
 	Remaining    int64  `json:"remaining"`
@@ -77,6 +88,9 @@ type Compiled struct {
 	Limit algorithms.Limit
 	Want  Want
 	Step  Step
+	// Refund marks a refund step; At is its charge's instant (0: unknown).
+	Refund bool
+	At     int64
 }
 
 // Want is the decision a step must get, in a comparable form.
@@ -111,8 +125,12 @@ func (v *Vector) Compile(t testing.TB) []Compiled {
 		if i > 0 && s.AtMs < v.Steps[i-1].AtMs {
 			t.Fatalf("%s %q step %d: time goes back", v.File, v.Name, i)
 		}
-		out = append(out, Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s,
-			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs}})
+		c := Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s, Refund: s.Refund,
+			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs}}
+		if s.ChargedAtMs != nil {
+			c.At = v.Base() + *s.ChargedAtMs
+		}
+		out = append(out, c)
 	}
 	return out
 }
