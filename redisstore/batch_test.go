@@ -189,9 +189,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's six
-// per zone (lua/take.lua): algorithm id, events, window, capacity, cost,
-// mode; for random limits (colliding in the cache), costs and modes.
+// TestArgsCacheKeepsTheLayout: the cached arguments are the script's seven
+// per zone (lua/take.lua, script.go): algorithm id, events, window,
+// capacity, cost, mode, and the options (a take) or the charge's instant
+// (a refund); for random limits (colliding in the cache), penalties, costs
+// and modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
 	var a argCache
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -201,19 +203,39 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		if alg.AllowsBurst() && rng.IntN(2) == 0 {
 			l.Burst = rng.Int64N(2000)
 		}
-		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0}
+		if rng.IntN(3) == 0 {
+			l.Penalty = 1 + rng.Int64N(1e6)
+		}
+		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0, Refundable: rng.IntN(3) == 0}
 		refund := rng.IntN(4) == 0
 		mode := "0"
 		switch {
 		case refund:
 			mode = "1"
+		case r.ReportOnly && r.Refundable:
+			mode = "4"
 		case r.ReportOnly:
 			mode = "2"
+		case r.Refundable:
+			mode = "3"
+		}
+		last := "0"
+		if l.Penalty > 0 && !refund {
+			last = fmt.Sprintf("p%d", l.Penalty)
 		}
 		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d %d %d %d %d %s]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode)
+		want := fmt.Sprintf("[%d %d %d %d %d %s %s]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, last)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
+		}
+		if got, n := a.appendArgs(nil, []algorithms.Request{r}, refund), argsPerZone; len(got) != n {
+			t.Fatalf("%d arguments per zone, argsPerZone %d", len(got), n)
+		}
+		at := rng.Int64N(1 << 42)
+		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
+		want = fmt.Sprintf("[%d %d %d %d %d 1 %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, at)
+		if got != want {
+			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}
 	}
 }

@@ -34,8 +34,18 @@ func TestVectorsLua(t *testing.T) {
 			key := "vector:" + v.File + ":" + string(rune('a'+vi))
 			srv.Do(t, "DEL", key)
 			for i, s := range v.Compile(t) {
+				if s.Refund {
+					// The refund, then the key's view (a take of cost 0).
+					rf := algorithms.Refund{Limit: s.Limit, Cost: s.Cost, At: s.At}
+					if _, err := runTwin(ctx, c, []string{key}, testArgs.appendRefunds([]any{s.Now}, []algorithms.Refund{rf})...); err != nil {
+						t.Fatalf("step %d: refund: %v", i, err)
+					}
+				}
 				args := []any{s.Now}
 				r := algorithms.Request{Limit: s.Limit, Cost: s.Cost}
+				if s.Refund {
+					r.Cost = 0
+				}
 				args = luaArgs(args, false, r)
 				res, err := runTwin(ctx, c, []string{key}, args...)
 				if err != nil || len(res) != 4 {

@@ -40,6 +40,8 @@ type twin struct {
 	zones []*twinZone
 	hist  []string
 	steps int
+	// counted by the penalty and refund twin (twin_penalty_test.go)
+	penalties, refunded, noRefund int
 }
 
 // twinScript is the test entry point of the decision script: its code,
@@ -56,7 +58,7 @@ func runTwin(ctx context.Context, c redis.Scripter, keys []string, args ...any) 
 		return nil, err
 	}
 	n := 4 * len(keys)
-	if len(v) != n && len(v) != n+1+len(keys) {
+	if len(v) != n && len(v) != n+1 && len(v) != n+1+len(keys) {
 		return nil, fmt.Errorf("the script returned %d values for %d zones", len(v), len(keys))
 	}
 	out := make([]int64, n)
