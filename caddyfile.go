@@ -94,6 +94,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        fail        open|closed|local
 //	        report_only
 //	        enabled     true|false
+//	        count       <status|class|range>...
+//	        on_exceed   refuse|pass
+//	        penalty     <duration>
 //	    }
 //	    store memory {
 //	        max_keys       <n>
@@ -326,8 +329,18 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
 			z.IPv6Prefix, err = p.prefix(field)
+		case "count":
+			if z.Count = d.RemainingArgs(); len(z.Count) == 0 {
+				return nil, p.errf("count needs at least one status: a code, a class or a range (count 401 403, count 4xx, count 500-599)")
+			}
+		case "on_exceed":
+			z.OnExceed, err = p.arg(field)
+		case "penalty":
+			if v, err = p.arg(field); err == nil {
+				z.Penalty, err = p.duration(field, v)
+			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -96,6 +96,8 @@ type Handler struct {
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
+	counting    bool // a zone counts only some statuses (count.go)
+	passing     bool // a zone forwards its would-be refusals (pass.go)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -148,6 +150,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.store = st
 
 	if err := h.provisionZones(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionOutcomes(); err != nil {
 		return err
 	}
 
@@ -268,6 +273,9 @@ func (h *Handler) Validate() error {
 		if time.Duration(h.SweepInterval) < memstore.MinSweepInterval {
 			return fmt.Errorf("sweep_interval must be at least %s, got %s", memstore.MinSweepInterval, time.Duration(h.SweepInterval))
 		}
+	}
+	if err := h.validateZoneModes(); err != nil {
+		return err
 	}
 	return h.Response.validate()
 }
