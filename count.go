@@ -107,7 +107,10 @@ type refunder interface {
 func (h *Handler) provisionOutcomes() error {
 	_, canRefund := h.store.(refunder)
 	for _, z := range h.zones {
-		h.passing = h.passing || z.pass
+		if z.pass && !h.passing {
+			h.passing = true
+			passDirectives.Add(1) // Cleanup takes it back
+		}
 		if z.counts != nil {
 			if !canRefund {
 				return zoneErr(z.name, errors.New("count: the store cannot give charges back (use store memory or store redis)"))

@@ -95,6 +95,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if out == pass {
+		if h.passing {
+			h.markPass(r, nil, time.Time{})
+		}
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
@@ -102,8 +105,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var hs headerSet
 		h.addLimitHeaders(&hs, w.Header(), &v, false, 0, resetUnix(now, v.ResetAfter))
 		hs.set(w.Header())
-		if v.passed != nil {
-			h.markPassed(r, v.passed, now)
+		if h.passing {
+			h.markPass(r, v.passed, now)
 		}
 		if v.after != nil {
 			return h.serveAfter(w, r, next, v.after)

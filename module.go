@@ -282,6 +282,10 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
+	if h.passing {
+		h.passing = false
+		passDirectives.Add(-1)
+	}
 	adminUnregister(h)
 	if h.app != nil {
 		h.app.unregister(h.zones)

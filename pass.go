@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -88,19 +88,49 @@ func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
 	}
 }
 
-// markPassed publishes the placeholders of a forwarded would-be refusal.
-func (h *Handler) markPassed(r *http.Request, p *passInfo, now time.Time) {
+// markPass publishes, for a directive with an on_exceed pass zone, what the
+// next handlers need on every request it lets through: within its limits,
+// {http.rate_limit.exceeded} false and {http.rate_limit.zone} empty (known
+// values: header_up and request_header would send an unknown placeholder
+// as its literal text), unless an earlier directive marked the request
+// already; over an on_exceed pass zone (p), the zone and its numbers.
+// They are static values, so a later directive overwrites them, and its
+// refusal's too (publishPlaceholders, which sees markedByPass).
+func (h *Handler) markPass(r *http.Request, p *passInfo, now time.Time) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	vars := passVars{zone: p.zone.name, retry: h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
-		remaining: p.Remaining, reset: resetUnix(now, p.ResetAfter)}
-	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute {
-		for _, name := range []string{"exceeded", "zone", "exceeded.name", "retry_after", "limit", "remaining", "reset"} {
-			v, _ := vars.get(phPrefix + name)
-			repl.Set(phPrefix+name, v)
+	if p == nil {
+		if _, marked := repl.Get(phPrefix + "exceeded"); !marked {
+			repl.Set(phPrefix+"exceeded", false)
+			repl.Set(phPrefix+"zone", "")
+			repl.Set(phPrefix+"exceeded.name", "")
 		}
 		return
 	}
-	repl.Map(vars.get)
+	vars := passVars{zone: p.zone.name, retry: h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
+		remaining: p.Remaining, reset: resetUnix(now, p.ResetAfter)}
+	for _, name := range passPlaceholders {
+		v, _ := vars.get(phPrefix + name)
+		repl.Set(phPrefix+name, v)
+	}
+}
+
+// passPlaceholders are the placeholders of a forwarded would-be refusal.
+var passPlaceholders = []string{"exceeded", "zone", "exceeded.name", "retry_after", "limit", "remaining", "reset"}
+
+// passDirectives counts the provisioned directives with an on_exceed pass
+// zone: while there is none, a refusal need not look for their marks.
+var passDirectives atomic.Int64
+
+// markedByPass reports whether a directive with an on_exceed pass zone
+// marked this request (static values, which a refusal's placeholder
+// provider would not override: publishPlaceholders then sets its own as
+// static values too).
+func markedByPass(repl *caddy.Replacer) bool {
+	if passDirectives.Load() == 0 {
+		return false
+	}
+	_, ok := repl.Get(phPrefix + "exceeded")
+	return ok
 }
 
 // passVars are the placeholders of a forwarded would-be refusal.

@@ -62,8 +62,8 @@ func TestOnExceedPass(t *testing.T) {
 		t.Fatalf("the application saw %d requests, want 6", len(got))
 	}
 	for i, s := range got {
-		if i < 3 && (s.exceeded != "" || s.zone != "") {
-			t.Errorf("request %d (within the quota) carries exceeded %q zone %q; want neither", i+1, s.exceeded, s.zone)
+		if i < 3 && (s.exceeded != "false" || s.zone != "") {
+			t.Errorf("request %d (within the quota) carries exceeded %q zone %q; want false and none", i+1, s.exceeded, s.zone)
 		}
 		if i >= 3 && (s.exceeded != "true" || s.zone != "soft_quota" || s.remaining != "0") {
 			t.Errorf("request %d (over the quota) carries exceeded %q zone %q remaining %q; want true, soft_quota, 0", i+1, s.exceeded, s.zone, s.remaining)
@@ -156,5 +156,67 @@ func TestPenaltyThroughTheHandler(t *testing.T) {
 	}
 	if w := serve(t, h, "GET", "/", u); w.Code != 429 || retry(w) != 60 {
 		t.Fatalf("the next refusal: %d Retry-After %q; want a new penalty", w.Code, w.Header().Get("Retry-After"))
+	}
+}
+
+// A directive with an on_exceed pass zone marks the requests it lets
+// through; a later directive's refusal still names its own zone in its
+// placeholders, and a later pass directive that is exceeded overrides an
+// earlier one's "false".
+func TestPassMarksAndLaterDirectives(t *testing.T) {
+	clock := &fakeClock{ms: 1_800_000_000_000}
+	soft := newHandler(t, `rate_limit {
+		zone soft_first {
+			key {http.request.header.X-User}
+			events 100
+			window 1h
+			on_exceed pass
+		}
+	}`, clock)
+	hard := newHandler(t, `rate_limit {
+		zone hard_second {
+			key {http.request.header.X-User}
+			events 1
+			window 1h
+		}
+		response {
+			body "refused by {http.rate_limit.zone}, exceeded {http.rate_limit.exceeded}"
+		}
+	}`, clock)
+	softer := newHandler(t, `rate_limit {
+		zone soft_second {
+			key {http.request.header.X-User}
+			events 1
+			window 1h
+			on_exceed pass
+		}
+	}`, clock)
+	chain := func(second *Handler) (*http.Response, string) {
+		var seen string
+		final := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			seen = repl.ReplaceAll("{http.rate_limit.exceeded}|{http.rate_limit.zone}", "")
+			return nil
+		})
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			return second.ServeHTTP(w, r, final)
+		})
+		w, err := serveNext(t, soft, next, map[string]string{"X-User": "u"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Result(), seen + w.Body.String()
+	}
+	if _, seen := chain(hard); seen != "false|" {
+		t.Fatalf("within both: the application sees %q, want false|", seen)
+	}
+	if resp, body := chain(hard); resp.StatusCode != 429 || body != "refused by hard_second, exceeded true" {
+		t.Fatalf("refused by the second directive: %d %q", resp.StatusCode, body)
+	}
+	if _, seen := chain(softer); seen != "false|" {
+		t.Fatalf("within the soft second: %q", seen)
+	}
+	if _, seen := chain(softer); seen != "true|soft_second" {
+		t.Fatalf("over the soft second: the application sees %q, want true|soft_second", seen)
 	}
 }

@@ -366,7 +366,7 @@ func (p refusalVars) get(key string) (any, bool) {
 // refused, the values are set as static values instead, so that the latest
 // refusal is what the error route reads.
 func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
-	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute {
+	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute || markedByPass(repl) {
 		repl.Set(phPrefix+"zone", p.zone)
 		repl.Set(phPrefix+"exceeded.name", p.zone)
 		repl.Set(phPrefix+"retry_after", p.retry)
