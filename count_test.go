@@ -396,3 +396,37 @@ func TestCountPassPenaltyConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkServeHTTPCount compares, side by side, one zone as it is
+// ("plain"), the same zone with count whose responses all count ("kept":
+// the charge stays, only the status is watched) and with count whose
+// responses never count ("refunded": every charge is given back), through
+// the handler with its memory store:
+//
+//	go test -run XXX -bench ServeHTTPCount -benchmem .
+func BenchmarkServeHTTPCount(b *testing.B) {
+	for _, tc := range []struct{ name, count string }{{"plain", ""}, {"kept", "count 2xx"}, {"refunded", "count 5xx"}} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := newHandler(b, `rate_limit {
+				zone bench_count_`+tc.name+` {
+					key {http.request.header.X-User}
+					events 1000000000
+					window 1s
+					`+tc.count+`
+				}
+			}`, nil)
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("X-User", "bench")
+			caddyhttp.NewTestReplacer(r)
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				clear(w.Header())
+				if err := h.ServeHTTP(w, r, okHandler); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -85,9 +85,9 @@ type call struct {
 	done     chan struct{} // capacity 1: a worker never blocks on it
 	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (its caller)
 	// onDone, when set, makes the call asynchronous (post): no caller
-	// waits; the worker calls it with the reply (nil: never sent) and
-	// puts the call back in the pool.
-	onDone func(*redis.Cmd)
+	// waits; the worker calls it (c.cmd is the reply, nil when the call was
+	// never sent) and puts the call back in the pool.
+	onDone func(c *call)
 }
 
 // A call's states (call.state).
@@ -311,7 +311,7 @@ func (b *batcher) exec(batch []*call) {
 	for _, c := range batch {
 		if c.ctx.Err() != nil || !now.Before(c.deadline.Add(b.grace)) || !c.state.CompareAndSwap(callQueued, callSent) {
 			if c.onDone != nil {
-				c.onDone(nil)
+				c.onDone(c)
 				putCall(c)
 			}
 			continue
@@ -350,7 +350,7 @@ func (b *batcher) exec(batch []*call) {
 	}
 	for _, c := range live {
 		if c.onDone != nil {
-			c.onDone(c.cmd)
+			c.onDone(c)
 			putCall(c)
 			continue
 		}

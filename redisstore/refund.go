@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
@@ -62,15 +60,19 @@ func (s *Store) postRefunds(refunds []algorithms.Refund) {
 		c.keys = append(c.keys, s.Key(refunds[i].Zone, refunds[i].Key))
 	}
 	c.args = s.argc.appendRefunds(c.args, refunds)
-	n := len(refunds)
-	c.onDone = func(cmd *redis.Cmd) {
-		if cmd == nil || cmd.Err() != nil {
-			s.refundsLost.Add(float64(n))
-		}
-	}
+	c.onDone = s.refundDone
 	if !s.batch.post(c) {
-		s.refundsLost.Add(float64(n))
+		s.refundsLost.Add(float64(len(refunds)))
 		putCall(c)
+	}
+}
+
+// refundDone counts a refund call's refunds (one per key) as lost when it
+// was never sent or failed. It is bound once (Store.refundDone), so a
+// refund allocates no closure.
+func (s *Store) refundCallDone(c *call) {
+	if c.cmd == nil || c.cmd.Err() != nil {
+		s.refundsLost.Add(float64(len(c.keys)))
 	}
 }
 

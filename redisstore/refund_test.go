@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
@@ -23,12 +24,12 @@ func refundAndWait(t testing.TB, s *Store, refunds []algorithms.Refund) {
 		c.keys = append(c.keys, s.Key(r.Zone, r.Key))
 	}
 	c.args = s.argc.appendRefunds(c.args, refunds)
-	c.onDone = func(cmd *redis.Cmd) {
-		if cmd == nil {
+	c.onDone = func(c *call) {
+		if c.cmd == nil {
 			done <- fmt.Errorf("not sent")
 			return
 		}
-		done <- cmd.Err()
+		done <- c.cmd.Err()
 	}
 	if !s.batch.post(c) {
 		t.Fatal("queue full")
@@ -149,4 +150,48 @@ func TestStoreRefundLands(t *testing.T) {
 		// Two keys in different slots, in one Refund call.
 		check(t, s)
 	})
+}
+
+// BenchmarkTakeCount compares, side by side in one run, 50 goroutines
+// deciding one zone each against a local Redis: "plain" Takes; "kept",
+// refundable Takes (the reply carries Redis's time) whose charge stays;
+// "refunded", the same followed by a Refund of every charge (one more
+// script call, pipelined, not waited for: it costs the pipelines and
+// Redis, not the caller's wait).
+//
+//	go test -run XXX -bench TakeCount -benchmem ./redisstore/
+func BenchmarkTakeCount(b *testing.B) {
+	srv := redistest.Start(b)
+	s := newTestStore(b, srv.URL(), "", DefaultTimeout, 0)
+	for _, mode := range []string{"plain", "kept", "refunded"} {
+		b.Run(mode, func(b *testing.B) {
+			var seq, failed atomic.Int64
+			take(b, s, benchZones(b, keyOf(b, "warm"), 1)...)
+			b.SetParallelism((50 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := benchZones(b, keyOf(b, "bench-count-"+strconv.FormatInt(seq.Add(1), 10)+time.Now().String()), 1)
+				reqs[0].Refundable = mode != "plain"
+				out := make([]algorithms.Decision, 1)
+				refund := make([]algorithms.Refund, 1)
+				ctx := context.Background()
+				for pb.Next() {
+					if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+						failed.Add(1)
+						continue
+					}
+					if mode == "refunded" {
+						r := &reqs[0]
+						refund[0] = algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: out[0].At}
+						_ = s.Refund(ctx, refund)
+					}
+				}
+			})
+			b.StopTimer()
+			if n := failed.Load(); n > 0 {
+				b.Fatalf("%d of %d Takes failed or were refused", n, b.N)
+			}
+		})
+	}
 }

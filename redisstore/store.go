@@ -41,8 +41,10 @@ type Store struct {
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
 
-	// refundsLost counts the refunds that did not reach Redis (refund.go).
+	// refundsLost counts the refunds that did not reach Redis (refund.go);
+	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
+	refundDone  func(*call)
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -81,6 +83,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
 	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
+	s.refundDone = s.refundCallDone
 	s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)

@@ -111,7 +111,7 @@ local function take(keys, argv, base)
     else
       if mode == '3' or mode == '4' then wantnow = true end
       local o, p = argv[b + 7], 0
-      if o ~= '0' then p = opts(o).p end
+      if o and o ~= '0' then p = opts(o).p end
       if p > 0 and pen ~= 0 and now < pen + p then
         -- in its penalty: refused, nothing written
         local e = pen + p
