@@ -188,6 +188,10 @@ type adminZoneInfo struct {
 	ReportOnly bool           `json:"report_only"`
 	Enabled    bool           `json:"enabled"`
 	Store      map[string]any `json:"store"`
+	// Count, OnExceed and Penalty: the zone's settings, when set.
+	Count    []string `json:"count,omitempty"`
+	OnExceed string   `json:"on_exceed,omitempty"`
+	Penalty  string   `json:"penalty,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {
@@ -201,7 +205,7 @@ func (az *adminZone) info() adminZoneInfo {
 	if z.costExpr != nil {
 		cost = z.costExpr.String()
 	}
-	return adminZoneInfo{
+	info := adminZoneInfo{
 		Name:       z.name,
 		Algorithm:  z.limit.Algorithm.String(),
 		Events:     z.limit.Events,
@@ -218,6 +222,8 @@ func (az *adminZone) info() adminZoneInfo {
 		Enabled:    az.enabled,
 		Store:      storeInfo(az.h.store),
 	}
+	outcomesInfo(z, &info)
+	return info
 }
 
 // storeInfo describes a store for the listing.

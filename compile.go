@@ -40,8 +40,9 @@ type zone struct {
 	metrics    *zoneMetrics
 	reportOnly bool
 	// counts are the response statuses the zone charges (count.go); nil:
-	// every response.
-	counts *statusSet
+	// every response. countSpec is the setting as written.
+	counts    *statusSet
+	countSpec []string
 	// pass forwards a request the zone would refuse (on_exceed pass,
 	// pass.go).
 	pass bool

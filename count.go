@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -81,7 +82,7 @@ func (z *zone) compileOutcomes(cfg *Zone) error {
 		if err != nil {
 			return err
 		}
-		z.counts = set
+		z.counts, z.countSpec = set, cfg.Count
 	}
 	switch cfg.OnExceed {
 	case "", onExceedRefuse:
@@ -189,4 +190,16 @@ func (st *settlement) done() {
 	st.refunds, st.counts, st.zones = st.refunds[:0], st.counts[:0], st.zones[:0]
 	st.store = nil
 	settlementPool.Put(st)
+}
+
+// outcomesInfo adds the zone's count, on_exceed and penalty to its admin
+// listing.
+func outcomesInfo(z *zone, info *adminZoneInfo) {
+	info.Count = z.countSpec
+	if z.pass {
+		info.OnExceed = onExceedPass
+	}
+	if z.limit.Penalty > 0 {
+		info.Penalty = (time.Duration(z.limit.Penalty) * time.Millisecond).String()
+	}
 }
