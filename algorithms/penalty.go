@@ -41,13 +41,24 @@ package algorithms
 // allocates, except for the sliding log (a new Log header, and its
 // entries' growth).
 func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
+	return stepAll(st, fresh, l, now, cost, true)
+}
+
+// StepRequest is Step for r (its Limit and Cost), honouring r.NoDelay: a
+// request that may not wait for its turn (delay.go).
+func StepRequest(st State, fresh bool, r *Request, now int64) (d Decision, next State, fullAt int64) {
+	return stepAll(st, fresh, r.Limit, now, r.Cost, !r.NoDelay)
+}
+
+// stepAll is Step, the penalty and the algorithm's step with its waiting.
+func stepAll(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (d Decision, next State, fullAt int64) {
 	if l.Penalty <= 0 {
-		return step(st, fresh, l, now, cost)
+		return step(st, fresh, l, now, cost, mayWait)
 	}
 	if !fresh && st.Penalized != 0 && now < st.Penalized+l.Penalty {
-		return inPenalty(st, fresh, l, now, cost)
+		return inPenalty(st, fresh, l, now, cost, mayWait)
 	}
-	d, next, fullAt = step(st, fresh, l, now, cost)
+	d, next, fullAt = step(st, fresh, l, now, cost, mayWait)
 	if d.Allowed || cost == 0 {
 		return d, next, fullAt
 	}
@@ -71,14 +82,14 @@ func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next Stat
 // inPenalty decides a request of a key in its penalty: refused, nothing
 // written (the state returned is the given one, advanced to now, with its
 // Penalized unchanged).
-func inPenalty(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
+func inPenalty(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (Decision, State, int64) {
 	end := st.Penalized + l.Penalty
-	d, next, fullAt := step(st, fresh, l, now, 0)
+	d, next, fullAt := step(st, fresh, l, now, 0, mayWait)
 	retry := end - now
 	if cost > 0 {
 		// The algorithm's own answer to this request (its state is
 		// discarded: a sliding log's may share the given entries).
-		if c, _, _ := step(st, fresh, l, now, cost); !c.Allowed {
+		if c, _, _ := step(st, fresh, l, now, cost, mayWait); !c.Allowed {
 			retry = max(retry, c.RetryAfter.Milliseconds())
 		}
 	}

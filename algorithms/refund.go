@@ -88,7 +88,7 @@ func GiveBack(st State, fresh bool, l Limit, now, cost, at int64) (next State, f
 // tokenBucketRefund gives cost back at now: the debt, refilled to now, less
 // cost tokens, never below zero.
 func tokenBucketRefund(st State, fresh bool, l Limit, now, cost int64) (State, int64) {
-	_, cur, _ := tokenBucket(st, fresh, l, now, 0) // the debt, refilled to now
+	_, cur, _ := tokenBucket(st, fresh, l, now, 0, false) // the debt, refilled to now
 	w := l.Window
 	debt := max(cur.Debt-cost*w, 0)
 	return State{Debt: debt, At: cur.At, Scale: w}, cur.At + ceilDiv(debt, l.Events)
@@ -99,7 +99,7 @@ func tokenBucketRefund(st State, fresh bool, l Limit, now, cost int64) (State, i
 func gcraRefund(st State, fresh bool, l Limit, now, cost int64) (State, int64) {
 	g := gcd(l.Events, l.Window)
 	u, ei := l.Events/g, l.Window/g
-	_, cur, _ := gcra(st, fresh, l, now, 0) // the TAT: cur.At + cur.Debt/u, or now when passed
+	_, cur, _ := gcra(st, fresh, l, now, 0, false) // the TAT: cur.At + cur.Debt/u, or now when passed
 	d := max((cur.At-now)*u+cur.Debt-cost*ei, 0)
 	if d == 0 {
 		return State{Alg: GCRA, At: now, Scale: u}, now

@@ -26,7 +26,7 @@ func TestVectors(t *testing.T) {
 					}
 					continue
 				}
-				d, next, fullAt := algorithms.Step(st, fresh, s.Limit, s.Now, s.Cost)
+				d, next, fullAt := algorithms.StepRequest(st, fresh, s.Request(), s.Now)
 				if got := vectortest.Got(d); got != s.Want {
 					t.Fatalf("step %d (at %d, cost %d; %s):\n got  %+v\n want %+v", i, s.Step.AtMs, s.Cost, s.Step.Note, got, s.Want)
 				}

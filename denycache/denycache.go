@@ -214,7 +214,7 @@ func (e *entry) decide(r *algorithms.Request, now int64) (d algorithms.Decision,
 	el := max(now-e.start, 0)
 	nominal := e.redisNow + el/ms
 	conservative := e.redisNow + (el+el/1000+ms-1)/ms
-	d, next, _ := algorithms.Step(e.state, e.fresh, r.Limit, nominal, r.Cost)
+	d, next, _ := algorithms.StepRequest(e.state, e.fresh, r, nominal)
 	switch {
 	case d.Allowed:
 		d, _, _ = algorithms.Step(e.state, e.fresh, r.Limit, nominal, 0)

@@ -30,7 +30,9 @@ func TestVectors(t *testing.T) {
 					}
 					continue
 				}
-				d := take1(t, s, req("vec", keyOf(1), st.Limit, st.Cost))
+				r := req("vec", keyOf(1), st.Limit, st.Cost)
+				r.NoDelay = st.Step.NoDelay
+				d := take1(t, s, r)
 				if got := vectortest.Got(d); got != st.Want {
 					t.Fatalf("step %d (at %d, cost %d; %s):\n got  %+v\n want %+v", i, st.Step.AtMs, st.Cost, st.Step.Note, got, st.Want)
 				}

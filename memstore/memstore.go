@@ -270,7 +270,7 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	sh.mu.Lock()
 	now := s.now()
 	st, ok := sh.get(k)
-	d, next, fullAt := algorithms.Step(st, !ok, r.Limit, now, r.Cost)
+	d, next, fullAt := algorithms.StepRequest(st, !ok, r, now)
 	if d.Allowed || algorithms.StartsPenalty(st, !ok, next) {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
 	}
@@ -304,7 +304,7 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	for i := range reqs {
 		sh := &s.shards[idx[i]]
 		st, ok := sh.get(keys[i])
-		d, next, full := algorithms.Step(st, !ok, reqs[i].Limit, now, reqs[i].Cost)
+		d, next, full := algorithms.StepRequest(st, !ok, &reqs[i], now)
 		d.At = now
 		out[i] = d
 		pend = append(pend, next)

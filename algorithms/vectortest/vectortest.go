@@ -28,6 +28,9 @@ type Limit struct {
 	WindowMs  int64  `json:"window_ms"`
 	Burst     int64  `json:"burst"`
 	PenaltyMs int64  `json:"penalty_ms,omitempty"`
+	DelayMs   int64  `json:"delay_ms,omitempty"`
+	// DelayAfter is the limit's delay_after (tokens).
+	DelayAfter int64 `json:"delay_after,omitempty"`
 }
 
 // Compile checks the limit and returns its compiled form.
@@ -40,7 +43,7 @@ func (l Limit) Compile() (algorithms.Limit, error) {
 	if err != nil {
 		return lim, err
 	}
-	lim.Penalty = l.PenaltyMs
+	lim.Penalty, lim.Delay, lim.DelayAfter = l.PenaltyMs, l.DelayMs, l.DelayAfter
 	return lim, lim.Validate()
 }
 
@@ -53,11 +56,13 @@ type Step struct {
 	Cost         int64  `json:"cost"`
 	Refund       bool   `json:"refund,omitempty"`
 	ChargedAtMs  *int64 `json:"charged_at_ms,omitempty"`
+	NoDelay      bool   `json:"no_delay,omitempty"` // the request may not wait (Request.NoDelay)
 	Limit        *Limit `json:"limit,omitempty"` // a changed limit, from this step on
 	Allowed      bool   `json:"allowed"`
 	Remaining    int64  `json:"remaining"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
 	ResetAfterMs int64  `json:"reset_after_ms"`
+	DelayMs      int64  `json:"delay_ms,omitempty"` // an admission's wait (Decision.Delay)
 	Note         string `json:"note,omitempty"`
 }
 
@@ -93,16 +98,21 @@ type Compiled struct {
 	At     int64
 }
 
+// Request is the step's request (zone and key left empty).
+func (c *Compiled) Request() *algorithms.Request {
+	return &algorithms.Request{Limit: c.Limit, Cost: c.Cost, NoDelay: c.Step.NoDelay}
+}
+
 // Want is the decision a step must get, in a comparable form.
 type Want struct {
-	Allowed                               bool
-	Remaining, RetryAfterMs, ResetAfterMs int64
+	Allowed                                        bool
+	Remaining, RetryAfterMs, ResetAfterMs, DelayMs int64
 }
 
 // Got converts a decision for comparison with Want.
 func Got(d algorithms.Decision) Want {
 	return Want{Allowed: d.Allowed, Remaining: d.Remaining,
-		RetryAfterMs: d.RetryAfter.Milliseconds(), ResetAfterMs: d.ResetAfter.Milliseconds()}
+		RetryAfterMs: d.RetryAfter.Milliseconds(), ResetAfterMs: d.ResetAfter.Milliseconds(), DelayMs: d.Delay.Milliseconds()}
 }
 
 // Compile returns the vector's steps ready to run, or fails t.
@@ -126,7 +136,7 @@ func (v *Vector) Compile(t testing.TB) []Compiled {
 			t.Fatalf("%s %q step %d: time goes back", v.File, v.Name, i)
 		}
 		c := Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s, Refund: s.Refund,
-			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs}}
+			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs, s.DelayMs}}
 		if s.ChargedAtMs != nil {
 			c.At = v.Base() + *s.ChargedAtMs
 		}
