@@ -57,7 +57,7 @@ type Step struct {
 	Refund       bool   `json:"refund,omitempty"`
 	ChargedAtMs  *int64 `json:"charged_at_ms,omitempty"`
 	NoDelay      bool   `json:"no_delay,omitempty"` // the request may not wait (Request.NoDelay)
-	Limit        *Limit `json:"limit,omitempty"` // a changed limit, from this step on
+	Limit        *Limit `json:"limit,omitempty"`    // a changed limit, from this step on
 	Allowed      bool   `json:"allowed"`
 	Remaining    int64  `json:"remaining"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
