@@ -189,11 +189,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's seven
+// TestArgsCacheKeepsTheLayout: the cached arguments are the script's eight
 // per zone (lua/take.lua, script.go): algorithm id, events, window,
-// capacity, cost, mode, and the options (a take) or the charge's instant
-// (a refund); for random limits (colliding in the cache), penalties, costs
-// and modes.
+// capacity, cost, mode, the options and the charge's instant (a refund's);
+// for random limits (colliding in the cache), penalties, delays, costs and
+// modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
 	var a argCache
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -206,7 +206,13 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		if rng.IntN(3) == 0 {
 			l.Penalty = 1 + rng.Int64N(1e6)
 		}
-		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0, Refundable: rng.IntN(3) == 0}
+		if alg.AllowsBurst() && rng.IntN(3) == 0 {
+			l.Delay = 1 + rng.Int64N(1e4)
+			if rng.IntN(2) == 0 {
+				l.DelayAfter = 1 + rng.Int64N(l.Capacity())
+			}
+		}
+		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0, Refundable: rng.IntN(3) == 0, NoDelay: rng.IntN(3) == 0}
 		refund := rng.IntN(4) == 0
 		mode := "0"
 		switch {
@@ -219,12 +225,25 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		case r.Refundable:
 			mode = "3"
 		}
-		last := "0"
-		if l.Penalty > 0 && !refund {
-			last = fmt.Sprintf("p%d", l.Penalty)
+		opts := ""
+		if l.Penalty > 0 {
+			opts += fmt.Sprintf("p%d", l.Penalty)
+		}
+		if l.Delay > 0 {
+			opts += fmt.Sprintf("d%d", l.Delay)
+			if l.DelayAfter > 0 {
+				opts += fmt.Sprintf("a%d", l.DelayAfter)
+			}
+		}
+		base := opts
+		if opts == "" {
+			opts, base = "0", "0"
+		}
+		if l.Delay > 0 && r.NoDelay {
+			opts += "n1"
 		}
 		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d %d %d %d %d %s %s]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, last)
+		want := fmt.Sprintf("[%d %d %d %d %d %s %s 0]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, opts)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
 		}
@@ -233,7 +252,7 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		}
 		at := rng.Int64N(1 << 42)
 		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
-		want = fmt.Sprintf("[%d %d %d %d %d 1 %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, at)
+		want = fmt.Sprintf("[%d %d %d %d %d 1 %s %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, base, at)
 		if got != want {
 			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}

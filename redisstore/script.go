@@ -93,9 +93,11 @@ func luaLibrary() (name, code string) {
 //	6  mode: 0 take, 1 refund, 2 take for a report-only zone, 3 take whose
 //	   charge may be refunded (Request.Refundable: the reply then carries
 //	   the time of the decision), 4 the same for a report-only zone
-//	7  for a take, the zone's options: "0" for none, else fields of a letter
-//	   and digits ("p900000": a penalty of 900000 ms); for a refund, the
-//	   instant of the charge (Unix ms; "0": unknown)
+//	7  the zone's options: "0" for none, else fields of a letter and digits
+//	   (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a delay of
+//	   3000 ms, "a2" delay_after 2, "n1" this request may not wait)
+//	8  for a refund, the instant of the charge (Unix ms; "0": unknown);
+//	   "0" for a take
 //
 // This is the one place that writes them (appendArgs, appendRefunds). A
 // zone's limit rarely changes, so its four numbers and its options are
@@ -104,7 +106,7 @@ func luaLibrary() (name, code string) {
 // int64s, which go-redis writes itself; the mode is a constant).
 
 // argsPerZone is the number of script arguments per zone.
-const argsPerZone = 7
+const argsPerZone = 8
 
 // argSlots is the size of the argument cache: more than the distinct limits
 // of any sane configuration. Dynamic limits resolved per request that
@@ -114,7 +116,9 @@ const argSlots = 256
 // limitArgs is one limit's formatted arguments.
 type limitArgs struct {
 	limit algorithms.Limit
-	head  [5]any // algorithm id, events, window (ms), capacity; and the options
+	// algorithm id, events, window (ms), capacity; the options, and the
+	// options of a request that may not wait
+	head [6]any
 }
 
 // argCache maps limits to their formatted arguments. Safe for concurrent
@@ -123,7 +127,7 @@ type argCache struct {
 	slots [argSlots]atomic.Pointer[limitArgs]
 }
 
-// The script's modes (argument 6).
+// The script's modes (argument 6), and argument 8 of a take.
 var (
 	modeTake, modeRefund, modeReportOnly     any = "0", "1", "2"
 	modeRefundable, modeReportOnlyRefundable any = "3", "4"
@@ -137,10 +141,13 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 	for i := range reqs {
 		r := &reqs[i]
 		h := a.head(r.Limit)
-		mode, last := modeTake, h[4]
+		mode, opts := modeTake, h[4]
+		if r.NoDelay {
+			opts = h[5]
+		}
 		switch {
 		case refund:
-			mode, last = modeRefund, unknownInstant
+			mode = modeRefund
 		case r.ReportOnly && r.Refundable:
 			mode = modeReportOnlyRefundable
 		case r.ReportOnly:
@@ -148,7 +155,7 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 		case r.Refundable:
 			mode = modeRefundable
 		}
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, last)
+		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, opts, unknownInstant)
 	}
 	return args
 }
@@ -159,30 +166,45 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 	for i := range refunds {
 		r := &refunds[i]
 		h := a.head(r.Limit)
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, modeRefund, r.At)
+		args = append(args, h[0], h[1], h[2], h[3], r.Cost, modeRefund, h[4], r.At)
 	}
 	return args
 }
 
 // head returns l's formatted arguments, formatting them on a miss. The
 // algorithms' numeric values travel here: they must not change.
-func (a *argCache) head(l algorithms.Limit) *[5]any {
+func (a *argCache) head(l algorithms.Limit) *[6]any {
 	x := uint64(l.Events)*0x9e3779b97f4a7c15 ^ uint64(l.Window)*0xbf58476d1ce4e5b9 ^ uint64(l.Burst)*0x94d049bb133111eb ^ uint64(l.Algorithm)
 	slot := &a.slots[(x^x>>29)%argSlots]
 	if e := slot.Load(); e != nil && e.limit == l {
 		return &e.head
 	}
-	e := &limitArgs{limit: l, head: [5]any{strconv.Itoa(int(l.Algorithm)),
+	opts := zoneOptions(l)
+	noWait := opts
+	if l.Delay > 0 {
+		noWait += "n1"
+	}
+	e := &limitArgs{limit: l, head: [6]any{strconv.Itoa(int(l.Algorithm)),
 		strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Window, 10), strconv.FormatInt(l.Capacity(), 10),
-		zoneOptions(l)}}
+		opts, noWait}}
 	slot.Store(e)
 	return &e.head
 }
 
-// zoneOptions formats a limit's options (argument 7 of a take).
+// zoneOptions formats a limit's options (argument 7).
 func zoneOptions(l algorithms.Limit) string {
-	if l.Penalty <= 0 {
+	var b []byte
+	if l.Penalty > 0 {
+		b = strconv.AppendInt(append(b, 'p'), l.Penalty, 10)
+	}
+	if l.Delay > 0 {
+		b = strconv.AppendInt(append(b, 'd'), l.Delay, 10)
+		if l.DelayAfter > 0 {
+			b = strconv.AppendInt(append(b, 'a'), l.DelayAfter, 10)
+		}
+	}
+	if len(b) == 0 {
 		return "0"
 	}
-	return "p" + strconv.FormatInt(l.Penalty, 10)
+	return string(b)
 }

@@ -433,6 +433,10 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 			RetryAfter: time.Duration(n[2]) * time.Millisecond,
 			ResetAfter: time.Duration(n[3]) * time.Millisecond,
 		}
+		if out[i].Allowed {
+			// An admission's retry-after is its wait (lua/take.lua).
+			out[i].RetryAfter, out[i].Delay = 0, out[i].RetryAfter
+		}
 	}
 	if n := 4 * len(reqs); len(res) > n {
 		if now, ok := res[n].(int64); ok {

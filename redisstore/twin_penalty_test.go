@@ -23,6 +23,7 @@ func TestLuaTwinPenaltiesAndRefunds(t *testing.T) {
 	c := srv.Client()
 	type lim = algorithms.Limit
 	P := func(l lim, penalty int64) lim { l.Penalty = penalty; return l }
+	D := func(l lim, delay, after int64) lim { l.Delay, l.DelayAfter = delay, after; return l }
 	L := func(alg algorithms.Algorithm, events int64, window time.Duration, burst int64) lim {
 		return limitOf(t, alg, events, window, burst)
 	}
@@ -44,6 +45,11 @@ func TestLuaTwinPenaltiesAndRefunds(t *testing.T) {
 		{"sliding_log refunds", []lim{L(SL, 5, time.Second, 0)}},
 		{"two zones, one with a penalty", []lim{P(L(TB, 4, time.Second, 0), 3000), L(SL, 6, 2*time.Second, 0)}},
 		{"two zones, both with penalties", []lim{P(L(FW, 3, time.Second, 0), 800), P(L(G, 5, time.Second, 2), 1500)}},
+		{"token_bucket delay", []lim{D(L(TB, 10, time.Second, 1), 3000, 0)}},
+		{"token_bucket delay_after", []lim{D(L(TB, 10, time.Second, 5), 1000, 2)}},
+		{"gcra delay", []lim{D(L(G, 7, 3*time.Second, 3), 2500, 0)}},
+		{"gcra delay_after, penalty", []lim{P(D(L(G, 10, time.Second, 5), 800, 3), 1200)}},
+		{"delay beside a sliding log", []lim{D(L(TB, 5, time.Second, 2), 1500, 1), L(SL, 20, 2*time.Second, 0)}},
 	}
 	total := 0
 	for ci, tc := range cases {
@@ -68,7 +74,11 @@ func TestLuaTwinPenaltiesAndRefunds(t *testing.T) {
 				for i, l := range tc.limits {
 					costs[i] = cost(rng, l)
 				}
-				decs := tw.penaltyStep(tc.limits, costs, advance(rng, tc.limits[0])/2)
+				adv := advance(rng, tc.limits[0]) / 2
+				if tc.limits[0].Delay > 0 && rng.IntN(2) == 0 {
+					adv = 0 // bursts, so that requests wait
+				}
+				decs := tw.penaltyStep(tc.limits, costs, adv, rng.IntN(5) == 0)
 				for i, d := range decs {
 					if d.Allowed && decsAllAllowed(decs) {
 						charges = append(charges, charge{zone: i, cost: costs[i], at: tw.now})
@@ -76,8 +86,8 @@ func TestLuaTwinPenaltiesAndRefunds(t *testing.T) {
 				}
 			}
 			total += tw.steps
-			t.Logf("%d steps: %d penalties started, %d refunds written, %d refunds with nothing to give back", tw.steps, tw.penalties, tw.refunded, tw.noRefund)
-			if tw.refunded == 0 || tc.limits[0].Penalty > 0 && tw.penalties == 0 {
+			t.Logf("%d steps: %d penalties started, %d waits, %d refunds written, %d refunds with nothing to give back", tw.steps, tw.penalties, tw.delays, tw.refunded, tw.noRefund)
+			if tw.refunded == 0 || tc.limits[0].Penalty > 0 && tw.penalties == 0 || tc.limits[0].Delay > 0 && tw.delays == 0 {
 				t.Fatalf("the sequence exercised too little")
 			}
 		})
@@ -97,7 +107,7 @@ func decsAllAllowed(ds []algorithms.Decision) bool {
 // penaltyStep advances the clock by adv ms and takes costs[i] from zone i
 // under limits[i] in one script call, and checks Lua against Go: a zone's
 // penalty starting is written whatever the other zones decide.
-func (tw *twin) penaltyStep(limits []algorithms.Limit, costs []int64, adv int64) []algorithms.Decision {
+func (tw *twin) penaltyStep(limits []algorithms.Limit, costs []int64, adv int64, noDelay bool) []algorithms.Decision {
 	t := tw.t
 	t.Helper()
 	tw.steps++
@@ -108,8 +118,8 @@ func (tw *twin) penaltyStep(limits []algorithms.Limit, costs []int64, adv int64)
 	var desc []string
 	for i, z := range tw.zones {
 		keys[i] = z.key
-		args = luaArgs(args, false, algorithms.Request{Limit: limits[i], Cost: costs[i]})
-		desc = append(desc, fmt.Sprintf("zone %d: %s penalty %d cost %d state %q", i, limitString(limits[i]), limits[i].Penalty, costs[i], z.raw))
+		args = luaArgs(args, false, algorithms.Request{Limit: limits[i], Cost: costs[i], NoDelay: noDelay})
+		desc = append(desc, fmt.Sprintf("zone %d: %s penalty %d delay %d/%d cost %d no delay %v state %q", i, limitString(limits[i]), limits[i].Penalty, limits[i].Delay, limits[i].DelayAfter, costs[i], noDelay, z.raw))
 	}
 	tw.record(fmt.Sprintf("step %d: +%dms now=%d take; %s", tw.steps, adv, tw.now, strings.Join(desc, "; ")))
 	res, err := runTwin(tw.ctx, tw.c, keys, args...)
@@ -120,8 +130,12 @@ func (tw *twin) penaltyStep(limits []algorithms.Limit, costs []int64, adv int64)
 	nexts := make([]algorithms.State, n)
 	all := true
 	for i, z := range tw.zones {
-		decs[i], nexts[i], _ = algorithms.Step(z.st, z.fresh, limits[i], tw.now, costs[i])
+		r := algorithms.Request{Limit: limits[i], Cost: costs[i], NoDelay: noDelay}
+		decs[i], nexts[i], _ = algorithms.StepRequest(z.st, z.fresh, &r, tw.now)
 		all = all && decs[i].Allowed
+		if decs[i].Delay > 0 {
+			tw.delays++
+		}
 	}
 	written := make([]bool, n)
 	for i, z := range tw.zones {

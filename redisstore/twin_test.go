@@ -41,7 +41,7 @@ type twin struct {
 	hist  []string
 	steps int
 	// counted by the penalty and refund twin (twin_penalty_test.go)
-	penalties, refunded, noRefund int
+	penalties, refunded, noRefund, delays int
 }
 
 // twinScript is the test entry point of the decision script: its code,
@@ -86,9 +86,11 @@ type luaDecision struct {
 	Remaining, RetryMs, ResetMs int64
 }
 
+// goView is d as the script replies it: an admission's retry-after is its
+// wait (a delay zone's).
 func goView(d algorithms.Decision) luaDecision {
 	return luaDecision{Allowed: d.Allowed, Remaining: d.Remaining,
-		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
+		RetryMs: d.RetryAfter.Milliseconds() + d.Delay.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
 // stateString is what the Lua twin stores for st (encodeState):

@@ -4,15 +4,15 @@
 -- take(KEYS, ARGV, base); the Redis Function library defines all of it
 -- once, when it loads, and its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[base + 7(i-1) + 1..7]
+-- KEYS[i] is zone i's state key. For zone i, ARGV[base + 8(i-1) + 1..8]
 -- (the layout is written by script.go's argCache, argsPerZone) are:
--- algorithm id, events, window (ms), capacity, cost, mode, and a seventh
--- whose meaning depends on the mode. The modes: 0 take, 1 refund, 2 take
--- for a report-only zone, 3 take whose charge may be refunded (a zone
--- counting only some response statuses), 4 the same for a report-only
--- zone. For a take, the seventh is the zone's options (common.lua, opts:
--- '0' for none, 'p<ms>' a penalty); for a refund, the instant of the
--- charge to give back (Unix ms; 0: unknown).
+-- algorithm id, events, window (ms), capacity, cost, mode, the zone's
+-- options (common.lua, opts: '0' for none; a penalty, a delay) and, for a
+-- refund, the instant of the charge to give back (Unix ms; 0: unknown;
+-- '0' for a take). The modes: 0 take, 1 refund, 2 take for a report-only
+-- zone, 3 take whose charge may be refunded (a zone counting only some
+-- response statuses, a request that may wait), 4 the same for a
+-- report-only zone.
 --
 -- It decides every zone, whatever its algorithm, against the state as it
 -- is, and writes only if every zone allows (all-or-nothing; a refusal
@@ -23,7 +23,8 @@
 -- keeping the key's TTL and penalty.
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
--- (ms) and reset-after (ms). When an enforcing zone refused, the reply goes
+-- (ms; for an admission, the wait of a delayed one: algorithms/delay.go)
+-- and reset-after (ms). When an enforcing zone refused, the reply goes
 -- on with what the deny cache needs to answer the same client's next
 -- requests as this script would (package denycache): the time it decided
 -- at (now, ms), then each zone's stored value as it stands after the call
@@ -60,12 +61,13 @@ end
 
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
 -- (false: refunded, nothing to write), the algorithm's value it was decided
--- against, and the stored value after the call (for the deny cache).
+-- against, the stored value after the call (for the deny cache) and its
+-- options.
 -- Overwritten by every call: in a Redis Function library they outlive the
 -- call (holding a value each until the next), so a decision allocates no
 -- table but its reply. The last zone needs none: when it decides, every
 -- zone has.
-local vals, resets, raws, fulls = {}, {}, {}, {}
+local vals, resets, raws, fulls, ots = {}, {}, {}, {}, {}
 
 local function take(keys, argv, base)
   if not byte then bind() end
@@ -76,7 +78,7 @@ local function take(keys, argv, base)
   local lastval, lastreset -- the last zone's state, when it is written
   local lastraw, lastfull -- the last zone's values, as raws and fulls
   for i = 1, n do
-    local b = base + 7 * (i - 1)
+    local b = base + 8 * (i - 1)
     local a = argv[b + 1]
     local alg = nums[a] or num(a)
     local step = steps[alg]
@@ -94,10 +96,12 @@ local function take(keys, argv, base)
       raw, pen = unpen(full)
     end
     local mode = argv[b + 6]
+    local o, ot = argv[b + 7], nil
+    if o and o ~= '0' then ot = opts(o) end
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == '1' then
-      local at = tonum(argv[b + 7]) or 0
-      reset, val = refunds[alg](raw, events, w, capacity, cost, at)
+      local at = tonum(argv[b + 8]) or 0
+      reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
       if reset then
         if pen ~= 0 then val = penalized(pen, val) end
         if val then
@@ -110,22 +114,22 @@ local function take(keys, argv, base)
       if i < n then resets[i] = false end
     else
       if mode == '3' or mode == '4' then wantnow = true end
-      local o, p = argv[b + 7], 0
-      if o and o ~= '0' then p = opts(o).p end
+      local p = 0
+      if ot then p = ot.p end
       if p > 0 and pen ~= 0 and now < pen + p then
         -- in its penalty: refused, nothing written
         local e = pen + p
         local _
-        _, _, _, reset = step(raw, events, w, capacity, 0)
+        _, _, _, reset = step(raw, events, w, capacity, 0, ot)
         retry = e - now
         if cost > 0 then
-          local ok, _, r = step(raw, events, w, capacity, cost)
+          local ok, _, r = step(raw, events, w, capacity, cost, ot)
           if ok == 0 and r > retry then retry = r end
         end
         if reset < e - now then reset = e - now end
         allowed, rem = 0, 0
       else
-        allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost)
+        allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost, ot)
         if allowed == 0 and p > 0 then
           -- the penalty starts, whatever the other zones decide
           rem = 0
@@ -138,7 +142,7 @@ local function take(keys, argv, base)
       -- a report-only zone never vetoes
       if allowed == 0 and mode ~= '2' and mode ~= '4' then all = false end
       if i < n then
-        vals[i], resets[i], raws[i], fulls[i] = val, reset, raw, full
+        vals[i], resets[i], raws[i], fulls[i], ots[i] = val, reset, raw, full, ot
       else
         lastraw, lastfull = raw, full
         if allowed == 1 then
@@ -146,7 +150,7 @@ local function take(keys, argv, base)
             lastval, lastreset = val, reset
           else
             -- vetoed: nothing is charged; show this zone as it stands
-            allowed, rem, retry, reset = step(raw, events, w, capacity, 0)
+            allowed, rem, retry, reset = step(raw, events, w, capacity, 0, ot)
           end
         end
       end
@@ -165,9 +169,9 @@ local function take(keys, argv, base)
         store(keys[i], vals[i], resets[i])
       else
         -- vetoed, as above
-        local b = base + 7 * (i - 1)
+        local b = base + 8 * (i - 1)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
-          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0)
+          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0, ots[i])
       end
     end
   end
