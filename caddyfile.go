@@ -97,7 +97,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        count       <status|class|range>...
 //	        on_exceed   refuse|pass
 //	        penalty     <duration>
+//	        delay       <max_wait>
+//	        delay_after <n>
 //	    }
+//	    max_waiting <n>
 //	    store memory {
 //	        max_keys       <n>
 //	        sweep_interval <duration>
@@ -196,6 +199,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("rate_limit: enabled must be true or false, got %q", v)
 			}
 			h.Enabled = &b
+		case "max_waiting":
+			if v, err = arg(field); err != nil {
+				break
+			}
+			n, perr := strconv.Atoi(v)
+			if perr != nil || n < 1 { // 0 would read as not set
+				return d.Errf("rate_limit: max_waiting must be a positive integer, got %q", v)
+			}
+			h.MaxWaiting = n
 		case "sweep_interval":
 			if v, err = arg(field); err != nil {
 				break
@@ -210,7 +222,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "storage":
 			return d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics)", field)
+			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting)", field)
 		}
 		if err != nil {
 			return err
@@ -339,8 +351,16 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			if v, err = p.arg(field); err == nil {
 				z.Penalty, err = p.duration(field, v)
 			}
+		case "delay":
+			if v, err = p.arg(field); err == nil {
+				z.Delay, err = p.duration(field, v)
+			}
+		case "delay_after":
+			if v, err = p.arg(field); err == nil {
+				z.DelayAfter, err = p.count(field, v)
+			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -105,6 +105,9 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if l.Penalty, err = z.penalty(); err != nil {
 		return nil, err
 	}
+	if err := z.delay(&l); err != nil {
+		return nil, err
+	}
 	if z.IPv4Prefix < 1 || z.IPv4Prefix > 32 {
 		return nil, fmt.Errorf("ipv4_prefix must be between 0 and 32 (0: the default, 32), got %d", z.IPv4Prefix)
 	}
@@ -256,6 +259,12 @@ func describeLimit(l algorithms.Limit) string {
 	}
 	if l.Penalty > 0 {
 		s += fmt.Sprintf(" penalty %s", time.Duration(l.Penalty)*time.Millisecond)
+	}
+	if l.Delay > 0 {
+		s += fmt.Sprintf(" delay %s", time.Duration(l.Delay)*time.Millisecond)
+	}
+	if l.DelayAfter > 0 {
+		s += fmt.Sprintf(" delay_after %d", l.DelayAfter)
 	}
 	return s + " algorithm " + l.Algorithm.String()
 }

@@ -107,7 +107,17 @@ type refunder interface {
 // refuses count zones on a store that cannot give charges back.
 func (h *Handler) provisionOutcomes() error {
 	_, canRefund := h.store.(refunder)
+	h.room = &waitingRoom{max: defaultMaxWaiting}
+	if h.MaxWaiting > 0 {
+		h.room.max = int64(h.MaxWaiting)
+	}
 	for _, z := range h.zones {
+		if z.limit.Delay > 0 {
+			if !canRefund {
+				return zoneErr(z.name, errors.New("delay: the store cannot give a departed request's reservation back (use store memory or store redis)"))
+			}
+			h.delaying = true
+		}
 		if z.pass && !h.passing {
 			h.passing = true
 			passDirectives.Add(1) // Cleanup takes it back

@@ -3,6 +3,7 @@ package sluice
 import (
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -22,6 +23,9 @@ type scratch struct {
 	shown []*shownLimit // what the responses show of each request's limit
 	buf   []byte
 	store Store // the store that decided (the fail-local fallback's, after a failover)
+	// slot is the waiting room's count of the handler this request holds a
+	// place in (delay.go), nil for none; release gives the place back.
+	slot *atomic.Int64
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -37,6 +41,10 @@ var scratchPool = sync.Pool{New: func() any {
 func (s *scratch) release() {
 	s.reqs, s.decs, s.zones, s.shown = s.reqs[:0], s.decs[:0], s.zones[:0], s.shown[:0]
 	s.store = nil
+	if s.slot != nil {
+		s.slot.Add(-1)
+		s.slot = nil
+	}
 	if cap(s.buf) > 64<<10 {
 		s.buf = nil // do not keep a huge key buffer alive
 	}
@@ -82,6 +90,9 @@ type verdict struct {
 	// passed is the on_exceed pass zone an allowed request exceeded
 	// (pass.go); nil for none.
 	passed *passInfo
+	// wait is an allowed request's wait for its turn (delay.go); nil for
+	// none.
+	wait *waiter
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -107,6 +118,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		hs.set(w.Header())
 		if h.passing {
 			h.markPass(r, v.passed, now)
+		}
+		if v.wait != nil {
+			if err := h.await(r, v.wait, v.after); err != nil {
+				return err
+			}
 		}
 		if v.after != nil {
 			return h.serveAfter(w, r, next, v.after)
@@ -153,7 +169,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass, Refundable: z.counts != nil})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass, Refundable: z.counts != nil || h.delaying})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -162,6 +178,9 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 	}
 	s.sizeDecs()
 	s.store = h.store
+	if h.delaying {
+		h.enterWaitingRoom(s)
+	}
 	start := time.Now()
 	err := h.store.Take(r.Context(), s.reqs, s.decs)
 	if h.storeStats != nil {

@@ -82,6 +82,11 @@ type Handler struct {
 	// likewise.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
+	// MaxWaiting bounds the requests of this handler waiting at once for
+	// their turn (zones with delay); past it, a request that would wait is
+	// decided as if it could not: refused. At least 1. Default: 1000.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
 	zones       []*zone
 	store       Store
 	local       Store
@@ -98,6 +103,10 @@ type Handler struct {
 	ctx         caddy.Context
 	counting    bool // a zone counts only some statuses (count.go)
 	passing     bool // a zone forwards its would-be refusals (pass.go)
+	// delaying: a zone lets requests wait for their turn (delay.go),
+	// within room.
+	delaying bool
+	room     *waitingRoom
 }
 
 // CaddyModule returns the Caddy module information.
@@ -276,6 +285,9 @@ func (h *Handler) Validate() error {
 	}
 	if err := h.validateZoneModes(); err != nil {
 		return err
+	}
+	if h.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting must be at least 1, got %d", h.MaxWaiting)
 	}
 	return h.Response.validate()
 }

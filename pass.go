@@ -86,6 +86,9 @@ func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
 	if h.passing {
 		v.passed = passedOf(s)
 	}
+	if h.delaying {
+		v.wait = h.waiterOf(s)
+	}
 }
 
 // markPass publishes, for a directive with an on_exceed pass zone, what the

@@ -106,6 +106,17 @@ type Zone struct {
 	// whatever its bucket would allow sooner: a whole number of
 	// milliseconds, at least 1ms. Default: none.
 	Penalty caddy.Duration `json:"penalty,omitempty"`
+
+	// Delay lets a request the zone would refuse wait for its turn, up to
+	// this long, instead (token_bucket and gcra): its slot is reserved at
+	// once and it proceeds when its time comes. A whole number of
+	// milliseconds, at least 1ms. Default: none (refuse).
+	Delay caddy.Duration `json:"delay,omitempty"`
+
+	// DelayAfter, with Delay, is how many events of a burst pass at once;
+	// the rest are spaced at the rate. At most the capacity. Default: the
+	// capacity (burst, else max_events).
+	DelayAfter int64 `json:"delay_after,omitempty"`
 }
 
 // Fail policies.
