@@ -163,8 +163,7 @@ func (h *Handler) await(r *http.Request, w *waiter, after afterResponse) error {
 	}()
 	select {
 	case <-t.C:
-		repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		repl.Set(phPrefix+"delay", w.delay.Milliseconds())
+		markDelay(r, w.delay)
 		return nil
 	case <-r.Context().Done():
 	}
@@ -195,3 +194,19 @@ var timerPool = sync.Pool{New: func() any {
 	t.Stop()
 	return t
 }}
+
+// markDelay adds d to {http.rate_limit.delay}, the milliseconds the request
+// waited for its turn (0 for none: a directive with a delay zone sets it on
+// every request it lets through, so that header_up, which sends an unknown
+// placeholder as its literal text, always sends a number; a request that
+// waited in two directives waited the sum).
+func markDelay(r *http.Request, d time.Duration) {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	ms := d.Milliseconds()
+	if prior, ok := repl.Get(phPrefix + "delay"); ok {
+		if p, ok := prior.(int64); ok {
+			ms += p
+		}
+	}
+	repl.Set(phPrefix+"delay", ms)
+}

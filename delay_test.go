@@ -148,7 +148,7 @@ func TestDelayAfter(t *testing.T) {
 	for _, a := range app.got {
 		delays = append(delays, a.delay)
 	}
-	want := []string{"", "", "", "", "50", "100", "150", "200", "250", "300"}
+	want := []string{"0", "0", "0", "0", "50", "100", "150", "200", "250", "300"}
 	if !slices.Equal(delays, want) {
 		t.Fatalf("the waits, in arrival order: %q; want 4 at once, then 50 ms apart up to 300", delays)
 	}
@@ -210,7 +210,7 @@ func TestMaxWaiting(t *testing.T) {
 	}
 	waited := 0
 	for _, a := range app.got {
-		if a.delay != "" {
+		if a.delay != "0" {
 			waited++
 		}
 	}

@@ -109,6 +109,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if h.passing {
 			h.markPass(r, nil, time.Time{})
 		}
+		if h.delaying {
+			markDelay(r, 0)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
@@ -123,6 +126,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if err := h.await(r, v.wait, v.after); err != nil {
 				return err
 			}
+		} else if h.delaying {
+			markDelay(r, 0)
 		}
 		if v.after != nil {
 			return h.serveAfter(w, r, next, v.after)

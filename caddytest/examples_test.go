@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -737,5 +738,86 @@ func TestEveryExampleIsTested(t *testing.T) {
 		if !regexp.MustCompile(`loadExample(Edited)?\(t, "` + regexp.QuoteMeta(name) + `"`).Match(src) {
 			t.Errorf("examples/%s is loaded by no test in examples_test.go", name)
 		}
+	}
+}
+
+// TestExampleWebhooks loads examples/webhooks.Caddyfile in front of a
+// stand-in application and checks what its comment promises: a burst of 40
+// deliveries from one sender is smoothed to 10 a second: 31 delivered
+// within 3 s, in order, 100 ms apart (the application sees each one's wait
+// in X-Webhook-Delay-Ms), and 9 refused with Retry-After; another sender
+// meanwhile is held only by the shared zone; nothing but POST /webhooks/*
+// is limited.
+func TestExampleWebhooks(t *testing.T) {
+	type delivery struct {
+		sender string
+		delay  int
+		at     time.Time
+	}
+	var mu sync.Mutex
+	var arrived []delivery
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, err := strconv.Atoi(r.Header.Get("X-Webhook-Delay-Ms"))
+		if err != nil && r.Method == http.MethodPost {
+			t.Errorf("X-Webhook-Delay-Ms %q", r.Header.Get("X-Webhook-Delay-Ms"))
+		}
+		mu.Lock()
+		arrived = append(arrived, delivery{sender: r.Header.Get("X-Webhook-Sender"), delay: d, at: time.Now()})
+		mu.Unlock()
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer app.Close()
+	sender, total := zoneName("webhook_sender"), zoneName("webhook_total")
+	loadExample(t, "webhooks.Caddyfile",
+		map[string]string{"SLUICE_WEBHOOK_UPSTREAM": app.Listener.Addr().String()},
+		map[string]string{"webhook_sender": sender, "webhook_total": total})
+
+	c := loopbackClient(64)
+	acme := "acme-" + nonce
+	t0 := time.Now()
+	out, took := burstDo(t, c, http.MethodPost, siteA+"/webhooks/payments", 40, 40, "X-Webhook-Sender: "+acme)
+	ok, refused := countBurst(t, out, "40 deliveries at once")
+	for i, o := range out {
+		if o.code == http.StatusTooManyRequests {
+			expectRetryAfter(t, result{code: o.code, header: o.header, body: o.body}, 1, 1, "refused delivery "+strconv.Itoa(i))
+		}
+	}
+	if ok != 31 || refused != 9 {
+		t.Fatalf("40 deliveries at once: %d delivered, %d refused; want 31 and 9", ok, refused)
+	}
+	mu.Lock()
+	got := slices.Clone(arrived)
+	mu.Unlock()
+	if len(got) != 31 {
+		t.Fatalf("the application got %d deliveries, want 31", len(got))
+	}
+	// The turns are 100 ms apart from the first decision: delivery k is
+	// decided a few ms after the first and waits 100k ms less those. So,
+	// in arrival order, the waits grow, none exceeds 100k ms, and each
+	// delivery arrives no sooner than 100k ms after the first (a little
+	// tolerance for the first's own latency), and not much later (a loaded
+	// machine's timers).
+	for k, d := range got {
+		if k > 0 && d.delay <= got[k-1].delay {
+			t.Errorf("delivery %d waited %d ms, after one that waited %d: out of order", k, d.delay, got[k-1].delay)
+		}
+		if d.delay > 100*k || d.delay < 100*k-500 {
+			t.Errorf("delivery %d waited %d ms, want its turn at %d ms from the first decision", k, d.delay, 100*k)
+		}
+		gap := d.at.Sub(got[0].at)
+		if early := time.Duration(100*k)*time.Millisecond - gap; early > 50*time.Millisecond {
+			t.Errorf("delivery %d arrived %v after the first: %v before its turn", k, gap, early)
+		}
+		if late := gap - time.Duration(100*k)*time.Millisecond; late > time.Second {
+			t.Errorf("delivery %d arrived %v after the first: %v after its turn", k, gap, late)
+		}
+	}
+	t.Logf("40 deliveries: 31 delivered over %v (the last %v after the first), 9 refused", took.Round(time.Millisecond), got[30].at.Sub(got[0].at).Round(time.Millisecond))
+	_ = t0
+
+	// Only POST /webhooks/* is limited.
+	for i := 1; i <= 20; i++ {
+		r := expect(t, get(t, c, siteA+"/webhooks/payments", "X-Webhook-Sender: "+acme), 200, "GET #"+strconv.Itoa(i))
+		expectNoLimitHeaders(t, r, "GET /webhooks/payments")
 	}
 }
