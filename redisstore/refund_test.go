@@ -195,3 +195,40 @@ func BenchmarkTakeCount(b *testing.B) {
 		})
 	}
 }
+
+// A delay zone through the Redis store: a refundable Take reports the wait
+// (Decision.Delay) and its instant; NoDelay refuses instead of reserving;
+// a departed request's reservation, given back, is exact.
+func TestStoreDelay(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newTestStore(t, srv.URL(), "", testTimeout, 0)
+	l := limitOf(t, algorithms.TokenBucket, 10, time.Hour, 1) // one token per 6 minutes
+	l.Delay = int64(13 * time.Minute / time.Millisecond)
+	k := freshKey(t)
+	r := algorithms.Request{Zone: "dz", Key: k, Limit: l, Cost: 1, Refundable: true}
+	first := take(t, s, r)[0]
+	if !first.Allowed || first.Delay != 0 {
+		t.Fatalf("first: %+v", first)
+	}
+	second := take(t, s, r)[0]
+	if !second.Allowed || second.Delay < 6*time.Minute-time.Second || second.Delay > 6*time.Minute || second.At == 0 {
+		t.Fatalf("second: %+v; want admitted with a wait of 6 minutes", second)
+	}
+	third := take(t, s, r)[0]
+	if !third.Allowed || third.Delay < 12*time.Minute-time.Second || third.Delay > 12*time.Minute {
+		t.Fatalf("third: %+v; want a wait of 12 minutes", third)
+	}
+	noWait := r
+	noWait.NoDelay = true
+	if d := take(t, s, noWait)[0]; d.Allowed || d.RetryAfter < 18*time.Minute-time.Second {
+		t.Fatalf("a request that may not wait: %+v; want refused until it passes at once", d)
+	}
+	if d := take(t, s, r)[0]; d.Allowed || d.RetryAfter > 5*time.Minute+time.Second {
+		t.Fatalf("a fourth (a wait of 18 minutes): %+v; want refused, Retry-After 5 minutes", d)
+	}
+	// The second goes away: its slot goes to the next request.
+	refundAndWait(t, s, []algorithms.Refund{{Zone: "dz", Key: k, Limit: l, Cost: 1, At: second.At}})
+	if d := take(t, s, r)[0]; !d.Allowed || d.Delay > 12*time.Minute || d.Delay < 12*time.Minute-2*time.Second {
+		t.Fatalf("after the departure: %+v; want the freed turn (12 minutes)", d)
+	}
+}
