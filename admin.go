@@ -188,10 +188,13 @@ type adminZoneInfo struct {
 	ReportOnly bool           `json:"report_only"`
 	Enabled    bool           `json:"enabled"`
 	Store      map[string]any `json:"store"`
-	// Count, OnExceed and Penalty: the zone's settings, when set.
-	Count    []string `json:"count,omitempty"`
-	OnExceed string   `json:"on_exceed,omitempty"`
-	Penalty  string   `json:"penalty,omitempty"`
+	// Count, OnExceed, Penalty, Delay and DelayAfter: the zone's settings,
+	// when set.
+	Count      []string `json:"count,omitempty"`
+	OnExceed   string   `json:"on_exceed,omitempty"`
+	Penalty    string   `json:"penalty,omitempty"`
+	Delay      string   `json:"delay,omitempty"`
+	DelayAfter int64    `json:"delay_after,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {

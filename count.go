@@ -202,8 +202,8 @@ func (st *settlement) done() {
 	settlementPool.Put(st)
 }
 
-// outcomesInfo adds the zone's count, on_exceed and penalty to its admin
-// listing.
+// outcomesInfo adds the zone's count, on_exceed, penalty and delay to its
+// admin listing.
 func outcomesInfo(z *zone, info *adminZoneInfo) {
 	info.Count = z.countSpec
 	if z.pass {
@@ -211,5 +211,9 @@ func outcomesInfo(z *zone, info *adminZoneInfo) {
 	}
 	if z.limit.Penalty > 0 {
 		info.Penalty = (time.Duration(z.limit.Penalty) * time.Millisecond).String()
+	}
+	if z.limit.Delay > 0 {
+		info.Delay = (time.Duration(z.limit.Delay) * time.Millisecond).String()
+		info.DelayAfter = z.limit.DelayAfter
 	}
 }

@@ -121,7 +121,9 @@ var waiterPool = sync.Pool{New: func() any { return &waiter{refunds: make([]algo
 func (h *Handler) waiterOf(s *scratch) *waiter {
 	best := -1
 	for i := range s.decs {
-		if s.decs[i].Allowed && s.decs[i].Delay > 0 && (best < 0 || s.decs[i].Delay > s.decs[best].Delay) {
+		// A report-only (or on_exceed pass) zone never holds a request up:
+		// its reservation is made, as under enforcement, and not waited for.
+		if s.decs[i].Allowed && s.decs[i].Delay > 0 && !s.reqs[i].ReportOnly && (best < 0 || s.decs[i].Delay > s.decs[best].Delay) {
 			best = i
 		}
 	}

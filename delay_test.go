@@ -360,3 +360,39 @@ func BenchmarkServeHTTPDelay(b *testing.B) {
 		})
 	}
 }
+
+// A report-only zone with delay reserves as enforcing would, and never
+// holds a request up.
+func TestDelayReportOnlyNeverWaits(t *testing.T) {
+	clock := &fakeClock{ms: 1_800_000_000_000}
+	h := newHandler(t, `rate_limit {
+		zone dry_delay {
+			key {http.request.header.X-User}
+			events 10
+			window 1s
+			burst 1
+			delay 3s
+			report_only
+		}
+	}`, clock)
+	app := &recordingApp{}
+	t0 := time.Now()
+	out := burst(t, h, app, 10)
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("10 requests took %v: a report-only zone held them up", d)
+	}
+	for i, w := range out {
+		if w.Code != 200 {
+			t.Fatalf("request %d: %d", i, w.Code)
+		}
+	}
+	for _, a := range app.got {
+		if a.delay != "0" {
+			t.Fatalf("a request waited %s ms", a.delay)
+		}
+	}
+	// The zone's state is what enforcing would make it: 9 reservations.
+	if d := peekZone(t, h, "dry_delay", "bursty"); d.ResetAfter != time.Second {
+		t.Fatalf("the zone shows %+v; want its 10 charges (full in 1 s)", d)
+	}
+}
