@@ -190,6 +190,13 @@ type adminZoneInfo struct {
 	ReportOnly bool           `json:"report_only"`
 	Enabled    bool           `json:"enabled"`
 	Store      map[string]any `json:"store"`
+	// Count, OnExceed, Penalty, Delay and DelayAfter: the zone's settings,
+	// when set.
+	Count      []string `json:"count,omitempty"`
+	OnExceed   string   `json:"on_exceed,omitempty"`
+	Penalty    string   `json:"penalty,omitempty"`
+	Delay      string   `json:"delay,omitempty"`
+	DelayAfter int64    `json:"delay_after,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {
@@ -203,7 +210,7 @@ func (az *adminZone) info() adminZoneInfo {
 	if z.costExpr != nil {
 		cost = z.costExpr.String()
 	}
-	return adminZoneInfo{
+	info := adminZoneInfo{
 		Name:       z.name,
 		Algorithm:  z.limit.Algorithm.String(),
 		Events:     z.limit.Events,
@@ -220,6 +227,8 @@ func (az *adminZone) info() adminZoneInfo {
 		Enabled:    az.enabled,
 		Store:      storeInfo(az.h.store),
 	}
+	outcomesInfo(z, &info)
+	return info
 }
 
 // storeInfo describes a store for the listing.

@@ -94,7 +94,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        fail        open|closed|local
 //	        report_only
 //	        enabled     true|false
+//	        count       <status|class|range>...
+//	        on_exceed   refuse|pass
+//	        penalty     <duration>
+//	        delay       <max_wait>
+//	        delay_after <n>
 //	    }
+//	    max_waiting <n>
 //	    store memory {
 //	        max_keys       <n>
 //	        sweep_interval <duration>
@@ -193,6 +199,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("rate_limit: enabled must be true or false, got %q", v)
 			}
 			h.Enabled = &b
+		case "max_waiting":
+			if v, err = arg(field); err != nil {
+				break
+			}
+			n, perr := strconv.Atoi(v)
+			if perr != nil || n < 1 { // 0 would read as not set
+				return d.Errf("rate_limit: max_waiting must be a positive integer, got %q", v)
+			}
+			h.MaxWaiting = n
 		case "sweep_interval":
 			if v, err = arg(field); err != nil {
 				break
@@ -207,7 +222,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "storage":
 			return d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics)", field)
+			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting)", field)
 		}
 		if err != nil {
 			return err
@@ -326,8 +341,26 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
 			z.IPv6Prefix, err = p.prefix(field)
+		case "count":
+			if z.Count = d.RemainingArgs(); len(z.Count) == 0 {
+				return nil, p.errf("count needs at least one status: a code, a class or a range (count 401 403, count 4xx, count 500-599)")
+			}
+		case "on_exceed":
+			z.OnExceed, err = p.arg(field)
+		case "penalty":
+			if v, err = p.arg(field); err == nil {
+				z.Penalty, err = p.duration(field, v)
+			}
+		case "delay":
+			if v, err = p.arg(field); err == nil {
+				z.Delay, err = p.duration(field, v)
+			}
+		case "delay_after":
+			if v, err = p.arg(field); err == nil {
+				z.DelayAfter, err = p.count(field, v)
+			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after)", field)
 		}
 		if err != nil {
 			return nil, err

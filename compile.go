@@ -39,6 +39,13 @@ type zone struct {
 	// metrics are the zone's counters; nil with disable_metrics.
 	metrics    *zoneMetrics
 	reportOnly bool
+	// counts are the response statuses the zone charges (count.go); nil:
+	// every response. countSpec is the setting as written.
+	counts    *statusSet
+	countSpec []string
+	// pass forwards a request the zone would refuse (on_exceed pass,
+	// pass.go).
+	pass bool
 	// The name as each sink carries it (see setNames): JSON-escaped (without
 	// the quotes), the policy identifier of the IETF RateLimit fields, that
 	// identifier as a serialised sf-string and as a JSON string (both with
@@ -95,6 +102,12 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err != nil {
 		return nil, err
 	}
+	if l.Penalty, err = z.penalty(); err != nil {
+		return nil, err
+	}
+	if err := z.delay(&l); err != nil {
+		return nil, err
+	}
 	if z.IPv4Prefix < 1 || z.IPv4Prefix > 32 {
 		return nil, fmt.Errorf("ipv4_prefix must be between 0 and 32 (0: the default, 32), got %d", z.IPv4Prefix)
 	}
@@ -119,6 +132,9 @@ func (z *Zone) compile(name string) (*zone, error) {
 		return nil, fmt.Errorf("key: %w", err)
 	}
 	zn := &zone{name: name, limit: l, cost: 1, deriver: der, fail: z.Fail, reportOnly: z.ReportOnly}
+	if err := zn.compileOutcomes(z); err != nil {
+		return nil, err
+	}
 	zn.setNames()
 	if err := zn.compileCost(z); err != nil {
 		return nil, err
@@ -240,6 +256,15 @@ func describeLimit(l algorithms.Limit) string {
 	s := fmt.Sprintf("events %d window %s", l.Events, time.Duration(l.Window)*time.Millisecond)
 	if l.Burst > 0 {
 		s += fmt.Sprintf(" burst %d", l.Burst)
+	}
+	if l.Penalty > 0 {
+		s += fmt.Sprintf(" penalty %s", time.Duration(l.Penalty)*time.Millisecond)
+	}
+	if l.Delay > 0 {
+		s += fmt.Sprintf(" delay %s", time.Duration(l.Delay)*time.Millisecond)
+	}
+	if l.DelayAfter > 0 {
+		s += fmt.Sprintf(" delay_after %d", l.DelayAfter)
 	}
 	return s + " algorithm " + l.Algorithm.String()
 }

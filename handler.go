@@ -3,6 +3,7 @@ package sluice
 import (
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,6 +22,10 @@ type scratch struct {
 	zones []*zone
 	shown []*shownLimit // what the responses show of each request's limit
 	buf   []byte
+	store Store // the store that decided (the fail-local fallback's, after a failover)
+	// slot is the waiting room's count of the handler this request holds a
+	// place in (delay.go), nil for none; release gives the place back.
+	slot *atomic.Int64
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -35,6 +40,11 @@ var scratchPool = sync.Pool{New: func() any {
 
 func (s *scratch) release() {
 	s.reqs, s.decs, s.zones, s.shown = s.reqs[:0], s.decs[:0], s.zones[:0], s.shown[:0]
+	s.store = nil
+	if s.slot != nil {
+		s.slot.Add(-1)
+		s.slot = nil
+	}
 	if cap(s.buf) > 64<<10 {
 		s.buf = nil // do not keep a huge key buffer alive
 	}
@@ -74,6 +84,15 @@ type verdict struct {
 	// violated lists the refusing zones (response problem only), as the
 	// members of a JSON array: their policy identifiers, quoted.
 	violated string
+	// after is what an allowed request leaves for its response (after.go):
+	// its count zones' settlement; nil for none.
+	after afterResponse
+	// passed is the on_exceed pass zone an allowed request exceeded
+	// (pass.go); nil for none.
+	passed *passInfo
+	// wait is an allowed request's wait for its turn (delay.go); nil for
+	// none.
+	wait *waiter
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -87,6 +106,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if out == pass {
+		if h.passing {
+			h.markPass(r, nil, time.Time{})
+		}
+		if h.delaying {
+			markDelay(r, 0)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	now := time.Now()
@@ -94,6 +119,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		var hs headerSet
 		h.addLimitHeaders(&hs, w.Header(), &v, false, 0, resetUnix(now, v.ResetAfter))
 		hs.set(w.Header())
+		if h.passing {
+			h.markPass(r, v.passed, now)
+		}
+		if v.wait != nil {
+			if err := h.await(r, v.wait, v.after); err != nil {
+				return err
+			}
+		} else if h.delaying {
+			markDelay(r, 0)
+		}
+		if v.after != nil {
+			return h.serveAfter(w, r, next, v.after)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.refuse(w, r, &v, out == failClosed, now)
@@ -136,7 +174,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass, Refundable: z.counts != nil || h.delaying})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -144,6 +182,10 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		return verdict{}, pass, nil
 	}
 	s.sizeDecs()
+	s.store = h.store
+	if h.delaying {
+		h.enterWaitingRoom(s)
+	}
 	start := time.Now()
 	err := h.store.Take(r.Context(), s.reqs, s.decs)
 	if h.storeStats != nil {
@@ -235,6 +277,7 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 		h.reportWouldRefuse(s)
 	}
 	v := verdict{zone: s.zones[best], shown: s.shown[best], key: s.reqs[best].Key, Decision: s.decs[best], cost: s.reqs[best].Cost}
+	h.completeVerdict(s, &v, refused)
 	if h.draft {
 		v.policy, v.state = draftFields(s)
 	}
@@ -254,7 +297,11 @@ func (h *Handler) reportWouldRefuse(s *scratch) {
 		if s.decs[i].Allowed || !s.reqs[i].ReportOnly {
 			continue
 		}
-		if ce := h.refusalLog.check(h.logger, zap.InfoLevel, "rate limit would be exceeded (report only)", time.Now()); ce != nil {
+		msg := "rate limit would be exceeded (report only)"
+		if s.zones[i].pass {
+			msg = "rate limit exceeded (on_exceed pass: forwarded, marked)"
+		}
+		if ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
 			h.refusalLog.write(ce,
 				zap.String("zone", s.zones[i].name),
 				zap.String("key", s.reqs[i].Key.String()),
@@ -302,6 +349,7 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 	}
 	s.reqs, s.zones, s.shown = s.reqs[:n], s.zones[:n], s.shown[:n]
 	s.sizeDecs()
+	s.store = h.local
 	if err := h.local.Take(r.Context(), s.reqs, s.decs); err != nil {
 		h.logStoreError(err)
 		return verdict{}, pass, nil

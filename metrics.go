@@ -20,6 +20,10 @@ var metrics = struct {
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
+	refunds       *prometheus.CounterVec
+	delays        *prometheus.HistogramVec
+	abandoned     *prometheus.CounterVec
+	waiting       prometheus.Gauge
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -37,6 +41,12 @@ const (
 	// not charged in that zone.
 	outcomeAmbiguous           = "ambiguous_key"
 	outcomeReportOnlyAmbiguous = "report_only_ambiguous_key"
+	// An on_exceed pass zone would refuse: the request was forwarded,
+	// marked (pass.go).
+	outcomeExceededPassed = "exceeded_passed"
+	// A zone with delay admitted the request later: it waited its turn
+	// (delay.go).
+	outcomeDelayed = "delayed"
 )
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -44,7 +54,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	metrics.once.Do(func() {
 		metrics.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate limit decisions by zone and outcome (allowed, refused, vetoed, report_only_refused, failed_open, failed_closed, failed_local, ambiguous_key, report_only_ambiguous_key).",
+			Help: "Rate limit decisions by zone and outcome (allowed, delayed, refused, vetoed, report_only_refused, exceeded_passed, failed_open, failed_closed, failed_local, ambiguous_key, report_only_ambiguous_key).",
 		}, []string{"zone", "outcome"})
 		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
@@ -59,8 +69,25 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "dynamic_fallbacks_total",
 			Help: "Per-request values (events, window, burst, cost) that were empty or unusable, or resolved to an invalid limit (limit), so the zone's default applied; by zone and field.",
 		}, []string{"zone", "field"})
+		metrics.refunds = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "refunds_total",
+			Help: "Charges given back by a zone with count: requests whose response status the zone does not count, by zone.",
+		}, []string{"zone"})
+		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "delay_seconds",
+			Help:    "Requests that waited their turn (zones with delay) and how long, by the zone that made them wait longest.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"zone"})
+		metrics.abandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "delay_abandoned_total",
+			Help: "Waiting requests whose client went away (or whose server shut down) before their turn: their reservations were given back.",
+		}, []string{"zone"})
+		metrics.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "waiting",
+			Help: "Requests waiting for their turn now (zones with delay), in this process.",
+		})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
@@ -75,6 +102,14 @@ type zoneMetrics struct {
 	// ambiguous counts requests whose key was ambiguous (refused with 400,
 	// or passed uncharged in a report-only zone: reportOnlyAmbiguous).
 	ambiguous, reportOnlyAmbiguous prometheus.Counter
+	// passed counts would-be refusals of an on_exceed pass zone; refunded,
+	// a count zone's charges given back.
+	passed, refunded prometheus.Counter
+	// delayed counts a delay zone's admissions with a wait; delay observes
+	// the waits it imposed (the longest of a request's); abandoned, the
+	// waits whose client went away.
+	delayed, abandoned prometheus.Counter
+	delay              prometheus.Observer
 	// fallbacks counts unusable per-request values by field; nil for a
 	// zone with nothing chosen per request.
 	fallbacks *[numFields]prometheus.Counter
@@ -86,6 +121,8 @@ func newZoneMetrics(zone string, perRequest bool) *zoneMetrics {
 		allowed: c(outcomeAllowed), refused: c(outcomeRefused), vetoed: c(outcomeVetoed), reportOnly: c(outcomeReportOnly),
 		failedOpen: c(outcomeFailedOpen), failedClosed: c(outcomeFailedClosed), failedLocal: c(outcomeFailedLocal),
 		ambiguous: c(outcomeAmbiguous), reportOnlyAmbiguous: c(outcomeReportOnlyAmbiguous),
+		passed: c(outcomeExceededPassed), refunded: metrics.refunds.WithLabelValues(zone),
+		delayed: c(outcomeDelayed), abandoned: metrics.abandoned.WithLabelValues(zone), delay: metrics.delays.WithLabelValues(zone),
 	}
 	if perRequest {
 		m.fallbacks = new([numFields]prometheus.Counter)
@@ -139,8 +176,12 @@ func countDecisions(s *scratch, refused bool) {
 		}
 		wouldRefuse := !s.decs[i].Allowed
 		switch {
+		case wouldRefuse && z.pass:
+			z.metrics.passed.Inc()
 		case wouldRefuse && s.reqs[i].ReportOnly:
 			z.metrics.reportOnly.Inc()
+		case !refused && s.decs[i].Delay > 0:
+			z.metrics.delayed.Inc()
 		case !refused:
 			z.metrics.allowed.Inc()
 		case wouldRefuse:

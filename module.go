@@ -82,6 +82,11 @@ type Handler struct {
 	// likewise.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
+	// MaxWaiting bounds the requests of this handler waiting at once for
+	// their turn (zones with delay); past it, a request that would wait is
+	// decided as if it could not: refused. At least 1. Default: 1000.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
 	zones       []*zone
 	store       Store
 	local       Store
@@ -96,6 +101,12 @@ type Handler struct {
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
+	counting    bool // a zone counts only some statuses (count.go)
+	passing     bool // a zone forwards its would-be refusals (pass.go)
+	// delaying: a zone lets requests wait for their turn (delay.go),
+	// within room.
+	delaying bool
+	room     *waitingRoom
 }
 
 // CaddyModule returns the Caddy module information.
@@ -148,6 +159,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.store = st
 
 	if err := h.provisionZones(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionOutcomes(); err != nil {
 		return err
 	}
 
@@ -269,11 +283,21 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("sweep_interval must be at least %s, got %s", memstore.MinSweepInterval, time.Duration(h.SweepInterval))
 		}
 	}
+	if err := h.validateZoneModes(); err != nil {
+		return err
+	}
+	if h.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting must be at least 1, got %d", h.MaxWaiting)
+	}
 	return h.Response.validate()
 }
 
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
+	if h.passing {
+		h.passing = false
+		passDirectives.Add(-1)
+	}
 	adminUnregister(h)
 	if h.app != nil {
 		h.app.unregister(h.zones)

@@ -344,6 +344,8 @@ func (p refusalVars) get(key string) (any, bool) {
 		return p.status, true
 	case "error":
 		return p.msg, true
+	case "exceeded":
+		return true, true
 	}
 	return nil, false
 }
@@ -364,7 +366,7 @@ func (p refusalVars) get(key string) (any, bool) {
 // refused, the values are set as static values instead, so that the latest
 // refusal is what the error route reads.
 func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
-	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute {
+	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute || markedByPass(repl) {
 		repl.Set(phPrefix+"zone", p.zone)
 		repl.Set(phPrefix+"exceeded.name", p.zone)
 		repl.Set(phPrefix+"retry_after", p.retry)
@@ -373,6 +375,7 @@ func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
 		repl.Set(phPrefix+"reset", p.reset)
 		repl.Set(phPrefix+"status", p.status)
 		repl.Set(phPrefix+"error", p.msg)
+		repl.Set(phPrefix+"exceeded", true)
 		return
 	}
 	repl.Map(func(key string) (any, bool) { return p.get(key) })

@@ -87,6 +87,36 @@ type Zone struct {
 	// (pass unmetered), "closed" (refuse with 503) or "local" (enforce in
 	// this instance's memory). Default: "open".
 	Fail string `json:"fail,omitempty"`
+
+	// Count lists the response statuses the zone charges: codes ("401"),
+	// classes ("4xx") or ranges ("500-599"). A request is charged before it
+	// runs (so it can be refused, atomically with the other zones) and its
+	// charge is given back when its response's status is not listed.
+	// Default: every response counts.
+	Count []string `json:"count,omitempty"`
+
+	// OnExceed is what the zone does with a request it would refuse:
+	// "refuse" (429), or "pass": forward it, marked for the next handlers
+	// by the placeholders {http.rate_limit.exceeded} (true) and
+	// {http.rate_limit.zone}, charged nothing in this zone. Not with
+	// ReportOnly. Default: "refuse".
+	OnExceed string `json:"on_exceed,omitempty"`
+
+	// Penalty keeps a key refused for this long once the zone refused it,
+	// whatever its bucket would allow sooner: a whole number of
+	// milliseconds, at least 1ms. Default: none.
+	Penalty caddy.Duration `json:"penalty,omitempty"`
+
+	// Delay lets a request the zone would refuse wait for its turn, up to
+	// this long, instead (token_bucket and gcra): its slot is reserved at
+	// once and it proceeds when its time comes. A whole number of
+	// milliseconds, at least 1ms. Default: none (refuse).
+	Delay caddy.Duration `json:"delay,omitempty"`
+
+	// DelayAfter, with Delay, is how many events of a burst pass at once;
+	// the rest are spaced at the rate. At most the capacity. Default: the
+	// capacity (burst, else max_events).
+	DelayAfter int64 `json:"delay_after,omitempty"`
 }
 
 // Fail policies.

@@ -110,6 +110,14 @@ type Limit struct {
 	Window int64
 	// Burst is the bucket's capacity; 0 means Events.
 	Burst int64
+	// Penalty, in milliseconds, is how long a key stays refused once this
+	// limit refuses it (penalty.go); 0: no penalty.
+	Penalty int64
+	// Delay, in milliseconds, is the longest a request may wait for its
+	// turn instead of being refused (delay.go: token_bucket and gcra); 0:
+	// no waiting. DelayAfter is how many tokens of a burst pass at once
+	// when waiting is on (0: the capacity).
+	Delay, DelayAfter int64
 }
 
 // NewLimit builds a Limit from configuration values and checks it.
@@ -152,6 +160,14 @@ var (
 	ErrLogTooLong = fmt.Errorf("events must not exceed %d with sliding_log: it stores every admitted event of the window (use sliding_window for larger limits)", MaxLogEvents)
 	// ErrGCRAUnit: see MaxGCRAUnit.
 	ErrGCRAUnit = fmt.Errorf("with gcra, events / gcd(events, window in ms) must not exceed %d (choose a window that shares factors with events, or use token_bucket: same behaviour)", MaxGCRAUnit)
+	// ErrPenalty: see Limit.Penalty.
+	ErrPenalty = errors.New("penalty must be between 1ms and 100 years (0: none)")
+	// ErrDelay: see Limit.Delay.
+	ErrDelay = errors.New("delay must be at least 1ms, and events × delay (in ms) + capacity × window (in ms) + events at most 2^53")
+	// ErrDelayNotAllowed: a request waits for a bucket's refill.
+	ErrDelayNotAllowed = errors.New("delay is only for token_bucket and gcra (a request waits for its bucket's refill)")
+	// ErrDelayAfter: see Limit.DelayAfter.
+	ErrDelayAfter = errors.New("delay_after must be between 1 and the capacity, and needs delay")
 )
 
 // Validate reports whether the limit can be enforced exactly. Errors name
@@ -170,6 +186,14 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%s: %w", l.Algorithm, ErrBurstNotAllowed)
 	case l.Events > MaxScaled || l.Burst > MaxScaled:
 		return ErrTooMany
+	case l.Penalty < 0 || l.Penalty > MaxRefill:
+		return ErrPenalty
+	case l.Delay < 0 || l.Delay > MaxRefill:
+		return ErrDelay
+	case l.Delay > 0 && !l.Algorithm.AllowsBurst():
+		return fmt.Errorf("%s: %w", l.Algorithm, ErrDelayNotAllowed)
+	case l.DelayAfter < 0 || l.DelayAfter > 0 && (l.Delay == 0 || l.DelayAfter > l.Capacity()):
+		return ErrDelayAfter
 	}
 	switch l.Algorithm {
 	case TokenBucket, GCRA, SlidingWindow:
@@ -178,6 +202,9 @@ func (l Limit) Validate() error {
 		// count) exact in Lua's doubles.
 		if l.Capacity() > (MaxScaled-l.Events)/l.Window {
 			return ErrTooWide
+		}
+		if l.Delay > 0 && l.Delay > (MaxScaled-l.Events-l.Capacity()*l.Window)/l.Events {
+			return ErrDelay // the waiting room, in the bucket's units, must stay exact too
 		}
 		if l.Window > MaxRefill {
 			return ErrTooSlow
@@ -225,6 +252,14 @@ type Request struct {
 	// it is charged only when the whole request passes and it allows
 	// itself, exactly as it would be under enforcement.
 	ReportOnly bool
+	// Refundable marks a charge that may be given back (a zone that counts
+	// only some response statuses): the store sets the Decision's At, which
+	// the Refund passes back.
+	Refundable bool
+	// NoDelay forbids waiting for this request (its directive's waiting
+	// room is full): a zone with a Delay decides as without one, its
+	// reservations kept (delay.go).
+	NoDelay bool
 }
 
 // Decision is a store's answer for one Request.
@@ -240,6 +275,14 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time from now at which the key is back to full.
 	ResetAfter time.Duration
+	// At is the store's clock (Unix ms) when it decided: set for a
+	// Refundable request (a store may set it for any); a Refund of this
+	// charge passes it back.
+	At int64
+	// Delay is, for a request allowed by a zone with a Limit.Delay, how
+	// long it must wait for its turn (its slot is reserved: delay.go); 0:
+	// now.
+	Delay time.Duration
 }
 
 // State is one key's stored state. Alg says which algorithm wrote it; a
@@ -259,6 +302,10 @@ type Decision struct {
 //     At+Scale), Prev in the one before.
 //   - sliding_log: Log, the admitted events of the last window.
 //
+// Penalized, for every algorithm, is the instant the key's penalty started
+// (Unix ms; penalty.go), 0 for none. A state may hold a penalty and nothing
+// else (Scale 0 and no Log): then the algorithm's part counts as none.
+//
 // State is small and stored by value; only the sliding log points to
 // memory of its own (bounded by Events entries).
 type State struct {
@@ -268,6 +315,8 @@ type State struct {
 	Prev  int64
 	Log   *Log
 	Alg   Algorithm
+	// Penalized is when the key's penalty started; see above.
+	Penalized int64
 }
 
 // Log is the sliding log's state: admitted events, oldest first.
@@ -287,23 +336,28 @@ type LogEntry struct {
 	Cost int64
 }
 
-// Step runs one decision of the limit's algorithm. fresh reports that the key
-// has no state (never seen, or expired), which every algorithm treats as a
-// full allowance. It returns the decision, the state to store, and the Unix
+// step runs one decision of the limit's algorithm, without the penalty
+// (Step, penalty.go, adds it). fresh reports that the key has no state
+// (never seen, or expired), which every algorithm treats as a full
+// allowance. It returns the decision, the state to store, and the Unix
 // millisecond at which the state is back to full and may be forgotten.
 //
 // Every algorithm obeys the same contract: a refusal never consumes (the
 // state returned with a refusal is the given state, advanced to now); a cost
 // above the capacity is refused with RetryAfter = Window; cost 0 returns the
-// key's view without charging. Step never allocates, except for the sliding
-// log (a new Log header, and its entries' growth).
-func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
+// key's view without charging. step never allocates, except for the sliding
+// log (a new Log header, and its entries' growth). The state it returns
+// never holds a penalty (Penalized 0).
+//
+// mayWait says whether the request may wait for its turn, in a zone with a
+// Delay (delay.go); only token_bucket and gcra read it.
+func step(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (d Decision, next State, fullAt int64) {
 	if !fresh && st.Alg != l.Algorithm {
 		fresh = true // written by another algorithm: start afresh
 	}
 	switch l.Algorithm {
 	case GCRA:
-		return gcra(st, fresh, l, now, cost)
+		return gcra(st, fresh, l, now, cost, mayWait)
 	case SlidingWindow:
 		return slidingWindow(st, fresh, l, now, cost)
 	case FixedWindow:
@@ -311,7 +365,7 @@ func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next Stat
 	case SlidingLog:
 		return slidingLog(st, fresh, l, now, cost)
 	default: // TokenBucket; Validate admits no other.
-		return tokenBucket(st, fresh, l, now, cost)
+		return tokenBucket(st, fresh, l, now, cost, mayWait)
 	}
 }
 

@@ -29,12 +29,15 @@ package algorithms
 // the change. A clock stepping back makes the TAT further ahead: the key
 // waits the lag too (the token bucket instead refills nothing until the
 // clock catches up; neither ever admits more).
-func gcra(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
+func gcra(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (Decision, State, int64) {
 	capacity := l.Capacity()
 	g := gcd(l.Events, l.Window)
 	u := l.Events / g    // units per ms
 	ei := l.Window / g   // emission interval, in units
 	tau := capacity * ei // the bucket, in units
+	// The furthest the TAT may lie ahead: the bucket, plus the slots
+	// reserved by waiting requests (delay.go).
+	room := tau + l.Delay*u
 
 	// The TAT is now + ahead ms + r units; ahead < 0: it has passed.
 	ahead, r := int64(-1), int64(0)
@@ -55,7 +58,7 @@ func gcra(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int6
 	}
 	// d is how far the TAT lies ahead of now, in units (the debt); beyond
 	// the capacity (after a changed limit) it is not computed: over.
-	over := ahead > tau/u+1
+	over := ahead > room/u+1
 	d := int64(0)
 	if ahead >= 0 && !over {
 		d = ahead*u + r
@@ -66,16 +69,28 @@ func gcra(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int6
 	switch {
 	case cost > capacity:
 		dec.RetryAfter = ms(l.Window)
-	case !over && need <= tau-d:
+	case over:
+		// ⌈(d + need − a) / u⌉ ms, computed without d, to the threshold
+		// the request waits for (delay.go; a = tau without waiting), less
+		// the longest wait.
+		wait := int64(0)
+		if l.Delay > 0 && mayWait {
+			wait = l.Delay
+		}
+		dec.RetryAfter = ms(ahead - floorDiv(max(threshold(l, tau, ei), need)-need-r, u) - wait)
+	default:
+		wait, retry, ok := admit(l, mayWait, d, need, tau, ei, u, 0)
+		if !ok {
+			dec.RetryAfter = ms(retry)
+			break
+		}
 		d += need
 		dec.Allowed = true
+		dec.Delay = ms(wait)
 		ahead, r = d/u, d%u
-	default:
-		// ⌈(d + need − tau) / u⌉ ms, computed without d.
-		dec.RetryAfter = ms(ahead - floorDiv(tau-need-r, u))
 	}
-	if !over && d < tau {
-		dec.Remaining = (tau - d) / ei
+	if a := threshold(l, tau, ei); !over && d < a {
+		dec.Remaining = (a - d) / ei // what fits at once
 	}
 	reset := int64(0)
 	if ahead >= 0 {

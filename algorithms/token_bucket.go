@@ -17,11 +17,14 @@ import "math/bits"
 // capacity minus the debt, a debt above the new capacity counts as an empty
 // bucket, and a changed window rescales the debt (the tokens owed carry
 // over, not their scaled units).
-func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
+func tokenBucket(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (Decision, State, int64) {
 	capacity := l.Capacity()
 	w := l.Window
 	full := capacity * w
 	rate := l.Events // scaled units refilled per millisecond
+	// The most the debt may reach: full, plus the slots reserved by
+	// waiting requests (delay.go).
+	room := full + l.Delay*rate
 
 	debt, at := int64(0), now
 	if !fresh && st.Scale > 0 {
@@ -29,7 +32,7 @@ func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, Stat
 		if st.Scale != w {
 			debt = rescale(debt, st.Scale, w, full)
 		}
-		debt = min(max(debt, 0), full)
+		debt = min(max(debt, 0), room)
 		at = st.At
 		if elapsed := now - at; elapsed > 0 {
 			if elapsed >= ceilDiv(debt, rate) {
@@ -49,21 +52,22 @@ func tokenBucket(st State, fresh bool, l Limit, now, cost int64) (Decision, Stat
 	if cost > capacity {
 		// Can never pass: refuse without touching the state, and tell the
 		// client to come back no sooner than a window from now.
-		d.Remaining = t / w
+		d.Remaining = max(threshold(l, full, w)-debt, 0) / w
 		d.RetryAfter = ms(w)
 		d.ResetAfter = ms(lag + ceilDiv(debt, rate))
 		return d, State{Debt: debt, At: at, Scale: w}, at + ceilDiv(debt, rate)
 	}
 	need := cost * w
-	if t >= need {
+	if wait, retry, ok := admit(l, mayWait, debt, need, full, w, rate, lag); ok {
 		t -= need
 		debt += need
 		d.Allowed = true
+		d.Delay = ms(wait)
 	} else {
-		d.RetryAfter = ms(lag + ceilDiv(need-t, rate))
+		d.RetryAfter = ms(retry)
 	}
 	refill := ceilDiv(debt, rate)
-	d.Remaining = t / w
+	d.Remaining = max(threshold(l, full, w)-debt, 0) / w // what fits at once
 	d.ResetAfter = ms(lag + refill)
 	return d, State{Debt: debt, At: at, Scale: w}, at + refill
 }

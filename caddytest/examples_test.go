@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,14 +73,20 @@ func loadExampleEdited(t *testing.T, name string, env map[string]string, renames
 }
 
 // TestExampleLogin loads examples/login.Caddyfile in front of a stand-in
-// application that refuses every password (401), and checks what its
-// comment promises: one address spraying many accounts is stopped by the
-// per-IP zone after 20 attempts; many addresses guessing one account are
-// stopped by the per-account zone after 5; neither blocks anyone else, and
-// nothing but POST /login is limited.
+// application that refuses every password but "right" (401), and checks what
+// its comment promises: one address spraying many accounts is stopped by the
+// per-IP zone after 20 failures and then boxed for 15 minutes, whatever it
+// tries; many addresses guessing one account are stopped by the per-account
+// zone after 5; successful logins spend nothing; neither blocks anyone
+// else; an admin reset ends a penalty; and nothing but POST /login is
+// limited.
 func TestExampleLogin(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.URL.Path == "/login" {
+			if r.Header.Get("X-Password") == "right" {
+				_, _ = w.Write([]byte(`{"ok":true}`))
+				return
+			}
 			w.WriteHeader(http.StatusUnauthorized)
 			_, _ = w.Write([]byte(`{"error":"invalid credentials"}`))
 			return
@@ -92,15 +99,15 @@ func TestExampleLogin(t *testing.T) {
 		map[string]string{"SLUICE_LOGIN_UPSTREAM": app.Listener.Addr().String()},
 		map[string]string{"login_account": account, "login_ip": perIP})
 
-	login := func(c *http.Client, user string) result {
+	login := func(c *http.Client, user string, headers ...string) result {
 		t.Helper()
-		return do(t, c, http.MethodPost, siteA+"/login", "X-Login-User: "+user)
+		return do(t, c, http.MethodPost, siteA+"/login", append([]string{"X-Login-User: " + user}, headers...)...)
 	}
 	type outcome struct{ reached, refused int }
 	count := func(r result, what string, o *outcome, wantLimit int64, retry [2]int64) {
 		t.Helper()
 		switch r.code {
-		case http.StatusUnauthorized: // the application saw the attempt
+		case http.StatusUnauthorized, http.StatusOK: // the application saw the attempt
 			o.reached++
 		case http.StatusTooManyRequests:
 			o.refused++
@@ -114,22 +121,30 @@ func TestExampleLogin(t *testing.T) {
 			}
 			expectRetryAfter(t, r, retry[0], retry[1], what)
 		default:
-			t.Errorf("%s: status %d (body %q), want 401 from the application or 429", what, r.code, r.body)
+			t.Errorf("%s: status %d (body %q), want 401 or 200 from the application or 429", what, r.code, r.body)
 		}
 	}
 
 	// Password spraying: one address, 40 accounts, one guess each. The
-	// per-IP zone (20, refilling 2 a minute: Retry-After 30s) stops it.
+	// per-IP zone (20 failures) stops it, and its penalty (15 minutes)
+	// boxes the address: Retry-After 900s.
 	sprayer := clientFrom(t, "127.0.0.2")
 	var spray outcome
 	for i := 1; i <= 40; i++ {
-		count(login(sprayer, "user"+strconv.Itoa(i)+"-"+nonce), "spray #"+strconv.Itoa(i), &spray, 20, [2]int64{25, 30})
+		count(login(sprayer, "user"+strconv.Itoa(i)+"-"+nonce), "spray #"+strconv.Itoa(i), &spray, 20, [2]int64{895, 900})
 		if i <= 20 && spray.refused > 0 {
 			t.Fatalf("spray #%d: refused before the per-IP allowance of 20 was spent", i)
 		}
 	}
 	if spray.reached != 20 || spray.refused != 20 {
 		t.Errorf("one address trying 40 accounts: %d attempts reached the application and %d were refused, want exactly 20 and 20", spray.reached, spray.refused)
+	}
+	// In the penalty, the address is refused whatever it tries, even the
+	// right password for an account it did not guess at.
+	var boxed outcome
+	count(login(sprayer, "fresh-account-"+nonce, "X-Password: right"), "the boxed address, right password", &boxed, 20, [2]int64{890, 900})
+	if boxed.refused != 1 {
+		t.Errorf("the boxed address was let through")
 	}
 	// Another address is not blocked by the sprayer's exhaustion.
 	var bystander outcome
@@ -139,8 +154,8 @@ func TestExampleLogin(t *testing.T) {
 	}
 
 	// Distributed guessing: 30 addresses, one guess each, all against one
-	// account. The per-account zone (5, refilling one every 3 minutes:
-	// Retry-After 180s) stops it, whatever the address.
+	// account. The per-account zone (5 failures, refilling one every 3
+	// minutes: Retry-After 180s) stops it, whatever the address.
 	victim := "victim-" + nonce
 	var guess outcome
 	for i := 1; i <= 30; i++ {
@@ -159,6 +174,27 @@ func TestExampleLogin(t *testing.T) {
 	count(login(clientFrom(t, "127.0.1.7"), "someone-else-"+nonce), "another account", &other, 0, [2]int64{})
 	if other.reached != 1 {
 		t.Errorf("another account from an address of the guessing run was refused")
+	}
+
+	// Successful logins spend nothing: 60 from one address for one account
+	// all pass, and each shows only its own (given back) charge.
+	regular, owner := clientFrom(t, "127.0.2.1"), "owner-"+nonce
+	for i := 1; i <= 60; i++ {
+		r := login(regular, owner, "X-Password: right")
+		if r.code != http.StatusOK {
+			t.Fatalf("successful login #%d: status %d", i, r.code)
+		}
+		if got := intHeader(t, r, "X-Ratelimit-Remaining"); got != 4 {
+			t.Fatalf("successful login #%d: X-RateLimit-Remaining %d, want 4 (5 less this one's charge, given back after)", i, got)
+		}
+	}
+
+	// An admin reset ends the sprayer's penalty.
+	if code, body := adminAPI(t, http.MethodDelete, "/rate_limit/zones/"+perIP+"/keys/127.0.0.2"); code != http.StatusOK {
+		t.Fatalf("reset: %d %v", code, body)
+	}
+	if r := login(sprayer, "after-reset-"+nonce); r.code != http.StatusUnauthorized {
+		t.Errorf("the sprayer after the reset: status %d, want 401 from the application", r.code)
 	}
 
 	// Only POST /login is limited.
@@ -702,5 +738,86 @@ func TestEveryExampleIsTested(t *testing.T) {
 		if !regexp.MustCompile(`loadExample(Edited)?\(t, "` + regexp.QuoteMeta(name) + `"`).Match(src) {
 			t.Errorf("examples/%s is loaded by no test in examples_test.go", name)
 		}
+	}
+}
+
+// TestExampleWebhooks loads examples/webhooks.Caddyfile in front of a
+// stand-in application and checks what its comment promises: a burst of 40
+// deliveries from one sender is smoothed to 10 a second: 31 delivered
+// within 3 s, in order, 100 ms apart (the application sees each one's wait
+// in X-Webhook-Delay-Ms), and 9 refused with Retry-After; another sender
+// meanwhile is held only by the shared zone; nothing but POST /webhooks/*
+// is limited.
+func TestExampleWebhooks(t *testing.T) {
+	type delivery struct {
+		sender string
+		delay  int
+		at     time.Time
+	}
+	var mu sync.Mutex
+	var arrived []delivery
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, err := strconv.Atoi(r.Header.Get("X-Webhook-Delay-Ms"))
+		if err != nil && r.Method == http.MethodPost {
+			t.Errorf("X-Webhook-Delay-Ms %q", r.Header.Get("X-Webhook-Delay-Ms"))
+		}
+		mu.Lock()
+		arrived = append(arrived, delivery{sender: r.Header.Get("X-Webhook-Sender"), delay: d, at: time.Now()})
+		mu.Unlock()
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer app.Close()
+	sender, total := zoneName("webhook_sender"), zoneName("webhook_total")
+	loadExample(t, "webhooks.Caddyfile",
+		map[string]string{"SLUICE_WEBHOOK_UPSTREAM": app.Listener.Addr().String()},
+		map[string]string{"webhook_sender": sender, "webhook_total": total})
+
+	c := loopbackClient(64)
+	acme := "acme-" + nonce
+	t0 := time.Now()
+	out, took := burstDo(t, c, http.MethodPost, siteA+"/webhooks/payments", 40, 40, "X-Webhook-Sender: "+acme)
+	ok, refused := countBurst(t, out, "40 deliveries at once")
+	for i, o := range out {
+		if o.code == http.StatusTooManyRequests {
+			expectRetryAfter(t, result{code: o.code, header: o.header, body: o.body}, 1, 1, "refused delivery "+strconv.Itoa(i))
+		}
+	}
+	if ok != 31 || refused != 9 {
+		t.Fatalf("40 deliveries at once: %d delivered, %d refused; want 31 and 9", ok, refused)
+	}
+	mu.Lock()
+	got := slices.Clone(arrived)
+	mu.Unlock()
+	if len(got) != 31 {
+		t.Fatalf("the application got %d deliveries, want 31", len(got))
+	}
+	// The turns are 100 ms apart from the first decision: delivery k is
+	// decided a few ms after the first and waits 100k ms less those. So,
+	// in arrival order, the waits grow, none exceeds 100k ms, and each
+	// delivery arrives no sooner than 100k ms after the first (a little
+	// tolerance for the first's own latency), and not much later (a loaded
+	// machine's timers).
+	for k, d := range got {
+		if k > 0 && d.delay <= got[k-1].delay {
+			t.Errorf("delivery %d waited %d ms, after one that waited %d: out of order", k, d.delay, got[k-1].delay)
+		}
+		if d.delay > 100*k || d.delay < 100*k-500 {
+			t.Errorf("delivery %d waited %d ms, want its turn at %d ms from the first decision", k, d.delay, 100*k)
+		}
+		gap := d.at.Sub(got[0].at)
+		if early := time.Duration(100*k)*time.Millisecond - gap; early > 50*time.Millisecond {
+			t.Errorf("delivery %d arrived %v after the first: %v before its turn", k, gap, early)
+		}
+		if late := gap - time.Duration(100*k)*time.Millisecond; late > time.Second {
+			t.Errorf("delivery %d arrived %v after the first: %v after its turn", k, gap, late)
+		}
+	}
+	t.Logf("40 deliveries: 31 delivered over %v (the last %v after the first), 9 refused", took.Round(time.Millisecond), got[30].at.Sub(got[0].at).Round(time.Millisecond))
+	_ = t0
+
+	// Only POST /webhooks/* is limited.
+	for i := 1; i <= 20; i++ {
+		r := expect(t, get(t, c, siteA+"/webhooks/payments", "X-Webhook-Sender: "+acme), 200, "GET #"+strconv.Itoa(i))
+		expectNoLimitHeaders(t, r, "GET /webhooks/payments")
 	}
 }

@@ -73,6 +73,26 @@
 //   - sliding_log: the log's sum over the last Window only loses entries as
 //     they age out and gains them by charges.
 //
+// Two features write or give back where (a) and (b) do not see it, and the
+// cache keeps out of their way:
+//
+//   - A penalty (algorithms/penalty.go): a refusal that starts one writes
+//     the penalty in the store. The state a refusal's reply carries is the
+//     stored one after the call (the penalty included), so a key in its
+//     penalty is answered for its whole length (a penalty only ends at its
+//     fixed end, which the conservative estimate respects); but a request
+//     that, run on the entry, would start a penalty (the entry's bucket
+//     refuses, no penalty running) is never answered: the store must write
+//     it, so the cache misses.
+//   - A refund (a zone that counts only some response statuses gives a
+//     charge back when the response does not match) lowers a key's state,
+//     on any instance, unseen by this cache: against (b). So a refundable
+//     zone (Request.Refundable) is counted as refusing only by its penalty,
+//     which no refund lifts; a request refused by such a zone's bucket is
+//     decided by the store every time. The numbers the cache reports for a
+//     refundable zone of a request it answers (another zone refuses, or the
+//     penalty) may lag refunds made since, on the strict side.
+//
 // The exceptions, each handled or bounded:
 //
 //   - An admin reset deletes keys in the store. The store that resets also
@@ -187,19 +207,30 @@ const ms = int64(time.Millisecond)
 // decide is Step for r at the entry's nominal estimate of the store's time
 // (see the package comment), a zone that would allow shown as it stands;
 // refuses reports that r is refused by this zone at the conservative
-// estimate too (and the zone is enforcing).
-func (e *entry) decide(r *algorithms.Request, now int64) (d algorithms.Decision, refuses bool) {
+// estimate too (and the zone is enforcing; a refundable zone, only by its
+// penalty); writes, that the store would write the zone's state (its
+// refusal starts a penalty), which the cache cannot do for it.
+func (e *entry) decide(r *algorithms.Request, now int64) (d algorithms.Decision, refuses, writes bool) {
 	el := max(now-e.start, 0)
 	nominal := e.redisNow + el/ms
 	conservative := e.redisNow + (el+el/1000+ms-1)/ms
-	d, _, _ = algorithms.Step(e.state, e.fresh, r.Limit, nominal, r.Cost)
-	if d.Allowed {
+	d, next, _ := algorithms.StepRequest(e.state, e.fresh, r, nominal)
+	switch {
+	case d.Allowed:
 		d, _, _ = algorithms.Step(e.state, e.fresh, r.Limit, nominal, 0)
-	} else if !r.ReportOnly {
+	case algorithms.StartsPenalty(e.state, e.fresh, next):
+		writes = true
+	case r.ReportOnly:
+	case r.Refundable:
+		// A refund (on any instance) may lift the bucket's refusal, never
+		// a penalty's.
+		end := e.state.Penalized + r.Limit.Penalty
+		refuses = !e.fresh && e.state.Penalized != 0 && r.Limit.Penalty > 0 && conservative < end
+	default:
 		refuses = d.RetryAfter > time.Duration((conservative-nominal)*ms)
 	}
 	d.Limit = r.Limit.Capacity()
-	return d, refuses
+	return d, refuses, writes
 }
 
 type shard struct {
@@ -315,7 +346,7 @@ func (c *Cache) Decide(reqs []algorithms.Request, now int64, out []algorithms.De
 	if c == nil {
 		return false
 	}
-	all, refused := true, false
+	all, refused, writes := true, false, false
 	var found uint64 // zones < 64 with an entry
 	for i := range reqs {
 		r := &reqs[i]
@@ -336,12 +367,12 @@ func (c *Cache) Decide(reqs []algorithms.Request, now int64, out []algorithms.De
 			found |= 1 << i
 		}
 		if all {
-			var refuses bool
-			out[i], refuses = e.decide(r, now)
-			refused = refused || refuses
+			var refuses, w bool
+			out[i], refuses, w = e.decide(r, now)
+			refused, writes = refused || refuses, writes || w
 		}
 	}
-	if all && refused {
+	if all && refused && !writes {
 		return true
 	}
 	if found != 0 || len(reqs) > 64 {

@@ -10,16 +10,29 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms/vectortest"
 )
 
-// Every shared vector (algorithms/testdata/*.json) through Store.Take with
-// an injected clock: the store must answer exactly what Step answers, since
-// it only stores what Step returns for allowed requests.
+// Every shared vector (algorithms/testdata/*.json) through Store.Take (and
+// Store.Refund, for a refund step) with an injected clock: the store must
+// answer exactly what Step answers, since it only stores what Step returns
+// for allowed requests and penalties, and what GiveBack returns.
 func TestVectors(t *testing.T) {
 	for _, v := range vectortest.Load(t) {
 		t.Run(v.File+"/"+v.Name, func(t *testing.T) {
 			s, clock := newTestStore(t, 0)
 			for i, st := range v.Compile(t) {
 				clock.ms.Store(st.Now)
-				d := take1(t, s, req("vec", keyOf(1), st.Limit, st.Cost))
+				if st.Refund {
+					r := algorithms.Refund{Zone: "vec", Key: keyOf(1), Limit: st.Limit, Cost: st.Cost, At: st.At}
+					if err := s.Refund(context.Background(), []algorithms.Refund{r}); err != nil {
+						t.Fatal(err)
+					}
+					if got := vectortest.Got(view(s, "vec", keyOf(1), st.Limit)); got != st.Want {
+						t.Fatalf("step %d (refund at %d of cost %d; %s): the key's view after it:\n got  %+v\n want %+v", i, st.Step.AtMs, st.Cost, st.Step.Note, got, st.Want)
+					}
+					continue
+				}
+				r := req("vec", keyOf(1), st.Limit, st.Cost)
+				r.NoDelay = st.Step.NoDelay
+				d := take1(t, s, r)
 				if got := vectortest.Got(d); got != st.Want {
 					t.Fatalf("step %d (at %d, cost %d; %s):\n got  %+v\n want %+v", i, st.Step.AtMs, st.Cost, st.Step.Note, got, st.Want)
 				}
@@ -34,6 +47,18 @@ func TestVectors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// view is a key's view as a request of cost 0 gets it, charging nothing.
+func view(s *Store, zone string, key algorithms.Key, l algorithms.Limit) algorithms.Decision {
+	id, _ := s.zones.lookup(zone)
+	k := mapKey{zone: id, key: key}
+	sh := s.shardOf(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st, ok := sh.get(k)
+	d, _, _ := algorithms.Step(st, !ok, l, s.now(), 0)
+	return d
 }
 
 var algLimits = []algorithms.Limit{

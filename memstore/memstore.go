@@ -66,9 +66,13 @@ type shard struct {
 	// logs holds the sliding logs of the shard's sliding_log keys (entries
 	// of Alg SlidingLog), kept out of m so that m holds no pointers; nil
 	// until the shard's first sliding log.
-	logs      map[mapKey]*algorithms.Log
+	logs map[mapKey]*algorithms.Log
+	// penalties holds the instant the penalty of a key started
+	// (State.Penalized, penalty.go), kept out of m like logs: few keys are
+	// penalized at once; nil until the shard's first penalty.
+	penalties map[mapKey]int64
 	lastSweep int64    // Unix ms of the last sweep done to make room
-	_         [24]byte // keep neighbouring shards' locks off one cache line
+	_         [16]byte // keep neighbouring shards' locks off one cache line
 }
 
 // roomSweepEvery is how often, at most, a full shard sweeps itself to make
@@ -122,6 +126,9 @@ func (sh *shard) get(k mapKey) (st algorithms.State, ok bool) {
 	if st.Alg == algorithms.SlidingLog {
 		st.Log = sh.logs[k]
 	}
+	if len(sh.penalties) > 0 {
+		st.Penalized = sh.penalties[k]
+	}
 	return st, true
 }
 
@@ -135,6 +142,7 @@ func (sh *shard) set(k mapKey, st *algorithms.State, fullAt int64) {
 	} else if len(sh.logs) > 0 {
 		delete(sh.logs, k) // k may have been a sliding log before
 	}
+	sh.setPenalty(k, st.Penalized)
 	sh.m[k] = pack(st, fullAt)
 }
 
@@ -143,6 +151,9 @@ func (sh *shard) drop(k mapKey, e *entry) {
 	delete(sh.m, k)
 	if e.alg() == algorithms.SlidingLog {
 		delete(sh.logs, k)
+	}
+	if len(sh.penalties) > 0 {
+		delete(sh.penalties, k)
 	}
 }
 
@@ -259,11 +270,12 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	sh.mu.Lock()
 	now := s.now()
 	st, ok := sh.get(k)
-	d, next, fullAt := algorithms.Step(st, !ok, r.Limit, now, r.Cost)
-	if d.Allowed {
+	d, next, fullAt := algorithms.StepRequest(st, !ok, r, now)
+	if d.Allowed || algorithms.StartsPenalty(st, !ok, next) {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
 	}
 	sh.mu.Unlock()
+	d.At = now
 	*out = d
 }
 
@@ -292,7 +304,8 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	for i := range reqs {
 		sh := &s.shards[idx[i]]
 		st, ok := sh.get(keys[i])
-		d, next, full := algorithms.Step(st, !ok, reqs[i].Limit, now, reqs[i].Cost)
+		d, next, full := algorithms.StepRequest(st, !ok, &reqs[i], now)
+		d.At = now
 		out[i] = d
 		pend = append(pend, next)
 		fullAt = append(fullAt, full)
@@ -303,13 +316,18 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 		switch {
 		case allowed && out[i].Allowed:
 			s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
-		case allowed:
-			// A report-only zone that would refuse: charged nothing, as
-			// under enforcement.
-		case out[i].Allowed:
+		case !out[i].Allowed:
+			// A refusal (or a report-only zone's would-be refusal) charges
+			// nothing, but may start the zone's penalty, whatever the
+			// other zones decided (penalty.go).
+			if st, _ := s.shards[idx[i]].get(keys[i]); algorithms.StartsPenalty(st, !present[i], pend[i]) {
+				s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
+			}
+		case !allowed:
 			// Vetoed by another zone: report this zone's uncharged state.
 			st, _ := s.shards[idx[i]].get(keys[i])
 			out[i], _, _ = algorithms.Step(st, !present[i], reqs[i].Limit, now, 0)
+			out[i].At = now
 		}
 	}
 	for _, i := range locked {
@@ -453,4 +471,18 @@ func sortedUnique(a []uint8) []uint8 {
 		}
 	}
 	return out
+}
+
+// setPenalty records when k's penalty started (0: none). The caller holds
+// sh.mu.
+func (sh *shard) setPenalty(k mapKey, at int64) {
+	switch {
+	case at != 0:
+		if sh.penalties == nil {
+			sh.penalties = make(map[mapKey]int64)
+		}
+		sh.penalties[k] = at
+	case len(sh.penalties) > 0:
+		delete(sh.penalties, k)
+	}
 }

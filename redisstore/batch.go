@@ -84,6 +84,10 @@ type call struct {
 	cmd      *redis.Cmd    // the reply, set by the worker before done
 	done     chan struct{} // capacity 1: a worker never blocks on it
 	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (its caller)
+	// onDone, when set, makes the call asynchronous (post): no caller
+	// waits; the worker calls it (c.cmd is the reply, nil when the call was
+	// never sent) and puts the call back in the pool.
+	onDone func(c *call)
 }
 
 // A call's states (call.state).
@@ -132,7 +136,7 @@ func putCall(c *call) {
 	clear(c.keys)
 	clear(c.args)
 	c.keys, c.args = c.keys[:0], c.args[:0]
-	c.ctx, c.cmd = nil, nil
+	c.ctx, c.cmd, c.onDone = nil, nil, nil
 	callPool.Put(c)
 }
 
@@ -306,6 +310,10 @@ func (b *batcher) exec(batch []*call) {
 	live := batch[:0]
 	for _, c := range batch {
 		if c.ctx.Err() != nil || !now.Before(c.deadline.Add(b.grace)) || !c.state.CompareAndSwap(callQueued, callSent) {
+			if c.onDone != nil {
+				c.onDone(c)
+				putCall(c)
+			}
 			continue
 		}
 		if c.deadline.After(deadline) {
@@ -341,6 +349,11 @@ func (b *batcher) exec(batch []*call) {
 		_, _ = again.Exec(ctx)
 	}
 	for _, c := range live {
+		if c.onDone != nil {
+			c.onDone(c)
+			putCall(c)
+			continue
+		}
 		c.done <- struct{}{}
 	}
 }

@@ -189,9 +189,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's six
-// per zone (lua/take.lua): algorithm id, events, window, capacity, cost,
-// mode; for random limits (colliding in the cache), costs and modes.
+// TestArgsCacheKeepsTheLayout: the cached arguments are the script's eight
+// per zone (lua/take.lua, script.go): algorithm id, events, window,
+// capacity, cost, mode, the options and the charge's instant (a refund's);
+// for random limits (colliding in the cache), penalties, delays, costs and
+// modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
 	var a argCache
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -201,19 +203,58 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		if alg.AllowsBurst() && rng.IntN(2) == 0 {
 			l.Burst = rng.Int64N(2000)
 		}
-		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0}
+		if rng.IntN(3) == 0 {
+			l.Penalty = 1 + rng.Int64N(1e6)
+		}
+		if alg.AllowsBurst() && rng.IntN(3) == 0 {
+			l.Delay = 1 + rng.Int64N(1e4)
+			if rng.IntN(2) == 0 {
+				l.DelayAfter = 1 + rng.Int64N(l.Capacity())
+			}
+		}
+		r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(500), ReportOnly: rng.IntN(3) == 0, Refundable: rng.IntN(3) == 0, NoDelay: rng.IntN(3) == 0}
 		refund := rng.IntN(4) == 0
 		mode := "0"
 		switch {
 		case refund:
 			mode = "1"
+		case r.ReportOnly && r.Refundable:
+			mode = "4"
 		case r.ReportOnly:
 			mode = "2"
+		case r.Refundable:
+			mode = "3"
+		}
+		opts := ""
+		if l.Penalty > 0 {
+			opts += fmt.Sprintf("p%d", l.Penalty)
+		}
+		if l.Delay > 0 {
+			opts += fmt.Sprintf("d%d", l.Delay)
+			if l.DelayAfter > 0 {
+				opts += fmt.Sprintf("a%d", l.DelayAfter)
+			}
+		}
+		base := opts
+		if opts == "" {
+			opts, base = "0", "0"
+		}
+		if l.Delay > 0 && r.NoDelay {
+			opts += "n1"
 		}
 		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d %d %d %d %d %s]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode)
+		want := fmt.Sprintf("[%d %d %d %d %d %s %s 0]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, opts)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
+		}
+		if got, n := a.appendArgs(nil, []algorithms.Request{r}, refund), argsPerZone; len(got) != n {
+			t.Fatalf("%d arguments per zone, argsPerZone %d", len(got), n)
+		}
+		at := rng.Int64N(1 << 42)
+		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
+		want = fmt.Sprintf("[%d %d %d %d %d 1 %s %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, base, at)
+		if got != want {
+			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}
 	}
 }

@@ -23,7 +23,8 @@ import (
 //	sliding window  "s<prev>:<cur>:<start>:<window>"
 //	sliding log     "l<base>" then ",<t-base>" or ",<t-base>*<cost>" per event
 //
-// The sliding log is always stored in text. The State DecodeState returns
+// The sliding log is always stored in text. Any of them may be prefixed by
+// a penalty (see decodePenalized). The State DecodeState returns
 // carries the algorithm that wrote it, so Step treats it as no state when
 // the zone's algorithm has changed since, as the script does. ok is false
 // for a value in none of these forms, which the script also counts as no
@@ -53,6 +54,8 @@ func DecodeState(raw string) (st algorithms.State, ok bool) {
 		return algorithms.State{Alg: algorithms.SlidingWindow, Prev: f[0], Debt: f[1], At: f[2], Scale: f[3]}, true
 	case 'l':
 		return decodeLog(raw[1:])
+	case 'p':
+		return decodePenalized(raw)
 	}
 	if raw[0] >= 0x80 {
 		return decodeBinary(raw)

@@ -197,6 +197,18 @@ func TestLuaFormsRoundTrip(t *testing.T) {
 // every count is between 0 and 2^53 (as every state Step returns), else in
 // the text form (encodeText); the sliding log always in text.
 func encodeState(st algorithms.State) string {
+	if st.Penalized != 0 {
+		// The penalty's prefix (lua/common.lua, penalized), then the
+		// algorithm's value, if the state has one.
+		x := st.Penalized
+		p := string([]byte{'p', byte(x >> 40), byte(x >> 32), byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+		rest := st
+		rest.Penalized = 0
+		if rest.Scale == 0 && rest.Log == nil {
+			return p
+		}
+		return p + encodeState(rest)
+	}
 	var b []byte
 	switch st.Alg {
 	case algorithms.TokenBucket, algorithms.GCRA, algorithms.FixedWindow:

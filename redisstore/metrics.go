@@ -23,6 +23,8 @@ var storeMetrics = struct {
 	unknownDecisions *prometheus.CounterVec
 	notSent          *prometheus.CounterVec
 	lateReplies      *prometheus.CounterVec
+	// refundsLost: see refund.go.
+	refundsLost *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -52,6 +54,10 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "store_late_replies_total",
 			Help: "Decisions whose reply came after the timeout, within the late-reply grace, and decided (without the grace each would have been a failure, under fail open an admission).",
 		}, []string{"store", "target"})
+		storeMetrics.refundsLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_refunds_lost_total",
+			Help: "Refunds (a count zone's charge given back for a response whose status does not count) that did not reach the store: breaker open, queue full, timeout, error or shutdown; the charge stays until the key refills.",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -63,7 +69,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies, storeMetrics.refundsLost} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -82,13 +82,31 @@ func luaLibrary() (name, code string) {
 	return name, code
 }
 
-// The script's arguments per zone (ARGV, lua/take.lua) are the limit's four
-// numbers (algorithm id, events, window in ms, capacity), the cost and the
-// mode (take, refund, or take for a report-only zone). A zone's limit
-// rarely changes, so its four arguments are formatted once and kept,
-// already boxed, in a small direct-mapped cache: a request then formats
-// nothing (its cost travels as an int64, which go-redis writes itself; the
-// mode is a constant).
+// The script's arguments per zone (ARGV, lua/take.lua), argsPerZone of
+// them, in this order:
+//
+//	1  algorithm id
+//	2  events
+//	3  window (ms)
+//	4  capacity
+//	5  cost
+//	6  mode: 0 take, 1 refund, 2 take for a report-only zone, 3 take whose
+//	   charge may be refunded (Request.Refundable: the reply then carries
+//	   the time of the decision), 4 the same for a report-only zone
+//	7  the zone's options: "0" for none, else fields of a letter and digits
+//	   (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a delay of
+//	   3000 ms, "a2" delay_after 2, "n1" this request may not wait)
+//	8  for a refund, the instant of the charge (Unix ms; "0": unknown);
+//	   "0" for a take
+//
+// This is the one place that writes them (appendArgs, appendRefunds). A
+// zone's limit rarely changes, so its four numbers and its options are
+// formatted once and kept, already boxed, in a small direct-mapped cache: a
+// request then formats nothing (its cost, and a refund's instant, travel as
+// int64s, which go-redis writes itself; the mode is a constant).
+
+// argsPerZone is the number of script arguments per zone.
+const argsPerZone = 8
 
 // argSlots is the size of the argument cache: more than the distinct limits
 // of any sane configuration. Dynamic limits resolved per request that
@@ -98,7 +116,9 @@ const argSlots = 256
 // limitArgs is one limit's formatted arguments.
 type limitArgs struct {
 	limit algorithms.Limit
-	head  [4]any // algorithm id, events, window (ms), capacity
+	// algorithm id, events, window (ms), capacity; the options, and the
+	// options of a request that may not wait
+	head [6]any
 }
 
 // argCache maps limits to their formatted arguments. Safe for concurrent
@@ -107,36 +127,84 @@ type argCache struct {
 	slots [argSlots]atomic.Pointer[limitArgs]
 }
 
-// modeArgs are the script's mode argument: take, refund, report-only.
-var modeArgs = [3]any{"0", "1", "2"}
+// The script's modes (argument 6), and argument 8 of a take.
+var (
+	modeTake, modeRefund, modeReportOnly     any = "0", "1", "2"
+	modeRefundable, modeReportOnlyRefundable any = "3", "4"
+	unknownInstant                           any = "0"
+)
 
-// appendArgs appends the script arguments of reqs, six per zone, in order.
+// appendArgs appends the script arguments of reqs, argsPerZone per zone, in
+// order: takes, or (refund) the refunds of a cross-slot veto, whose
+// instants are unknown.
 func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool) []any {
 	for i := range reqs {
 		r := &reqs[i]
 		h := a.head(r.Limit)
-		mode := modeArgs[0]
+		mode, opts := modeTake, h[4]
+		if r.NoDelay {
+			opts = h[5]
+		}
 		switch {
 		case refund:
-			mode = modeArgs[1]
+			mode = modeRefund
+		case r.ReportOnly && r.Refundable:
+			mode = modeReportOnlyRefundable
 		case r.ReportOnly:
-			mode = modeArgs[2]
+			mode = modeReportOnly
+		case r.Refundable:
+			mode = modeRefundable
 		}
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode)
+		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, opts, unknownInstant)
+	}
+	return args
+}
+
+// appendRefunds appends the script arguments of refunds, argsPerZone per
+// zone, in order.
+func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any {
+	for i := range refunds {
+		r := &refunds[i]
+		h := a.head(r.Limit)
+		args = append(args, h[0], h[1], h[2], h[3], r.Cost, modeRefund, h[4], r.At)
 	}
 	return args
 }
 
 // head returns l's formatted arguments, formatting them on a miss. The
 // algorithms' numeric values travel here: they must not change.
-func (a *argCache) head(l algorithms.Limit) *[4]any {
+func (a *argCache) head(l algorithms.Limit) *[6]any {
 	x := uint64(l.Events)*0x9e3779b97f4a7c15 ^ uint64(l.Window)*0xbf58476d1ce4e5b9 ^ uint64(l.Burst)*0x94d049bb133111eb ^ uint64(l.Algorithm)
 	slot := &a.slots[(x^x>>29)%argSlots]
 	if e := slot.Load(); e != nil && e.limit == l {
 		return &e.head
 	}
-	e := &limitArgs{limit: l, head: [4]any{strconv.Itoa(int(l.Algorithm)),
-		strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Window, 10), strconv.FormatInt(l.Capacity(), 10)}}
+	opts := zoneOptions(l)
+	noWait := opts
+	if l.Delay > 0 {
+		noWait += "n1"
+	}
+	e := &limitArgs{limit: l, head: [6]any{strconv.Itoa(int(l.Algorithm)),
+		strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Window, 10), strconv.FormatInt(l.Capacity(), 10),
+		opts, noWait}}
 	slot.Store(e)
 	return &e.head
+}
+
+// zoneOptions formats a limit's options (argument 7).
+func zoneOptions(l algorithms.Limit) string {
+	var b []byte
+	if l.Penalty > 0 {
+		b = strconv.AppendInt(append(b, 'p'), l.Penalty, 10)
+	}
+	if l.Delay > 0 {
+		b = strconv.AppendInt(append(b, 'd'), l.Delay, 10)
+		if l.DelayAfter > 0 {
+			b = strconv.AppendInt(append(b, 'a'), l.DelayAfter, 10)
+		}
+	}
+	if len(b) == 0 {
+		return "0"
+	}
+	return string(b)
 }

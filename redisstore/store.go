@@ -40,6 +40,11 @@ type Store struct {
 	batch   *batcher // pipelines concurrent script calls (batch.go)
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
+
+	// refundsLost counts the refunds that did not reach Redis (refund.go);
+	// refundDone is refundCallDone, bound once.
+	refundsLost prometheus.Counter
+	refundDone  func(*call)
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -77,6 +82,8 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
+	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
+	s.refundDone = s.refundCallDone
 	s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
@@ -395,7 +402,8 @@ func unanswered(err error) bool {
 // decodeReply reads the script's reply: per zone, allowed (1/0),
 // remaining, retry-after and reset-after in ms; after them, on a refusal,
 // Redis's time and each zone's stored value, kept in ref when it is not
-// nil.
+// nil; or, on an admission with a refundable zone, Redis's time alone.
+// Redis's time, when the reply has it, is every decision's At.
 func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	v, err := cmd.Result()
 	if err != nil {
@@ -408,7 +416,7 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 		return nil
 	}
 	res, ok := v.([]any)
-	if n := 4 * len(reqs); !ok || len(res) != n && len(res) != n+1+len(reqs) {
+	if n := 4 * len(reqs); !ok || len(res) != n && len(res) != n+1 && len(res) != n+1+len(reqs) {
 		return fmt.Errorf("redis: the script returned %T of %d values for %d zones", v, len(res), len(reqs))
 	}
 	var n [4]int64
@@ -425,10 +433,19 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 			RetryAfter: time.Duration(n[2]) * time.Millisecond,
 			ResetAfter: time.Duration(n[3]) * time.Millisecond,
 		}
+		if out[i].Allowed {
+			// An admission's retry-after is its wait (lua/take.lua).
+			out[i].RetryAfter, out[i].Delay = 0, out[i].RetryAfter
+		}
 	}
-	if n := 4 * len(reqs); ref != nil && len(res) > n {
+	if n := 4 * len(reqs); len(res) > n {
 		if now, ok := res[n].(int64); ok {
-			ref.now, ref.raws = now, res[n+1:]
+			for i := range reqs {
+				out[i].At = now
+			}
+			if ref != nil && len(res) == n+1+len(reqs) {
+				ref.now, ref.raws = now, res[n+1:]
+			}
 		}
 	}
 	return nil

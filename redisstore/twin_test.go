@@ -40,6 +40,8 @@ type twin struct {
 	zones []*twinZone
 	hist  []string
 	steps int
+	// counted by the penalty and refund twin (twin_penalty_test.go)
+	penalties, refunded, noRefund, delays int
 }
 
 // twinScript is the test entry point of the decision script: its code,
@@ -56,7 +58,7 @@ func runTwin(ctx context.Context, c redis.Scripter, keys []string, args ...any) 
 		return nil, err
 	}
 	n := 4 * len(keys)
-	if len(v) != n && len(v) != n+1+len(keys) {
+	if len(v) != n && len(v) != n+1 && len(v) != n+1+len(keys) {
 		return nil, fmt.Errorf("the script returned %d values for %d zones", len(v), len(keys))
 	}
 	out := make([]int64, n)
@@ -84,9 +86,11 @@ type luaDecision struct {
 	Remaining, RetryMs, ResetMs int64
 }
 
+// goView is d as the script replies it: an admission's retry-after is its
+// wait (a delay zone's).
 func goView(d algorithms.Decision) luaDecision {
 	return luaDecision{Allowed: d.Allowed, Remaining: d.Remaining,
-		RetryMs: d.RetryAfter.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
+		RetryMs: d.RetryAfter.Milliseconds() + d.Delay.Milliseconds(), ResetMs: d.ResetAfter.Milliseconds()}
 }
 
 // stateString is what the Lua twin stores for st (encodeState):

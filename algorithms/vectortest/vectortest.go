@@ -27,6 +27,10 @@ type Limit struct {
 	Events    int64  `json:"events"`
 	WindowMs  int64  `json:"window_ms"`
 	Burst     int64  `json:"burst"`
+	PenaltyMs int64  `json:"penalty_ms,omitempty"`
+	DelayMs   int64  `json:"delay_ms,omitempty"`
+	// DelayAfter is the limit's delay_after (tokens).
+	DelayAfter int64 `json:"delay_after,omitempty"`
 }
 
 // Compile checks the limit and returns its compiled form.
@@ -35,18 +39,30 @@ func (l Limit) Compile() (algorithms.Limit, error) {
 	if err != nil {
 		return algorithms.Limit{}, err
 	}
-	return algorithms.NewLimit(alg, l.Events, time.Duration(l.WindowMs)*time.Millisecond, l.Burst)
+	lim, err := algorithms.NewLimit(alg, l.Events, time.Duration(l.WindowMs)*time.Millisecond, l.Burst)
+	if err != nil {
+		return lim, err
+	}
+	lim.Penalty, lim.Delay, lim.DelayAfter = l.PenaltyMs, l.DelayMs, l.DelayAfter
+	return lim, lim.Validate()
 }
 
-// Step is one request of a vector and the decision it must get.
+// Step is one request of a vector and the decision it must get; or, with
+// Refund, the refund of a charge of Cost made at ChargedAtMs (an offset
+// from the base; absent: unknown), which must leave the key showing the
+// decision given (the key's view after it, as a request of cost 0 gets it).
 type Step struct {
 	AtMs         int64  `json:"at_ms"` // offset from the base
 	Cost         int64  `json:"cost"`
-	Limit        *Limit `json:"limit,omitempty"` // a changed limit, from this step on
+	Refund       bool   `json:"refund,omitempty"`
+	ChargedAtMs  *int64 `json:"charged_at_ms,omitempty"`
+	NoDelay      bool   `json:"no_delay,omitempty"` // the request may not wait (Request.NoDelay)
+	Limit        *Limit `json:"limit,omitempty"`    // a changed limit, from this step on
 	Allowed      bool   `json:"allowed"`
 	Remaining    int64  `json:"remaining"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
 	ResetAfterMs int64  `json:"reset_after_ms"`
+	DelayMs      int64  `json:"delay_ms,omitempty"` // an admission's wait (Decision.Delay)
 	Note         string `json:"note,omitempty"`
 }
 
@@ -77,18 +93,26 @@ type Compiled struct {
 	Limit algorithms.Limit
 	Want  Want
 	Step  Step
+	// Refund marks a refund step; At is its charge's instant (0: unknown).
+	Refund bool
+	At     int64
+}
+
+// Request is the step's request (zone and key left empty).
+func (c *Compiled) Request() *algorithms.Request {
+	return &algorithms.Request{Limit: c.Limit, Cost: c.Cost, NoDelay: c.Step.NoDelay}
 }
 
 // Want is the decision a step must get, in a comparable form.
 type Want struct {
-	Allowed                               bool
-	Remaining, RetryAfterMs, ResetAfterMs int64
+	Allowed                                        bool
+	Remaining, RetryAfterMs, ResetAfterMs, DelayMs int64
 }
 
 // Got converts a decision for comparison with Want.
 func Got(d algorithms.Decision) Want {
 	return Want{Allowed: d.Allowed, Remaining: d.Remaining,
-		RetryAfterMs: d.RetryAfter.Milliseconds(), ResetAfterMs: d.ResetAfter.Milliseconds()}
+		RetryAfterMs: d.RetryAfter.Milliseconds(), ResetAfterMs: d.ResetAfter.Milliseconds(), DelayMs: d.Delay.Milliseconds()}
 }
 
 // Compile returns the vector's steps ready to run, or fails t.
@@ -111,8 +135,12 @@ func (v *Vector) Compile(t testing.TB) []Compiled {
 		if i > 0 && s.AtMs < v.Steps[i-1].AtMs {
 			t.Fatalf("%s %q step %d: time goes back", v.File, v.Name, i)
 		}
-		out = append(out, Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s,
-			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs}})
+		c := Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s, Refund: s.Refund,
+			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs, s.DelayMs}}
+		if s.ChargedAtMs != nil {
+			c.At = v.Base() + *s.ChargedAtMs
+		}
+		out = append(out, c)
 	}
 	return out
 }

@@ -245,3 +245,92 @@ local function load_state(raw, alg, pattern, ati)
   end
   return 1600000000000 + (((b2 * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6, f1, f2, last
 end
+
+-- The penalty (algorithms/penalty.go) prefixes a state: 'p', then the
+-- instant the penalty started (Unix ms) in 6 bytes, big-endian, then the
+-- algorithm's value as above (empty: none), so a key in its penalty keeps
+-- its bucket. Every stored value is read through unpen (take.lua): a value
+-- without the prefix is returned as it is.
+
+-- unpen returns the algorithm's value of a stored value (nil: none) and
+-- the instant its penalty started (0: none).
+local function unpen(full)
+  if byte(full) ~= 112 then
+    return full, 0
+  end
+  if #full < 7 then
+    return nil, 0
+  end
+  local rest = string.sub(full, 8)
+  if rest == '' then
+    rest = nil
+  end
+  return rest, be(full, 2, 7)
+end
+
+-- penalized returns the value storing val (nil: none) with a penalty that
+-- started at at.
+local function penalized(at, val)
+  local b6 = at % 256
+  at = (at - b6) / 256
+  local b5 = at % 256
+  at = (at - b5) / 256
+  local b4 = at % 256
+  at = (at - b4) / 256
+  local b3 = at % 256
+  at = (at - b3) / 256
+  local b2 = at % 256
+  local b1 = (at - b2) / 256
+  return char(112, b1, b2, b3, b4, b5, b6) .. (val or '')
+end
+
+-- A zone's options (ARGV 7, see take.lua): '0' for none, else fields of a
+-- letter and digits: 'p<ms>' the penalty, 'd<ms>' the longest wait (delay),
+-- 'a<n>' delay_after (tokens), 'n1' this request may not wait. Their parse
+-- is memoized as nums is (a zone sends the same string on every call).
+local optc, noptc = {}, 0
+local function opts(o)
+  local t = optc[o]
+  if t then
+    return t
+  end
+  t = {p = 0, d = 0, a = 0, n = 0}
+  for k, v in string.gmatch(o, '(%a)(%d+)') do
+    t[k] = tonum(v)
+  end
+  if noptc >= 1000 then
+    optc, noptc = {}, 0
+  end
+  optc[o], noptc = t, noptc + 1
+  return t
+end
+
+-- threshold mirrors algorithms/delay.go: how much of a bucket of full
+-- units (a token: tok units) may be spent at once (o: the zone's options,
+-- nil for none).
+local function threshold(o, full, tok)
+  if o and o.d > 0 and o.a > 0 then
+    return o.a * tok
+  end
+  return full
+end
+
+-- admit mirrors algorithms/delay.go: a request needing need units against
+-- a debt of x units, for a bucket of full units (a token: tok units)
+-- refilled rate units a ms, lag ms ahead of now. It returns the wait (ms)
+-- and the retry-after (ms), and whether it is admitted.
+local function admit(o, x, need, full, tok, rate, lag)
+  local a = threshold(o, full, tok)
+  if need > a then a = need end
+  if x + need <= a or need == 0 then
+    return 0, 0, true
+  end
+  local after = lag + ceildiv(x + need - a, rate)
+  if o and o.d > 0 and o.n == 0 then
+    if after <= o.d then
+      return after, 0, true
+    end
+    return 0, after - o.d, false
+  end
+  return 0, after, false
+end

@@ -37,10 +37,15 @@ local function fixed_window(raw, events, w, capacity, cost)
   return 0, max(events - count, 0), start + length - now, fw_result(count, start, length)
 end
 
--- fixed_window_refund returns fw_result's reset-after and value, or nothing
--- without a state.
-local function fixed_window_refund(raw, events, w, capacity, cost)
+-- fixed_window_refund takes cost off the window that counted the charge
+-- made at `at` (Unix ms; 0: unknown, the current window), if it is still
+-- the key's; it returns fw_result's reset-after and value, or nothing when
+-- there is nothing to write.
+local function fixed_window_refund(raw, events, w, capacity, cost, at)
   if not raw then return nil end
   local count, start, length = fw_load(raw, w)
+  if at > 0 and (at < start or at >= start + length) then
+    return nil
+  end
   return fw_result(max(count - cost, 0), start, length)
 end

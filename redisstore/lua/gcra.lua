@@ -34,11 +34,12 @@ local function gcra_load(raw, u)
 end
 
 -- gcra_result returns a decision: allowed and retry as given, then the
--- remaining, the reset-after (ms) and the value that stores the TAT.
-local function gcra_result(allowed, retry, ahead, rest, d, over, u, ei, tau)
+-- remaining (what fits under thr, the units that may be spent at once),
+-- the reset-after (ms) and the value that stores the TAT.
+local function gcra_result(allowed, retry, ahead, rest, d, over, u, ei, thr)
   local rem = 0
-  if not over and d < tau then
-    rem = idiv(tau - d, ei)
+  if not over and d < thr then
+    rem = idiv(thr - d, ei)
   end
   local reset, at = 0, now
   if ahead >= 0 then
@@ -50,25 +51,38 @@ local function gcra_result(allowed, retry, ahead, rest, d, over, u, ei, tau)
     pack(1, at, rest, nil, u) or string.format('g%.0f:%.0f:%.0f', at, rest, u)
 end
 
--- gcra returns allowed (1/0), remaining, retry-after, reset-after (ms) and
--- the value to store.
-local function gcra(raw, events, w, capacity, cost)
+-- gcra returns allowed (1/0), remaining, retry-after (for an admission,
+-- its wait: algorithms/delay.go), reset-after (ms) and the value to store.
+-- o is the zone's options (common.lua), nil for none.
+local function gcra(raw, events, w, capacity, cost, o)
   local u, ei, tau = gcra_units(events, w, capacity)
+  local room = tau
+  if o then room = tau + o.d * u end
   local ahead, rest = gcra_load(raw, u)
-  local over = ahead > idiv(tau, u) + 1
+  local over = ahead > idiv(room, u) + 1
   local d = 0
   if ahead >= 0 and not over then
     d = ahead * u + rest
   end
   local need = cost * ei
+  local thr = threshold(o, tau, ei)
   if cost > capacity then
-    return gcra_result(0, w, ahead, rest, d, over, u, ei, tau)
-  elseif not over and need <= tau - d then
+    return gcra_result(0, w, ahead, rest, d, over, u, ei, thr)
+  elseif over then
+    -- ceil((d + need - a) / u) ms, computed without d, less the longest wait
+    local a = thr
+    if need > a then a = need end
+    local retry = ahead - idiv(a - need - rest, u)
+    if o and o.d > 0 and o.n == 0 then retry = retry - o.d end
+    return gcra_result(0, retry, ahead, rest, d, over, u, ei, thr)
+  end
+  local wait, retry, ok = admit(o, d, need, tau, ei, u, 0)
+  if ok then
     d = d + need
     ahead = idiv(d, u)
-    return gcra_result(1, 0, ahead, d - ahead * u, d, over, u, ei, tau)
+    return gcra_result(1, wait, ahead, d - ahead * u, d, over, u, ei, thr)
   end
-  return gcra_result(0, ahead - idiv(tau - need - rest, u), ahead, rest, d, over, u, ei, tau)
+  return gcra_result(0, retry, ahead, rest, d, over, u, ei, thr)
 end
 
 -- gcra_refund moves the TAT back by cost emission intervals, never before

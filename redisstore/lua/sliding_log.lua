@@ -79,17 +79,32 @@ local function sliding_log(raw, n, w, capacity, cost)
   return allowed, max(n - sum, 0), retry, sl_result(ts, cs, w)
 end
 
--- sliding_log_refund removes the newest event of exactly this cost; it
--- returns sl_result's reset-after and value, or nothing without a state.
-local function sliding_log_refund(raw, n, w, capacity, cost)
+-- sliding_log_refund removes the event of the charge made at `at` (Unix
+-- ms): the oldest event of this cost recorded at or after it; at 0
+-- (unknown): the newest event of this cost. It returns sl_result's
+-- reset-after and value, or nothing when there is nothing to write (no
+-- such event in the window).
+local function sliding_log_refund(raw, n, w, capacity, cost, at)
   if not raw then return nil end
   local ts, cs = sl_load(raw, w)
-  for i = #ts, 1, -1 do
-    if cs[i] == cost then
-      table.remove(ts, i)
-      table.remove(cs, i)
-      break
+  local k
+  if at > 0 then
+    for i = 1, #ts do
+      if cs[i] == cost and ts[i] >= at then
+        k = i
+        break
+      end
+    end
+  else
+    for i = #ts, 1, -1 do
+      if cs[i] == cost then
+        k = i
+        break
+      end
     end
   end
+  if not k then return nil end
+  table.remove(ts, k)
+  table.remove(cs, k)
   return sl_result(ts, cs, w)
 end

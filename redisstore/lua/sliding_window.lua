@@ -65,13 +65,27 @@ local function sliding_window(raw, n, w, capacity, cost)
   return sw_result(0, t - now, s, prev, cur, vnow, n, w)
 end
 
--- sliding_window_refund takes cost off the current count, then the
--- previous; it returns the reset-after and the value, or nothing without a
--- state.
-local function sliding_window_refund(raw, n, w, capacity, cost)
+-- sliding_window_refund takes cost off the count of the aligned window the
+-- charge made at `at` (Unix ms) was counted in, the current or the previous
+-- one (an older charge counts no more: nothing to give back); at 0
+-- (unknown): off the current count, then the previous. It returns the
+-- reset-after and the value, or nothing when there is nothing to write.
+local function sliding_window_refund(raw, n, w, capacity, cost, at)
   if not raw then return nil end
   local s, prev, cur, vnow = sw_load(raw, n, w)
-  local c = min(cost, cur)
-  local _, _, _, reset, val = sw_result(1, 0, s, max(prev - (cost - c), 0), cur - c, vnow, n, w)
+  if at <= 0 then
+    local c = min(cost, cur)
+    prev, cur = max(prev - (cost - c), 0), cur - c
+  else
+    local c = idiv(at, w) * w
+    if c == s then
+      cur = max(cur - cost, 0)
+    elseif c == s - w then
+      prev = max(prev - cost, 0)
+    else
+      return nil
+    end
+  end
+  local _, _, _, reset, val = sw_result(1, 0, s, prev, cur, vnow, n, w)
   return reset, val
 end

@@ -4,26 +4,39 @@
 -- take(KEYS, ARGV, base); the Redis Function library defines all of it
 -- once, when it loads, and its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[base + 6(i-1) + 1..6]
--- are: algorithm id, events, window (ms), capacity, cost, mode (0 take,
--- 1 refund, 2 take for a report-only zone). It decides every zone, whatever
--- its algorithm, against the state as it is, and writes only if every zone
--- allows (all-or-nothing; a refusal never consumes; a report-only zone
--- never vetoes). Refund mode gives back cost (for a veto in another Cluster
--- slot).
+-- KEYS[i] is zone i's state key. For zone i, ARGV[base + 8(i-1) + 1..8]
+-- (the layout is written by script.go's argCache, argsPerZone) are:
+-- algorithm id, events, window (ms), capacity, cost, mode, the zone's
+-- options (common.lua, opts: '0' for none; a penalty, a delay) and, for a
+-- refund, the instant of the charge to give back (Unix ms; 0: unknown;
+-- '0' for a take). The modes: 0 take, 1 refund, 2 take for a report-only
+-- zone, 3 take whose charge may be refunded (a zone counting only some
+-- response statuses, a request that may wait), 4 the same for a
+-- report-only zone.
+--
+-- It decides every zone, whatever its algorithm, against the state as it
+-- is, and writes only if every zone allows (all-or-nothing; a refusal
+-- never consumes; a report-only zone never vetoes); except that a zone
+-- with a penalty that refuses writes its penalty (algorithms/penalty.go),
+-- whatever the other zones decide. A refund gives back cost (a count
+-- zone's response did not match, or a veto in another Cluster slot),
+-- keeping the key's TTL and penalty.
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
--- (ms) and reset-after (ms). When an enforcing zone refused, the reply goes
+-- (ms; for an admission, the wait of a delayed one: algorithms/delay.go)
+-- and reset-after (ms). When an enforcing zone refused, the reply goes
 -- on with what the deny cache needs to answer the same client's next
 -- requests as this script would (package denycache): the time it decided
--- at (now, ms), then each zone's stored value as it read it (a refusal
--- writes nothing, so it is also the value now): "" for none, 0 for a value
--- longer than 1024 bytes (a long sliding log, not worth the bandwidth). A
--- request that is allowed gets the four integers per zone only.
+-- at (now, ms), then each zone's stored value as it stands after the call
+-- (a refusal writes nothing but a penalty that starts, so it is the value
+-- read, or the penalty written): "" for none, 0 for a value longer than
+-- 1024 bytes (a long sliding log, not worth the bandwidth). A request that
+-- is allowed gets the four integers per zone, and then, when a zone's mode
+-- is 3 or 4, the time it decided at (what a refund of its charges names).
 --
 -- Every algorithm's step returns allowed, remaining, retry-after,
 -- reset-after and the value to store (nil: delete the key); its refund
--- returns the last two, or nothing when there is no state to refund. They
+-- returns the last two, or nothing when there is nothing to write. They
 -- return values, not tables: a table per call costs Redis more CPU than
 -- the arithmetic of a decision.
 
@@ -47,22 +60,25 @@ local function store(key, val, reset)
 end
 
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
--- (false: refunded, nothing to write), and the stored value it was
--- decided against. Overwritten by every call: in a Redis Function library
--- they outlive the call (holding a value each until the next), so a
--- decision allocates no table but its reply. The last zone needs none:
--- when it decides, every zone has.
-local vals, resets, raws = {}, {}, {}
+-- (false: refunded, nothing to write), the algorithm's value it was decided
+-- against, the stored value after the call (for the deny cache) and its
+-- options.
+-- Overwritten by every call: in a Redis Function library they outlive the
+-- call (holding a value each until the next), so a decision allocates no
+-- table but its reply. The last zone needs none: when it decides, every
+-- zone has.
+local vals, resets, raws, fulls, ots = {}, {}, {}, {}, {}
 
 local function take(keys, argv, base)
   if not byte then bind() end
   local n = #keys
   local out = {nil, nil, nil, nil} -- room for one zone without a resize
   local all = true
+  local wantnow = false
   local lastval, lastreset -- the last zone's state, when it is written
-  local lastraw -- the last zone's stored value
+  local lastraw, lastfull -- the last zone's values, as raws and fulls
   for i = 1, n do
-    local b = base + 6 * (i - 1)
+    local b = base + 8 * (i - 1)
     local a = argv[b + 1]
     local alg = nums[a] or num(a)
     local step = steps[alg]
@@ -72,29 +88,69 @@ local function take(keys, argv, base)
     local s2, s3, s4, s5 = argv[b + 2], argv[b + 3], argv[b + 4], argv[b + 5]
     local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
     local capacity, cost = nums[s4] or num(s4), nums[s5] or num(s5)
-    local raw = call('GET', keys[i])
-    if raw == false then raw = nil end
+    local full = call('GET', keys[i])
+    local raw, pen = nil, 0
+    if full == false then
+      full = nil
+    else
+      raw, pen = unpen(full)
+    end
     local mode = argv[b + 6]
+    local o, ot = argv[b + 7], nil
+    if o and o ~= '0' then ot = opts(o) end
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == '1' then
-      reset, val = refunds[alg](raw, events, w, capacity, cost)
-      if reset then store(keys[i], val, reset) end
+      local at = tonum(argv[b + 8]) or 0
+      reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
+      if reset then
+        if pen ~= 0 then val = penalized(pen, val) end
+        if val then
+          call('SET', keys[i], val, 'KEEPTTL')
+        else
+          call('DEL', keys[i])
+        end
+      end
       reset = 0
       if i < n then resets[i] = false end
     else
-      allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost)
-      -- a report-only zone never vetoes
-      if allowed == 0 and mode ~= '2' then all = false end
-      if i < n then
-        vals[i], resets[i], raws[i] = val, reset, raw
+      if mode == '3' or mode == '4' then wantnow = true end
+      local p = 0
+      if ot then p = ot.p end
+      if p > 0 and pen ~= 0 and now < pen + p then
+        -- in its penalty: refused, nothing written
+        local e = pen + p
+        local _
+        _, _, _, reset = step(raw, events, w, capacity, 0, ot)
+        retry = e - now
+        if cost > 0 then
+          local ok, _, r = step(raw, events, w, capacity, cost, ot)
+          if ok == 0 and r > retry then retry = r end
+        end
+        if reset < e - now then reset = e - now end
+        allowed, rem = 0, 0
       else
-        lastraw = raw
+        allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost, ot)
+        if allowed == 0 and p > 0 then
+          -- the penalty starts, whatever the other zones decide
+          rem = 0
+          if retry < p then retry = p end
+          if reset < p then reset = p end
+          full = penalized(now, val)
+          store(keys[i], full, reset)
+        end
+      end
+      -- a report-only zone never vetoes
+      if allowed == 0 and mode ~= '2' and mode ~= '4' then all = false end
+      if i < n then
+        vals[i], resets[i], raws[i], fulls[i], ots[i] = val, reset, raw, full, ot
+      else
+        lastraw, lastfull = raw, full
         if allowed == 1 then
           if all then
             lastval, lastreset = val, reset
           else
             -- vetoed: nothing is charged; show this zone as it stands
-            allowed, rem, retry, reset = step(raw, events, w, capacity, 0)
+            allowed, rem, retry, reset = step(raw, events, w, capacity, 0, ot)
           end
         end
       end
@@ -113,9 +169,9 @@ local function take(keys, argv, base)
         store(keys[i], vals[i], resets[i])
       else
         -- vetoed, as above
-        local b = base + 6 * (i - 1)
+        local b = base + 8 * (i - 1)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
-          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0)
+          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0, ots[i])
       end
     end
   end
@@ -124,8 +180,8 @@ local function take(keys, argv, base)
     local o = 4 * n + 1
     out[o] = now
     for i = 1, n do
-      local r = raws[i]
-      if i == n then r = lastraw end
+      local r = fulls[i]
+      if i == n then r = lastfull end
       if not r then
         r = ''
       elseif #r > 1024 then
@@ -133,6 +189,8 @@ local function take(keys, argv, base)
       end
       out[o + i] = r
     end
+  elseif wantnow then
+    out[4 * n + 1] = now
   end
   return out
 end

@@ -25,9 +25,13 @@ local function rescale(x, from, to, limit)
   return v
 end
 
--- tb_advance returns the debt and its instant, refilled up to now.
-local function tb_advance(raw, events, w, capacity)
+-- tb_advance returns the debt and its instant, refilled up to now; the
+-- debt is at most the bucket plus the slots reserved by waiting requests
+-- (o.d, the zone's delay: algorithms/delay.go).
+local function tb_advance(raw, events, w, capacity, o)
   local full = capacity * w
+  local room = full
+  if o then room = full + o.d * events end
   local debt, at = 0, now
   local d, a, s, _
   if raw then
@@ -39,7 +43,7 @@ local function tb_advance(raw, events, w, capacity)
       debt = rescale(debt, s, w, full)
     end
     if debt < 0 then debt = 0 end
-    if debt > full then debt = full end
+    if debt > room then debt = room end
     local elapsed = now - at
     if elapsed > 0 then
       if elapsed >= ceildiv(debt, events) then
@@ -60,25 +64,29 @@ local function tb_state(debt, at, events, w)
     pack(0, at, debt, nil, w) or string.format('%.0f:%.0f:%.0f', debt, at, w)
 end
 
--- token_bucket returns allowed (1/0), remaining, retry-after (ms), then
--- tb_state's reset-after and value.
-local function token_bucket(raw, events, w, capacity, cost)
-  local debt, at = tb_advance(raw, events, w, capacity)
-  local t = capacity * w - debt
+-- token_bucket returns allowed (1/0), remaining, retry-after (ms; for an
+-- admission, its wait: algorithms/delay.go), then tb_state's reset-after
+-- and value. o is the zone's options (common.lua), nil for none.
+local function token_bucket(raw, events, w, capacity, cost, o)
+  local debt, at = tb_advance(raw, events, w, capacity, o)
+  local full = capacity * w
+  local thr = threshold(o, full, w)
   if cost > capacity then
-    return 0, idiv(t, w), w, tb_state(debt, at, events, w)
+    return 0, idiv(max(thr - debt, 0), w), w, tb_state(debt, at, events, w)
   end
   local need = cost * w
-  if t >= need then
-    return 1, idiv(t - need, w), 0, tb_state(debt + need, at, events, w)
+  local wait, retry, ok = admit(o, debt, need, full, w, events, at - now)
+  if ok then
+    debt = debt + need
+    return 1, idiv(max(thr - debt, 0), w), wait, tb_state(debt, at, events, w)
   end
-  return 0, idiv(t, w), (at - now) + ceildiv(need - t, events), tb_state(debt, at, events, w)
+  return 0, idiv(max(thr - debt, 0), w), retry, tb_state(debt, at, events, w)
 end
 
 -- token_bucket_refund gives back cost, never below zero debt; it returns
 -- tb_state's reset-after and value, or nothing without a state.
-local function token_bucket_refund(raw, events, w, capacity, cost)
+local function token_bucket_refund(raw, events, w, capacity, cost, at, o)
   if not raw then return nil end
-  local debt, at = tb_advance(raw, events, w, capacity)
+  local debt, at = tb_advance(raw, events, w, capacity, o)
   return tb_state(max(debt - cost * w, 0), at, events, w)
 end

@@ -1,0 +1,109 @@
+package algorithms
+
+// The penalty box: a limit with a Penalty refuses a key for that long once
+// it has refused it, whatever the algorithm would allow sooner.
+//
+// Semantics, the same for every algorithm:
+//
+//   - A refusal by the algorithm (its own decision, not a veto by another
+//     zone of the request; a cost above the capacity included) starts the
+//     penalty: the key is refused from now until now + Penalty. The state
+//     to store is the refused state (advanced to now) with Penalized = now,
+//     so a store writes it although the request is refused; every other
+//     refusal writes nothing, as before.
+//   - During the penalty every request is refused and nothing is written:
+//     requests refused meanwhile do not extend it, so Retry-After counts
+//     down to its end. RetryAfter is the time to the penalty's end, or the
+//     algorithm's own RetryAfter for this request if that is later (so that
+//     waiting exactly RetryAfter still lets the same request pass, rather
+//     than meeting a bucket that refuses it into a new penalty); Remaining
+//     is 0; ResetAfter covers the penalty. Cost 0 (a view) is refused too,
+//     without effect.
+//   - The algorithm's state keeps evolving underneath (a bucket refills
+//     during the penalty); when the penalty ends, the key is decided by the
+//     algorithm alone again, and its next admission clears Penalized.
+//   - The state records when the penalty started, not when it ends, so a
+//     changed Penalty applies at once to running penalties, like any
+//     changed limit: shortened, they end sooner; removed, they end now
+//     (the stored instant is ignored, and dropped by the next write);
+//     lengthened, they last longer, while the key is still held (a store
+//     forgets a key once its state as written is back to full and its
+//     penalty as written is over).
+//
+// A penalty is part of the key's state: the stores keep it with the
+// algorithm's, and an admin reset, which deletes the state, ends it.
+
+// Step runs one decision of the limit's algorithm and its penalty (see
+// above and step). It returns the decision, the state to store, and the
+// Unix millisecond at which the state is back to full (its penalty over)
+// and may be forgotten. A store writes the state when the decision is
+// allowed, or when it starts a penalty (StartsPenalty). Step never
+// allocates, except for the sliding log (a new Log header, and its
+// entries' growth).
+func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
+	return stepAll(st, fresh, l, now, cost, true)
+}
+
+// StepRequest is Step for r (its Limit and Cost), honouring r.NoDelay: a
+// request that may not wait for its turn (delay.go).
+func StepRequest(st State, fresh bool, r *Request, now int64) (d Decision, next State, fullAt int64) {
+	return stepAll(st, fresh, r.Limit, now, r.Cost, !r.NoDelay)
+}
+
+// stepAll is Step, the penalty and the algorithm's step with its waiting.
+func stepAll(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (d Decision, next State, fullAt int64) {
+	if l.Penalty <= 0 {
+		return step(st, fresh, l, now, cost, mayWait)
+	}
+	if !fresh && st.Penalized != 0 && now < st.Penalized+l.Penalty {
+		return inPenalty(st, fresh, l, now, cost, mayWait)
+	}
+	d, next, fullAt = step(st, fresh, l, now, cost, mayWait)
+	if d.Allowed || cost == 0 {
+		return d, next, fullAt
+	}
+	// Refused: the penalty starts.
+	next.Penalized = now
+	if lg := next.Log; lg != nil && len(lg.Entries) > 0 && lg.Entries[0].At+l.Window <= now {
+		// The refused sliding log is written: without the events that
+		// left the window, as the Lua twin writes it.
+		i := 0
+		for i < len(lg.Entries) && lg.Entries[i].At+l.Window <= now {
+			i++
+		}
+		next.Log = &Log{Entries: lg.Entries[i:]}
+	}
+	d.Remaining = 0
+	d.RetryAfter = max(d.RetryAfter, ms(l.Penalty))
+	d.ResetAfter = max(d.ResetAfter, ms(l.Penalty))
+	return d, next, max(fullAt, now+l.Penalty)
+}
+
+// inPenalty decides a request of a key in its penalty: refused, nothing
+// written (the state returned is the given one, advanced to now, with its
+// Penalized unchanged).
+func inPenalty(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (Decision, State, int64) {
+	end := st.Penalized + l.Penalty
+	d, next, fullAt := step(st, fresh, l, now, 0, mayWait)
+	retry := end - now
+	if cost > 0 {
+		// The algorithm's own answer to this request (its state is
+		// discarded: a sliding log's may share the given entries).
+		if c, _, _ := step(st, fresh, l, now, cost, mayWait); !c.Allowed {
+			retry = max(retry, c.RetryAfter.Milliseconds())
+		}
+	}
+	d.Allowed = false
+	d.Remaining = 0
+	d.RetryAfter = ms(retry)
+	d.ResetAfter = max(d.ResetAfter, ms(end-now))
+	next.Penalized = st.Penalized
+	return d, next, max(fullAt, end)
+}
+
+// StartsPenalty reports whether a decision of Step, given the state st
+// (fresh: none) and returning next, started a penalty: the store must then
+// write next although the request is refused.
+func StartsPenalty(st State, fresh bool, next State) bool {
+	return next.Penalized != 0 && (fresh || next.Penalized != st.Penalized)
+}

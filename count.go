@@ -1,0 +1,219 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// A zone that counts only some responses (`count 401 403`, `count 4xx`):
+// the request is charged before it runs, in the one store call with the
+// request's other zones (so a spent budget refuses it atomically: N
+// concurrent guesses cannot all pass a check and be charged afterwards),
+// and the charge is given back when the response's status is not one the
+// zone counts; never the reverse (nothing is charged after the response).
+// A refused request is not forwarded, so it has no status to count.
+//
+// The give-back is a post-response hook (after.go): it runs as soon as the
+// status is known (a streamed response's first write), through the store
+// that charged (the fail-local memory store when it decided), and never
+// delays the response: the memory store gives back under its shard's lock,
+// the Redis store hands one pipelined script call to its workers and
+// returns (redisstore/refund.go). How exact a refund is, per algorithm:
+// algorithms/refund.go.
+
+// statusSet is a set of HTTP statuses, 100 to 599.
+type statusSet [10]uint64
+
+func (s *statusSet) add(code int) { s[code>>6] |= 1 << (code & 63) }
+func (s *statusSet) has(code int) bool {
+	return code >= 0 && code < 640 && s[code>>6]&(1<<(code&63)) != 0
+}
+func (s *statusSet) addRange(lo, hi int) {
+	for c := lo; c <= hi; c++ {
+		s.add(c)
+	}
+}
+
+// parseStatuses compiles `count`'s items: codes (401), classes (4xx) and
+// ranges (500-599), 100 to 599.
+func parseStatuses(items []string) (*statusSet, error) {
+	var s statusSet
+	code := func(v string) (int, bool) {
+		n, err := strconv.Atoi(v)
+		return n, err == nil && len(v) == 3 && n >= 100 && n <= 599
+	}
+	for _, it := range items {
+		lower := strings.ToLower(strings.TrimSpace(it))
+		if lo, hi, ok := strings.Cut(lower, "-"); ok {
+			a, okA := code(lo)
+			b, okB := code(hi)
+			if !okA || !okB || a > b {
+				return nil, fmt.Errorf("count: %q is not a range of statuses (500-599)", it)
+			}
+			s.addRange(a, b)
+			continue
+		}
+		if len(lower) == 3 && lower[1:] == "xx" && lower[0] >= '1' && lower[0] <= '5' {
+			c := int(lower[0]-'0') * 100
+			s.addRange(c, c+99)
+			continue
+		}
+		c, ok := code(lower)
+		if !ok {
+			return nil, fmt.Errorf("count: %q is not a status: write a code from 100 to 599 (401), a class (4xx) or a range (500-599)", it)
+		}
+		s.add(c)
+	}
+	return &s, nil
+}
+
+// compileOutcomes compiles what the zone does with responses and would-be
+// refusals: count (above) and on_exceed (pass.go).
+func (z *zone) compileOutcomes(cfg *Zone) error {
+	if len(cfg.Count) > 0 {
+		set, err := parseStatuses(cfg.Count)
+		if err != nil {
+			return err
+		}
+		z.counts, z.countSpec = set, cfg.Count
+	}
+	switch cfg.OnExceed {
+	case "", onExceedRefuse:
+	case onExceedPass:
+		// Under a report-only directive, the zone is report-only: nothing
+		// is handed on (Handler.Validate refuses both on one zone).
+		z.pass = !cfg.ReportOnly
+	default:
+		return fmt.Errorf("on_exceed: unknown action %q (known: refuse, pass)", cfg.OnExceed)
+	}
+	return nil
+}
+
+// refunder is implemented by stores that can give a charge back (memstore
+// and redisstore, structurally): a zone with count needs one.
+type refunder interface {
+	Refund(ctx context.Context, refunds []algorithms.Refund) error
+}
+
+// provisionOutcomes notes whether any zone counts only some statuses or
+// forwards its would-be refusals (the hot path then looks for them), and
+// refuses count zones on a store that cannot give charges back.
+func (h *Handler) provisionOutcomes() error {
+	_, canRefund := h.store.(refunder)
+	h.room = &waitingRoom{max: defaultMaxWaiting}
+	if h.MaxWaiting > 0 {
+		h.room.max = int64(h.MaxWaiting)
+	}
+	for _, z := range h.zones {
+		if z.limit.Delay > 0 {
+			if !canRefund {
+				return zoneErr(z.name, errors.New("delay: the store cannot give a departed request's reservation back (use store memory or store redis)"))
+			}
+			h.delaying = true
+		}
+		if z.pass && !h.passing {
+			h.passing = true
+			passDirectives.Add(1) // Cleanup takes it back
+		}
+		if z.counts != nil {
+			if !canRefund {
+				return zoneErr(z.name, errors.New("count: the store cannot give charges back (use store memory or store redis)"))
+			}
+			h.counting = true
+		}
+	}
+	return nil
+}
+
+// settlement is what an allowed request owes its count zones: the charges
+// to give back unless the response's status counts. It is a post-response
+// hook (after.go), pooled.
+type settlement struct {
+	store   refunder
+	refunds []algorithms.Refund
+	counts  []*statusSet
+	zones   []*zone
+}
+
+var settlementPool = sync.Pool{New: func() any {
+	return &settlement{refunds: make([]algorithms.Refund, 0, 2), counts: make([]*statusSet, 0, 2), zones: make([]*zone, 0, 2)}
+}}
+
+// settlementOf returns the settlement of a decided, allowed request: its
+// count zones that were charged (a report-only zone that would refuse was
+// not), or nil. s.store is the store that decided.
+func settlementOf(s *scratch) *settlement {
+	var st *settlement
+	for i := range s.reqs {
+		if !s.reqs[i].Refundable || !s.decs[i].Allowed {
+			continue
+		}
+		if st == nil {
+			rf, ok := s.store.(refunder)
+			if !ok {
+				return nil
+			}
+			st = settlementPool.Get().(*settlement)
+			st.store = rf
+		}
+		r := &s.reqs[i]
+		st.refunds = append(st.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At})
+		st.counts = append(st.counts, s.zones[i].counts)
+		st.zones = append(st.zones, s.zones[i])
+	}
+	return st
+}
+
+// statusKnown gives back the charges of the zones that do not count
+// status, in one store call.
+func (st *settlement) statusKnown(status int) {
+	n := 0
+	for i := range st.refunds {
+		if st.counts[i].has(status) {
+			continue
+		}
+		if m := st.zones[i].metrics; m != nil {
+			m.refunded.Inc()
+		}
+		st.refunds[n] = st.refunds[i]
+		n++
+	}
+	if n > 0 {
+		// The store never fails a refund (a lost one is the store's to
+		// count); the request's context may be gone with its client.
+		_ = st.store.Refund(context.Background(), st.refunds[:n])
+	}
+}
+
+// done returns the settlement to the pool.
+func (st *settlement) done() {
+	clear(st.refunds)
+	clear(st.counts)
+	clear(st.zones)
+	st.refunds, st.counts, st.zones = st.refunds[:0], st.counts[:0], st.zones[:0]
+	st.store = nil
+	settlementPool.Put(st)
+}
+
+// outcomesInfo adds the zone's count, on_exceed, penalty and delay to its
+// admin listing.
+func outcomesInfo(z *zone, info *adminZoneInfo) {
+	info.Count = z.countSpec
+	if z.pass {
+		info.OnExceed = onExceedPass
+	}
+	if z.limit.Penalty > 0 {
+		info.Penalty = (time.Duration(z.limit.Penalty) * time.Millisecond).String()
+	}
+	if z.limit.Delay > 0 {
+		info.Delay = (time.Duration(z.limit.Delay) * time.Millisecond).String()
+		info.DelayAfter = z.limit.DelayAfter
+	}
+}

@@ -1,0 +1,108 @@
+package redisstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Refunds: a zone that counts only some response statuses (the handler's
+// `count`) is charged before the request runs and given its charge back
+// when the response does not match. The give-back is a script call in
+// refund mode (lua/take.lua; its Go twin is algorithms.GiveBack), one per
+// Cluster slot of the refunded keys (one in all on a single server), which
+// the pipeline workers send like any decision: it shares a round trip with
+// the decisions in flight. Nobody waits for it: Refund returns at once, so
+// a refund never delays a response.
+//
+// A refund that cannot be sent, or fails, is lost: the charge stays, the
+// key shows it until it refills (the limiter's favour, never the client's),
+// and caddy_rate_limit_store_refunds_lost_total counts it. So are the
+// refunds posted while the circuit breaker is open (Redis is not called),
+// when the workers' queue is full, or whose timeout passes before a worker
+// sends them; and, at shutdown, those still queued.
+//
+// The deny cache never answers a refusal that rests on a refundable zone's
+// bucket (denycache: a refund, here or on another instance, can lift it),
+// so refunds need not reach the cache.
+
+// Refund gives back charges without waiting (see above). It never fails:
+// a lost refund is counted.
+func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
+	if len(refunds) == 0 {
+		return nil
+	}
+	if s.breaker != nil && s.breaker.state.Load() != circuitClosed {
+		s.refundsLost.Add(float64(len(refunds)))
+		return nil
+	}
+	if !s.cluster || refundsInOneSlot(refunds) {
+		s.postRefunds(refunds)
+		return nil
+	}
+	groups := map[uint16][]algorithms.Refund{}
+	for _, r := range refunds {
+		sl := keySlot(r.Key)
+		groups[sl] = append(groups[sl], r)
+	}
+	for _, g := range groups {
+		s.postRefunds(g)
+	}
+	return nil
+}
+
+// postRefunds hands one script call giving back refunds (all in one slot)
+// to the pipeline workers.
+func (s *Store) postRefunds(refunds []algorithms.Refund) {
+	c := getCall(context.Background(), time.Now().Add(s.timeout))
+	for i := range refunds {
+		c.keys = append(c.keys, s.Key(refunds[i].Zone, refunds[i].Key))
+	}
+	c.args = s.argc.appendRefunds(c.args, refunds)
+	c.onDone = s.refundDone
+	if !s.batch.post(c) {
+		s.refundsLost.Add(float64(len(refunds)))
+		putCall(c)
+	}
+}
+
+// refundDone counts a refund call's refunds (one per key) as lost when it
+// was never sent or failed. It is bound once (Store.refundDone), so a
+// refund allocates no closure.
+func (s *Store) refundCallDone(c *call) {
+	if c.cmd == nil || c.cmd.Err() != nil {
+		s.refundsLost.Add(float64(len(c.keys)))
+	}
+}
+
+// post queues an asynchronous call (c.onDone set) without waiting; it
+// reports false when the queue is full (c is then the caller's).
+func (b *batcher) post(c *call) bool {
+	select {
+	case b.queue <- c:
+		return true
+	default:
+		return false
+	}
+}
+
+// refundsInOneSlot reports whether the keys of refunds live in one Cluster
+// slot.
+func refundsInOneSlot(refunds []algorithms.Refund) bool {
+	first := keySlot(refunds[0].Key)
+	for i := 1; i < len(refunds); i++ {
+		if refunds[i].Key != refunds[0].Key && keySlot(refunds[i].Key) != first {
+			return false
+		}
+	}
+	return true
+}
+
+// Refund implements the store's refund (see Store.Refund).
+func (r *Redis) Refund(ctx context.Context, refunds []algorithms.Refund) error {
+	if r.store == nil {
+		return nil
+	}
+	return r.store.Refund(ctx, refunds)
+}
