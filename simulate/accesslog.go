@@ -124,6 +124,7 @@ type logLine struct {
 	TS       json.RawMessage `json:"ts"`
 	Duration json.RawMessage `json:"duration"`
 	UserID   string          `json:"user_id"`
+	Status   int             `json:"status"`
 	Request  *struct {
 		RemoteIP   string              `json:"remote_ip"`
 		RemotePort string              `json:"remote_port"`
@@ -216,6 +217,7 @@ func parseLogLine(b []byte, l *logLine) (*Request, int64, int) {
 		URI:    rq.URI,
 		Proto:  rq.Proto,
 		UserID: l.UserID,
+		Status: l.Status,
 	}
 	if len(rq.Headers) > 0 {
 		r.Header = make(http.Header, len(rq.Headers))

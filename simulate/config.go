@@ -51,7 +51,7 @@ type rewritten struct {
 // handlers that are safe to run as configured: they neither reach the
 // network nor depend on what is on disk beyond the config.
 var safeHandlers = []string{
-	"rate_limit", "static_response", "subroute", "vars", "map", "headers", "request_header",
+	"rate_limit", "static_response", upstreamHandlerName, "subroute", "vars", "map", "headers", "request_header",
 	"rewrite", "encode", "templates", "error", "request_body", "invoke", "log_append", "log_filter",
 	"intercept", "copy_response", "copy_response_headers", "metrics", "push", "trace", "acme_server",
 }
@@ -71,7 +71,8 @@ type Overrides struct {
 //   - logging goes to stderr at level ERROR, and the servers' access logs
 //     are off (the simulation must not write to the production logs);
 //   - terminal handlers that reach the network or the disk are replaced:
-//     reverse_proxy (also php_fastcgi's) and file_server by a static 200,
+//     reverse_proxy (also php_fastcgi's) and file_server by the simulator's
+//     upstream, which answers with the logged status (200 without one),
 //     a reverse_proxy with handle_response routes (forward_auth) by a
 //     pass-through, tracing by a pass-through, and authentication by the
 //     simulator's, which sets {http.auth.user.id} from the traffic (the
@@ -187,11 +188,11 @@ func (rw *rewritten) handler(name string, m map[string]any, runID string, ov Ove
 			rw.replaced["forward_auth (reverse_proxy with handle_response): passed through"]++
 			return map[string]any{"handler": "vars"}, nil
 		}
-		rw.replaced["reverse_proxy: static 200"]++
-		return map[string]any{"handler": "static_response", "status_code": 200}, nil
+		rw.replaced["reverse_proxy: the logged status (200 without one)"]++
+		return map[string]any{"handler": upstreamHandlerName}, nil
 	case "file_server":
-		rw.replaced["file_server: static 200"]++
-		return map[string]any{"handler": "static_response", "status_code": 200}, nil
+		rw.replaced["file_server: the logged status (200 without one)"]++
+		return map[string]any{"handler": upstreamHandlerName}, nil
 	case "tracing":
 		rw.replaced["tracing: passed through"]++
 		return map[string]any{"handler": "vars"}, nil

@@ -43,6 +43,10 @@ type Request struct {
 	// UserID is the authenticated user ({http.auth.user.id}), for a
 	// configuration whose authentication handler the simulator replaces.
 	UserID string
+	// Status is the response status the upstream gave (an access log's
+	// status), which the replaced upstream answers with, so that `count`
+	// zones give back what production gave back; 0 is 200.
+	Status int
 
 	seq int64 // the line number, to keep the order of equal start times
 }
@@ -307,8 +311,8 @@ func (e *Engine) build(req *Request) (*http.Request, bool) {
 	if req.TLS {
 		r.TLS = &tls.ConnectionState{HandshakeComplete: true, Version: tls.VersionTLS13, ServerName: req.ServerName}
 	}
-	if req.UserID != "" {
-		r = r.WithContext(context.WithValue(context.Background(), ctxKey{}, req.UserID))
+	if req.UserID != "" || req.Status != 0 {
+		r = r.WithContext(context.WithValue(context.Background(), ctxKey{}, simulated{user: req.UserID, status: req.Status}))
 	}
 	return r, true
 }

@@ -17,6 +17,7 @@ import (
 func init() {
 	caddy.RegisterModule(Store{})
 	caddy.RegisterModule(Auth{})
+	caddy.RegisterModule(Upstream{})
 }
 
 // Module names of the simulator's two guest modules. They load only inside
@@ -25,6 +26,9 @@ func init() {
 const (
 	storeModuleName = "simulate"
 	authHandlerName = "rate_limit_simulate_auth"
+	// upstreamHandlerName replaces an upstream (reverse_proxy,
+	// file_server): it answers with the traffic's logged status.
+	upstreamHandlerName = "rate_limit_simulate_upstream"
 )
 
 // runs maps a simulation's id to its state, for the modules its
@@ -66,17 +70,69 @@ func (s *Store) Provision(caddy.Context) error {
 func (s *Store) Key() string { return "simulate run=" + s.Run }
 
 // Take decides with the memory store at the virtual instant and records
-// the decisions.
+// the decisions. A request admitted later (a `delay` zone) waits in
+// virtual time: its reservation is charged at its arrival, as in
+// production, and the handler is told not to hold it up in real time.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if err := s.run.mem.Take(ctx, reqs, out); err != nil {
 		return err
 	}
 	s.run.rec.record(s.run.now, reqs, out)
+	for i := range out {
+		out[i].Delay = 0
+	}
 	return nil
 }
 
-// ctxKey carries a simulated request's authenticated user into Auth.
+// Refund gives back the charges of `count` zones whose response status
+// does not count, in the memory store, as production does.
+func (s *Store) Refund(ctx context.Context, refunds []algorithms.Refund) error {
+	return s.run.mem.Refund(ctx, refunds)
+}
+
+// ctxKey carries what the traffic says of a simulated request (its user,
+// its upstream's status) into Auth and Upstream.
 type ctxKey struct{}
+
+// simulated is the value under ctxKey.
+type simulated struct {
+	user   string
+	status int
+}
+
+// Upstream replaces an upstream handler in a simulation
+// (http.handlers.rate_limit_simulate_upstream): it answers with the status
+// the traffic logged (200 when there is none), so that a `count` zone
+// keeps or gives back its charge as it did in production. It exists only
+// inside a simulation.
+type Upstream struct{}
+
+// CaddyModule returns the Caddy module information.
+func (Upstream) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers." + upstreamHandlerName,
+		New: func() caddy.Module { return new(Upstream) },
+	}
+}
+
+// Provision refuses to load outside a simulation.
+func (u *Upstream) Provision(caddy.Context) error {
+	if !inSimulation() {
+		return errors.New("handler " + upstreamHandlerName + ": only `caddy rate-limit simulate` uses this handler")
+	}
+	return nil
+}
+
+// ServeHTTP answers with the logged status.
+func (Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	sim, _ := r.Context().Value(ctxKey{}).(simulated)
+	status := sim.status
+	if status < 100 || status > 999 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	return nil
+}
 
 // Auth replaces an authentication handler in a simulation
 // (http.handlers.rate_limit_simulate_auth): the user id comes from the
@@ -110,7 +166,8 @@ func inSimulation() bool {
 
 // ServeHTTP sets the user id or refuses.
 func (a *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	user, _ := r.Context().Value(ctxKey{}).(string)
+	sim, _ := r.Context().Value(ctxKey{}).(simulated)
+	user := sim.user
 	if user == "" {
 		return caddyhttp.Error(http.StatusUnauthorized, fmt.Errorf("simulated authentication: the request has no user id"))
 	}
@@ -124,4 +181,6 @@ var (
 	_ caddy.Provisioner           = (*Store)(nil)
 	_ caddy.Provisioner           = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
+	_ caddy.Provisioner           = (*Upstream)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Upstream)(nil)
 )

@@ -272,3 +272,71 @@ func TestReplayRate(t *testing.T) {
 	b, _ := json.Marshal(rep.Counts)
 	t.Logf("%s in %s (%d lines/s): %v", b, rep.Elapsed, rep.LinesPerSecond, zs)
 }
+
+// TestCountAndDelayZones: a `count` zone is charged only for the logged
+// statuses it counts (the replaced upstream answers with the access log's
+// status), and a `delay` zone admits late in virtual time, without the
+// replay sleeping.
+func TestCountAndDelayZones(t *testing.T) {
+	cfg := adapt(t, `{
+	admin off
+}
+:8080 {
+	rate_limit /login {
+		zone failed {
+			key {client_ip}
+			events 3
+			window 1h
+			count 401
+		}
+	}
+	rate_limit /hooks {
+		zone hooks {
+			key {client_ip}
+			events 10
+			window 1s
+			burst 1
+			delay 3s
+		}
+	}
+	reverse_proxy localhost:9
+}`)
+	var log strings.Builder
+	line := func(ts float64, uri string, status int) {
+		l := accessLine(ts, "192.0.2.7", "POST", uri, "")
+		log.WriteString(strings.Replace(l, `"status":200`, fmt.Sprintf(`"status":%d`, status), 1) + "\n")
+	}
+	// Ten logins: right ones (200) cost nothing, the first three wrong
+	// ones (401) spend the budget, so every login after the third wrong
+	// one is refused (charged before it runs, it cannot be known right).
+	for i, st := range []int{200, 401, 200, 401, 200, 401, 200, 401, 200, 200} {
+		line(1.7e9+float64(i), "/login", st)
+	}
+	// 40 webhooks at one instant: one at once, 30 within the 3 s wait, 9
+	// refused.
+	for range 40 {
+		line(1.7e9+20, "/hooks", 200)
+	}
+	p := filepath.Join(t.TempDir(), "access.log")
+	if err := os.WriteFile(p, []byte(log.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the replay took %v: a delay must wait in virtual time", d)
+	}
+	got := map[string][2]int64{}
+	for _, z := range rep.Zones {
+		got[z.Name] = [2]int64{z.Allowed, z.Refused}
+	}
+	if g := got["failed"]; g != [2]int64{6, 4} {
+		t.Errorf("count 401: allowed/refused %v, want [6 4] (three 401s spend the budget; the four logins after the third are refused)", g)
+	}
+	if g := got["hooks"]; g != [2]int64{31, 9} {
+		t.Errorf("delay 3s: allowed/refused %v, want [31 9]", g)
+	}
+}
