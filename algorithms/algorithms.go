@@ -70,6 +70,9 @@ func (a Algorithm) String() string {
 	if a < numAlgorithms {
 		return algorithmNames[a]
 	}
+	if a == Concurrency {
+		return "concurrency"
+	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
@@ -158,6 +161,8 @@ var (
 // the field at fault and the algorithm when it matters.
 func (l Limit) Validate() error {
 	switch {
+	case l.Algorithm == Concurrency:
+		return l.validateConcurrency()
 	case l.Algorithm >= numAlgorithms:
 		return ErrAlgorithm
 	case l.Events <= 0:
@@ -225,6 +230,11 @@ type Request struct {
 	// it is charged only when the whole request passes and it allows
 	// itself, exactly as it would be under enforcement.
 	ReportOnly bool
+	// Lease identifies, in a concurrency zone, the slot this request takes
+	// (never 0): the store records it when it admits the request, renews
+	// it while the request runs (Redis) and removes it when the request
+	// ends (the store's Release). 0 in a rate zone.
+	Lease uint64
 }
 
 // Decision is a store's answer for one Request.
@@ -302,6 +312,8 @@ func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next Stat
 		fresh = true // written by another algorithm: start afresh
 	}
 	switch l.Algorithm {
+	case Concurrency:
+		return concurrency(st, fresh, l, now, cost)
 	case GCRA:
 		return gcra(st, fresh, l, now, cost)
 	case SlidingWindow:
