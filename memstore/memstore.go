@@ -66,9 +66,13 @@ type shard struct {
 	// logs holds the sliding logs of the shard's sliding_log keys (entries
 	// of Alg SlidingLog), kept out of m so that m holds no pointers; nil
 	// until the shard's first sliding log.
-	logs      map[mapKey]*algorithms.Log
+	logs map[mapKey]*algorithms.Log
+	// leases holds the lease ids of the shard's concurrency keys (entries
+	// of Alg Concurrency, whose debt is their count: concurrency.go); nil
+	// until the shard's first.
+	leases    map[mapKey][]uint64
 	lastSweep int64    // Unix ms of the last sweep done to make room
-	_         [24]byte // keep neighbouring shards' locks off one cache line
+	_         [16]byte // keep neighbouring shards' locks off one cache line
 }
 
 // roomSweepEvery is how often, at most, a full shard sweeps itself to make
@@ -135,14 +139,20 @@ func (sh *shard) set(k mapKey, st *algorithms.State, fullAt int64) {
 	} else if len(sh.logs) > 0 {
 		delete(sh.logs, k) // k may have been a sliding log before
 	}
+	if st.Alg != algorithms.Concurrency && len(sh.leases) > 0 {
+		delete(sh.leases, k) // or a concurrency key
+	}
 	sh.m[k] = pack(st, fullAt)
 }
 
 // drop forgets k, whose entry is e. The caller holds sh.mu.
 func (sh *shard) drop(k mapKey, e *entry) {
 	delete(sh.m, k)
-	if e.alg() == algorithms.SlidingLog {
+	switch e.alg() {
+	case algorithms.SlidingLog:
 		delete(sh.logs, k)
+	case algorithms.Concurrency:
+		delete(sh.leases, k)
 	}
 }
 
@@ -262,6 +272,7 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	d, next, fullAt := algorithms.Step(st, !ok, r.Limit, now, r.Cost)
 	if d.Allowed {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
+		sh.took(k, r)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -303,6 +314,7 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 		switch {
 		case allowed && out[i].Allowed:
 			s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
+			s.shards[idx[i]].took(keys[i], &reqs[i])
 		case allowed:
 			// A report-only zone that would refuse: charged nothing, as
 			// under enforcement.
