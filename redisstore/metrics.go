@@ -23,6 +23,8 @@ var storeMetrics = struct {
 	unknownDecisions *prometheus.CounterVec
 	notSent          *prometheus.CounterVec
 	lateReplies      *prometheus.CounterVec
+	// leaseFailures: see concurrency.go.
+	leaseFailures *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -52,6 +54,10 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "store_late_replies_total",
 			Help: "Decisions whose reply came after the timeout, within the late-reply grace, and decided (without the grace each would have been a failure, under fail open an admission).",
 		}, []string{"store", "target"})
+		storeMetrics.leaseFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_failures_total",
+			Help: "Concurrency leases whose release (op release) or renewal (op renew) could not reach Redis: a release given up leaves its slot to the lease's expiry; a failed renewal is tried again on the next tick.",
+		}, []string{"store", "target", "op"})
 	})
 }
 
@@ -63,7 +69,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies, storeMetrics.leaseFailures} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

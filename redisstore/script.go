@@ -28,6 +28,8 @@ var (
 	luaFixedWindow string
 	//go:embed lua/sliding_log.lua
 	luaSlidingLog string
+	//go:embed lua/concurrency.lua
+	luaConcurrency string
 	//go:embed lua/take.lua
 	luaTake string
 )
@@ -35,7 +37,7 @@ var (
 // luaDefs are the helpers, every algorithm and take (lua/take.lua), which
 // decides a request. They read the upvalue `now` (Unix milliseconds),
 // which each entry point defines first.
-var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
+var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaConcurrency + luaTake
 
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
 // in tests, which then pass the zones' arguments after it), and the call of
@@ -84,7 +86,9 @@ func luaLibrary() (name, code string) {
 
 // The script's arguments per zone (ARGV, lua/take.lua) are the limit's four
 // numbers (algorithm id, events, window in ms, capacity), the cost and the
-// mode (take, refund, or take for a report-only zone). A zone's limit
+// mode (take, refund, or take for a report-only zone). A concurrency zone
+// (algorithms.Concurrency) sends its lease id in the cost's place (costSlot):
+// its cost is always 1, and its lease is what the script records. A zone's limit
 // rarely changes, so its four arguments are formatted once and kept,
 // already boxed, in a small direct-mapped cache: a request then formats
 // nothing (its cost travels as an int64, which go-redis writes itself; the
@@ -122,9 +126,19 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 		case r.ReportOnly:
 			mode = modeArgs[2]
 		}
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode)
+		args = append(args, h[0], h[1], h[2], h[3], costSlot(r), mode)
 	}
 	return args
+}
+
+// costSlot is the fifth argument of a zone: its cost, or a concurrency
+// zone's lease id (lua/concurrency.lua). The one place the layout differs
+// by kind.
+func costSlot(r *algorithms.Request) any {
+	if r.Limit.Algorithm == algorithms.Concurrency {
+		return r.Lease
+	}
+	return r.Cost
 }
 
 // head returns l's formatted arguments, formatting them on a miss. The

@@ -6,11 +6,18 @@
 --
 -- KEYS[i] is zone i's state key. For zone i, ARGV[base + 6(i-1) + 1..6]
 -- are: algorithm id, events, window (ms), capacity, cost, mode (0 take,
--- 1 refund, 2 take for a report-only zone). It decides every zone, whatever
--- its algorithm, against the state as it is, and writes only if every zone
--- allows (all-or-nothing; a refusal never consumes; a report-only zone
--- never vetoes). Refund mode gives back cost (for a veto in another Cluster
--- slot).
+-- 1 refund, 2 take for a report-only zone, 3 renew). It decides every zone,
+-- whatever its algorithm, against the state as it is, and writes only if
+-- every zone allows (all-or-nothing; a refusal never consumes; a
+-- report-only zone never vetoes). Refund mode gives back cost (for a veto
+-- in another Cluster slot).
+--
+-- A concurrency zone (algorithm id 5, lua/concurrency.lua) has its lease
+-- id where the others have their cost, and a sorted set of leases where
+-- they have a stored value: take passes it its key instead of the value
+-- (no GET), writes its lease last (concurrency_commit), and sends no value
+-- for it to the deny cache. Its refund mode releases the lease (the request
+-- ended), its renew mode extends it; renew means nothing to a rate zone.
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
 -- (ms) and reset-after (ms). When an enforcing zone refused, the reply goes
@@ -28,20 +35,22 @@
 -- the arithmetic of a decision.
 
 local steps = {[0] = token_bucket, [1] = gcra, [2] = sliding_window,
-  [3] = fixed_window, [4] = sliding_log}
+  [3] = fixed_window, [4] = sliding_log, [5] = concurrency}
 local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
-  [4] = sliding_log_refund}
+  [4] = sliding_log_refund, [5] = concurrency_release}
 
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
--- margin, or deletes the key when there is no state (val nil). A number
+-- margin, deletes the key when there is no state (val nil), or writes
+-- nothing (val false: a concurrency zone, whose lease is written by
+-- concurrency_commit). A number
 -- argument reaches Redis as its integer digits (every Redis converts an
 -- integral double below 2^53 exactly).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
     call('SET', key, val, 'PX', reset + margin)
-  else
+  elseif val == nil then
     call('DEL', key)
   end
 end
@@ -61,6 +70,7 @@ local function take(keys, argv, base)
   local all = true
   local lastval, lastreset -- the last zone's state, when it is written
   local lastraw -- the last zone's stored value
+  local conc = false -- a concurrency zone takes a slot
   for i = 1, n do
     local b = base + 6 * (i - 1)
     local a = argv[b + 1]
@@ -71,12 +81,21 @@ local function take(keys, argv, base)
     end
     local s2, s3, s4, s5 = argv[b + 2], argv[b + 3], argv[b + 4], argv[b + 5]
     local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
-    local capacity, cost = nums[s4] or num(s4), nums[s5] or num(s5)
-    local raw = call('GET', keys[i])
-    if raw == false then raw = nil end
+    local capacity, cost = nums[s4] or num(s4), s5
+    local raw = keys[i] -- concurrency: its key, and its lease id as cost
+    if alg == 5 then
+      conc = true
+    else
+      cost = nums[s5] or num(s5)
+      raw = call('GET', keys[i])
+      if raw == false then raw = nil end
+    end
     local mode = argv[b + 6]
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
-    if mode == '1' then
+    if mode == '3' then
+      if alg == 5 then concurrency_renew(raw, events, w, capacity, cost) end
+      if i < n then resets[i] = false end
+    elseif mode == '1' then
       reset, val = refunds[alg](raw, events, w, capacity, cost)
       if reset then store(keys[i], val, reset) end
       reset = 0
@@ -120,13 +139,26 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
+  -- the concurrency zones' leases, if every zone allowed (not in refund or
+  -- renew mode, whose zones report allowed)
+  if all and conc then
+    for i = 1, n do
+      local b = base + 6 * (i - 1)
+      local mode = argv[b + 6]
+      if argv[b + 1] == '5' and out[4 * i - 3] == 1 and (mode == '0' or mode == '2') then
+        concurrency_commit(keys[i], num(argv[b + 3]), argv[b + 5])
+      end
+    end
+  end
   if not all then
     local o = 4 * n + 1
     out[o] = now
     for i = 1, n do
       local r = raws[i]
       if i == n then r = lastraw end
-      if not r then
+      if argv[base + 6 * i - 5] == '5' then
+        r = 0 -- a concurrency zone's key: the deny cache keeps no entry
+      elseif not r then
         r = ''
       elseif #r > 1024 then
         r = 0
