@@ -188,6 +188,11 @@ type adminZoneInfo struct {
 	ReportOnly bool           `json:"report_only"`
 	Enabled    bool           `json:"enabled"`
 	Store      map[string]any `json:"store"`
+	// A concurrency zone's slots and lease (algorithm "concurrency"; its
+	// events, window and burst are then 0).
+	Concurrent int64  `json:"concurrent,omitempty"`
+	Lease      string `json:"lease,omitempty"`
+	LeaseMs    int64  `json:"lease_ms,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {
@@ -217,7 +222,7 @@ func (az *adminZone) info() adminZoneInfo {
 		ReportOnly: z.reportOnly,
 		Enabled:    az.enabled,
 		Store:      storeInfo(az.h.store),
-	}
+	}.concurrency(z)
 }
 
 // storeInfo describes a store for the listing.
@@ -243,6 +248,8 @@ type adminState struct {
 	// ResetAfter: when the key is back to full.
 	ResetAfter   string `json:"reset_after"`
 	ResetAfterMs int64  `json:"reset_after_ms"`
+	// InUse: a concurrency zone's slots in use (limit − remaining).
+	InUse *int64 `json:"in_use,omitempty"`
 }
 
 func stateOf(d algorithms.Decision) adminState {
@@ -435,6 +442,9 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 		best = 0
 	}
 	out.adminState = stateOf(decs[best])
+	if az.z.conc != nil {
+		out.showInUse()
+	}
 	return writeJSON(w, out)
 }
 

@@ -95,6 +95,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        report_only
 //	        enabled     true|false
 //	    }
+//	    zone <name> {                  # a concurrency zone
+//	        key         <candidate>...
+//	        concurrent  <n>|<placeholder> <default n>
+//	        lease       <duration>
+//	        match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled as above
+//	    }
 //	    store memory {
 //	        max_keys       <n>
 //	        sweep_interval <duration>
@@ -326,8 +332,16 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
 			z.IPv6Prefix, err = p.prefix(field)
+		case "concurrent":
+			if z.ConcurrentFrom, v, err = p.perRequest(field, "10"); err == nil {
+				z.Concurrent, err = p.count(field, v)
+			}
+		case "lease":
+			if v, err = p.arg(field); err == nil {
+				z.Lease, err = p.duration(field, v)
+			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, concurrent, lease)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -74,6 +74,9 @@ type verdict struct {
 	// violated lists the refusing zones (response problem only), as the
 	// members of a JSON array: their policy identifiers, quoted.
 	violated string
+	// after is what the request leaves to do once the handler chain has
+	// returned (after.go); nil when nothing.
+	after *after
 }
 
 // ServeHTTP decides the request against every zone that applies, sets the
@@ -85,6 +88,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	v, out, err := h.decide(r)
 	if err != nil {
 		return err
+	}
+	if v.after != nil {
+		defer h.finish(v.after)
 	}
 	if out == pass {
 		return next.ServeHTTP(w, r)
@@ -136,7 +142,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly})
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly, Lease: z.lease()})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -162,7 +168,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		}
 		return h.failover(r, s)
 	}
-	return h.pick(s)
+	return h.decided(s, h.store)
 }
 
 // ambiguousKey answers a request whose key, in zone z, reads a request
@@ -306,7 +312,7 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		h.logStoreError(err)
 		return verdict{}, pass, nil
 	}
-	return h.pick(s)
+	return h.decided(s, h.local)
 }
 
 // violatedPolicies lists the zones that refuse the request (closed: the

@@ -20,6 +20,8 @@ var metrics = struct {
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
+	// concurrentSlots: see concurrency.go.
+	concurrentSlots *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -59,8 +61,12 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "dynamic_fallbacks_total",
 			Help: "Per-request values (events, window, burst, cost) that were empty or unusable, or resolved to an invalid limit (limit), so the zone's default applied; by zone and field.",
 		}, []string{"zone", "field"})
+		metrics.concurrentSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "concurrent_slots",
+			Help: "Concurrency slots held by this instance's running requests, by zone (requests admitted by a concurrency zone that have not ended).",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.concurrentSlots} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

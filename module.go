@@ -83,6 +83,7 @@ type Handler struct {
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
 	zones       []*zone
+	concurrent  bool // a zone is a concurrency zone (concurrency.go)
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
@@ -163,6 +164,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			name = m.CaddyModule().ID.Name()
 		}
 		h.storeStats = newStoreMetrics(name)
+	}
+	if err := h.provisionConcurrency(); err != nil {
+		return err
 	}
 
 	h.resp = h.Response.compile()

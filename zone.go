@@ -87,6 +87,23 @@ type Zone struct {
 	// (pass unmetered), "closed" (refuse with 503) or "local" (enforce in
 	// this instance's memory). Default: "open".
 	Fail string `json:"fail,omitempty"`
+
+	// Concurrent makes the zone a concurrency zone: at most this many
+	// requests of one key in flight at once (1 to 1000000), each holding a
+	// slot from its admission until the handler chain after this one
+	// returns. Not with max_events, window, burst, algorithm or cost.
+	// With ConcurrentFrom, the default.
+	Concurrent int64 `json:"concurrent,omitempty"`
+
+	// ConcurrentFrom chooses Concurrent per request, like MaxEventsFrom
+	// (one count of slots per key, whatever the limit resolved).
+	ConcurrentFrom string `json:"concurrent_from,omitempty"`
+
+	// Lease is how long a shared store (Redis) keeps a concurrency slot
+	// whose instance stopped renewing it (crashed), from 1s to 24h, whole
+	// milliseconds; a running request's lease is renewed at half its
+	// length. Only with Concurrent. Default: 1m.
+	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
 // Fail policies.
