@@ -31,7 +31,8 @@ import (
 //     expired anyway; then it is given up (counted). A release that cannot
 //     be queued (the queue full) is given up at once. Either way the slot
 //     comes back by itself when the lease expires: at most `lease` after
-//     the last renewal. While the circuit breaker is open nothing is sent.
+//     the last renewal. During the circuit breaker's cool-down nothing is
+//     sent.
 //   - A decision whose reply never came (an unknown decision) or that its
 //     caller abandoned may have taken leases: Take queues their release at
 //     once (removing a lease that was never added does nothing).
@@ -332,8 +333,11 @@ func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
 // grace) and returns retry with the releases to send again.
 func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	s := k.s
-	if s.breaker != nil && s.breaker.state.Load() != circuitClosed {
-		return k.failed(ops, retry, monoNow()) // Redis is known down: do not wait on it
+	if b := s.breaker; b != nil && b.state.Load() != circuitClosed && monoNow() < b.until.Load() {
+		// Redis is known down: do not wait on it during the cool-down.
+		// Past it, try (the decisions' probe may be long in coming when no
+		// request arrives); the outcome is not the breaker's to count.
+		return k.failed(ops, retry, monoNow())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout+s.opts.Grace)
 	defer cancel()
