@@ -424,3 +424,43 @@ func BenchmarkServeHTTPConcurrency(b *testing.B) {
 		_ = h.ServeHTTP(w, r, okHandler)
 	}
 }
+
+// A report-only concurrency zone never refuses: past its slots a request
+// passes, takes none, and is counted and logged as a would-be refusal; the
+// requests it admitted give their slots back.
+func TestConcurrencyReportOnly(t *testing.T) {
+	h, st := concHandler(t, `rate_limit {
+		zone ro {
+			key {http.request.header.X-User}
+			concurrent 1
+			report_only
+		}
+	}`)
+	tok := keyToken(t, h, "ro", "frank")
+	hold, release, ended := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		_, _ = serveWith(h, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			close(hold)
+			<-release
+			return nil
+		}), "frank")
+	}()
+	<-hold
+	var inside int64
+	for range 3 {
+		w, _ := serveWith(h, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			inside = int64(st.InUse("ro", tok))
+			w.WriteHeader(http.StatusOK)
+			return nil
+		}), "frank")
+		if w.Code != 200 || inside != 1 {
+			t.Fatalf("past the slot, report only: %d with %d slots in use; want 200 with the one slot (a would-be refusal takes none)", w.Code, inside)
+		}
+	}
+	close(release)
+	<-ended
+	if n := st.InUse("ro", tok); n != 0 {
+		t.Fatalf("%d slots in use, want 0", n)
+	}
+}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/zonename"
 )
 
 // Concurrency zones in Redis (lua/concurrency.lua): a slot is a lease in
@@ -48,7 +50,22 @@ import (
 // changes a zone's kind under the same name (each starts afresh, as a
 // changed algorithm does, instead of reading the other's state).
 func (s *Store) SlotsKey(zone string, key algorithms.Key) string {
-	return s.Key(zone, key) + slotsSuffix
+	// Key's text and the suffix, built in one allocation.
+	var b strings.Builder
+	n, enc := zonename.KeyLen(zone)
+	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8 + len(slotsSuffix))
+	b.WriteString(s.prefix)
+	if enc {
+		var zb [128]byte
+		b.Write(zonename.AppendKey(zb[:0], zone))
+	} else {
+		b.WriteString(zone)
+	}
+	b.WriteString(":{")
+	var tok [2*algorithms.KeySize + 8]byte
+	b.Write(key.AppendText(tok[:0]))
+	b.WriteString("}" + slotsSuffix)
+	return b.String()
 }
 
 const slotsSuffix = ":slots"
@@ -81,6 +98,7 @@ var modeRenew any = "3"
 // leaseOp is a release or a renewal on its way to Redis.
 type leaseOp struct {
 	req   algorithms.Request
+	key   string // the slots key (SlotsKey), "" until known
 	renew bool
 	// until is monoNow() past which a release is no longer needed (the
 	// lease has expired by itself); next is when to send it again.
@@ -91,7 +109,8 @@ type leaseOp struct {
 // liveLease is a lease held by a running request of this instance.
 type liveLease struct {
 	req     algorithms.Request
-	renewed int64 // monoNow() of the admission or the last renewal sent
+	key     string // its slots key
+	renewed int64  // monoNow() of the admission or the last renewal sent
 }
 
 const leaseShards = 16
@@ -116,6 +135,10 @@ type leaseKeeper struct {
 	// left to expire; renew: the next tick tries again, or the lease
 	// expires).
 	givenUp [2]prometheus.Counter
+	// The worker's buffers, reused from batch to batch.
+	calls []call
+	keys  []string
+	args  []any
 }
 
 func newLeaseKeeper(s *Store, target string) *leaseKeeper {
@@ -175,9 +198,10 @@ func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decis
 		if r.Limit.Algorithm != algorithms.Concurrency || !out[i].Allowed {
 			continue
 		}
+		l := liveLease{req: *r, key: k.s.SlotsKey(r.Zone, r.Key), renewed: now}
 		sh := k.shard(r.Lease)
 		sh.mu.Lock()
-		sh.live[r.Lease] = liveLease{req: *r, renewed: now}
+		sh.live[r.Lease] = l
 		sh.mu.Unlock()
 	}
 	k.run()
@@ -210,15 +234,15 @@ func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
 			continue
 		}
-		renewed := now
+		renewed, key := now, ""
 		sh := k.shard(r.Lease)
 		sh.mu.Lock()
 		if l, ok := sh.live[r.Lease]; ok {
-			renewed = l.renewed
+			renewed, key = l.renewed, l.key
 			delete(sh.live, r.Lease)
 		}
 		sh.mu.Unlock()
-		k.queue(leaseOp{req: *r, until: renewed + r.Limit.Window*int64(time.Millisecond)})
+		k.queue(leaseOp{req: *r, key: key, until: renewed + r.Limit.Window*int64(time.Millisecond)})
 	}
 	return nil
 }
@@ -321,7 +345,7 @@ func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
 			if now-l.renewed >= l.req.Limit.Window*int64(time.Millisecond)/2 {
 				l.renewed = now
 				sh.live[id] = l
-				batch = append(batch, leaseOp{req: l.req, renew: true})
+				batch = append(batch, leaseOp{req: l.req, key: l.key, renew: true})
 			}
 		}
 		sh.mu.Unlock()
@@ -342,20 +366,37 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout+s.opts.Grace)
 	defer cancel()
 	pipe := s.client.Pipeline()
-	calls := make([]call, len(ops))
-	one := make([]algorithms.Request, 1)
+	n := len(ops)
+	if cap(k.calls) < n {
+		k.calls, k.keys, k.args = make([]call, n), make([]string, n), make([]any, 6*n)
+	}
+	calls, keys, args := k.calls[:n], k.keys[:n], k.args[:6*n]
 	for i := range ops {
-		c := &calls[i]
-		c.keys = []string{s.SlotsKey(ops[i].req.Zone, ops[i].req.Key)}
-		one[0] = ops[i].req
-		if ops[i].renew {
-			h := s.argc.head(one[0].Limit)
-			c.args = []any{h[0], h[1], h[2], h[3], one[0].Lease, modeRenew}
-		} else {
-			c.args = s.argc.appendArgs(nil, one, true)
+		op, c := &ops[i], &calls[i]
+		if op.key == "" {
+			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
 		}
+		keys[i] = op.key
+		c.keys = keys[i : i+1 : i+1]
+		// The script's arguments of one concurrency zone (argCache's
+		// layout: the lease id in the cost's place), in refund mode to
+		// release, renew mode to renew.
+		h, mode := s.argc.head(op.req.Limit), modeArgs[1]
+		if op.renew {
+			mode = modeRenew
+		}
+		a := args[6*i : 6*i+6 : 6*i+6]
+		a[0], a[1], a[2], a[3], a[4], a[5] = h[0], h[1], h[2], h[3], op.req.Lease, mode
+		c.args = a
 		c.cmd = s.scripts.queue(ctx, pipe, c.keys, c.args)
 	}
+	defer func() {
+		clear(keys)
+		clear(args)
+		for i := range calls {
+			calls[i].cmd, calls[i].keys, calls[i].args = nil, nil, nil
+		}
+	}()
 	_, _ = pipe.Exec(ctx)
 	var again redis.Pipeliner
 	var load libLoad

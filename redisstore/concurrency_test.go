@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -492,22 +493,107 @@ func TestConcurrencyClusterCrossSlotRefund(t *testing.T) {
 	}
 }
 
-func BenchmarkTakeReleaseConcurrency(b *testing.B) {
+// BenchmarkTakeConcurrency: a rate zone alone (as BenchmarkTakeOneZone),
+// and the same with a concurrency zone beside it, its slot taken in the
+// same call and given back by Release (queued, sent by the lease worker:
+// its allocations and Redis's time count too). 50 goroutines, a key each.
+//
+//	go test -run XXX -bench TakeConcurrency -benchmem ./redisstore/
+func BenchmarkTakeConcurrency(b *testing.B) {
 	srv := redistest.Start(b)
 	s := newTestStore(b, srv.URL(), "", testTimeout, 0)
 	conc := concLimit(b, 1_000_000, time.Minute)
-	rate := limit(b, 1_000_000_000, time.Minute, 0)
-	key := freshKey(b)
-	b.ReportAllocs()
-	b.SetParallelism(8)
-	b.RunParallel(func(pb *testing.PB) {
-		out := make([]algorithms.Decision, 2)
-		for pb.Next() {
-			reqs := []algorithms.Request{{Zone: "bench_rate", Key: key, Limit: rate, Cost: 1}, concReq("bench_conc", key, conc)}
-			if err := s.Take(context.Background(), reqs, out); err != nil {
-				b.Fatal(err)
-			}
-			_ = s.Release(context.Background(), reqs)
+	for _, withConc := range []bool{false, true} {
+		name := "rate"
+		if withConc {
+			name = "rate+concurrency"
 		}
-	})
+		b.Run(name, func(b *testing.B) {
+			var seq, failed atomic.Int64
+			b.SetParallelism((50 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				key := keyOf(b, "bench-conc-"+strconv.FormatInt(seq.Add(1), 10)+time.Now().String())
+				reqs := benchZones(b, key, 1)
+				if withConc {
+					reqs = append(reqs, concReq("bench_conc", key, conc))
+				}
+				out := make([]algorithms.Decision, len(reqs))
+				ctx := context.Background()
+				for pb.Next() {
+					if withConc {
+						reqs[1].Lease = nextLease()
+					}
+					if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+						failed.Add(1)
+						continue
+					}
+					_ = s.Release(ctx, reqs)
+				}
+			})
+			b.StopTimer()
+			if n := failed.Load(); n > 0 {
+				b.Fatalf("%d of %d Takes failed or were refused", n, b.N)
+			}
+		})
+	}
+}
+
+// SlotsKey is Key's text and the suffix (one allocation), for any zone
+// name, and lives in the identity's Cluster slot.
+func TestSlotsKey(t *testing.T) {
+	s := &Store{prefix: DefaultKeyPrefix}
+	for _, zone := range []string{"exports", "api/v1", "a{b}", "café", "my zone"} {
+		k := keyOf(t, "client-"+zone)
+		got, want := s.SlotsKey(zone, k), s.Key(zone, k)+":slots"
+		if got != want {
+			t.Errorf("SlotsKey(%q) = %q, want %q", zone, got, want)
+		}
+		if slot(hashTag(got)) != keySlot(k) {
+			t.Errorf("SlotsKey(%q) = %q is not in the identity's slot", zone, got)
+		}
+	}
+	k := keyOf(t, "allocs")
+	if n := testing.AllocsPerRun(100, func() { _ = s.SlotsKey("api/v1", k) }); n != 1 {
+		t.Errorf("SlotsKey allocates %v times, want 1", n)
+	}
+}
+
+// The deny cache never answers a request with a concurrency zone (when a
+// slot frees is in no state it could run forward): such a request goes to
+// Redis every time, is refused by whichever zone refuses, and its slots
+// are counted by Redis alone.
+func TestConcurrencyDenyCacheStaysOut(t *testing.T) {
+	srv := redistest.Start(t)
+	s := denyStore(t, srv, 1000)
+	key := freshKey(t)
+	rate := limit(t, 1, time.Hour, 0)
+	conc := concLimit(t, 1, time.Minute)
+	both := func() []algorithms.Request {
+		return []algorithms.Request{{Zone: "dc_rate", Key: key, Limit: rate, Cost: 1}, concReq("dc_conc", key, conc)}
+	}
+	first := both()
+	take(t, s, first...)
+	_ = s.Release(context.Background(), first)
+	waitLeases(t, s.Client(), s.SlotsKey("dc_conc", key), 0, 5*time.Second)
+	calls := scriptCalls(t, srv)
+	for i := range 5 {
+		if d := take(t, s, both()...); d[0].Allowed || !d[1].Allowed || d[1].Remaining != 1 {
+			t.Fatalf("refusal %d: %+v; want refused by the rate zone, the slot free and untaken", i, d)
+		}
+	}
+	if got := scriptCalls(t, srv) - calls; got != 5 {
+		t.Fatalf("%d script calls for 5 refused requests with a concurrency zone, want 5 (the deny cache must stay out)", got)
+	}
+	// The rate zone alone is still answered from the cache.
+	calls = scriptCalls(t, srv)
+	for range 3 {
+		if d := take(t, s, algorithms.Request{Zone: "dc_rate", Key: key, Limit: rate, Cost: 1}); d[0].Allowed {
+			t.Fatal("allowed")
+		}
+	}
+	if got := scriptCalls(t, srv) - calls; got > 1 {
+		t.Fatalf("%d script calls for 3 refusals of the rate zone alone, want at most 1 (the deny cache answers)", got)
+	}
 }
