@@ -65,6 +65,9 @@ func (z *Zone) isConcurrency() bool {
 // concurrencyLimit compiles a concurrency zone's limit (see Zone.limit),
 // with errors naming the field.
 func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
+	if z.Concurrent == 0 && z.ConcurrentFrom == "" {
+		return algorithms.Limit{}, errors.New("lease applies only to a concurrency zone (set concurrent); a rate zone has no lease")
+	}
 	for _, f := range []struct {
 		name string
 		set  bool
@@ -78,8 +81,6 @@ func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
 		}
 	}
 	switch {
-	case z.Concurrent == 0 && z.ConcurrentFrom == "":
-		return algorithms.Limit{}, errors.New("lease applies only to a concurrency zone: set concurrent")
 	case z.Concurrent == 0:
 		return algorithms.Limit{}, errors.New("concurrent_from needs a default: set concurrent too (the limit used when the placeholder's value is unusable)")
 	case z.Concurrent < 1 || z.Concurrent > algorithms.MaxConcurrent:

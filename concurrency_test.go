@@ -361,7 +361,7 @@ func TestConcurrencyConfig(t *testing.T) {
 		{"window", "\t\tzone c {\n\t\t\tconcurrent 3\n\t\t\twindow 1m\n\t\t}", []string{`zone "c"`, "window", "does not apply"}},
 		{"cost", "\t\tzone c {\n\t\t\tconcurrent 3\n\t\t\tcost 2\n\t\t}", []string{`zone "c"`, "cost", "does not apply"}},
 		{"algorithm", "\t\tzone c {\n\t\t\tconcurrent 3\n\t\t\talgorithm gcra\n\t\t}", []string{"algorithm", "does not apply"}},
-		{"lease alone", "\t\tzone c {\n\t\t\tevents 3\n\t\t\twindow 1m\n\t\t\tlease 1m\n\t\t}", []string{`zone "c"`, "events", "does not apply"}},
+		{"lease in a rate zone", "\t\tzone c {\n\t\t\tevents 3\n\t\t\twindow 1m\n\t\t\tlease 1m\n\t\t}", []string{`zone "c"`, "lease applies only to a concurrency zone", "a rate zone has no lease"}},
 		{"lease only", "\t\tzone c {\n\t\t\tlease 1m\n\t\t}", []string{`zone "c"`, "lease applies only to a concurrency zone"}},
 		{"lease short", "\t\tzone c {\n\t\t\tconcurrent 3\n\t\t\tlease 500ms\n\t\t}", []string{`zone "c"`, "lease must be between 1s and 24h0m0s", "500ms"}},
 		{"lease sub-ms", "\t\tzone c {\n\t\t\tconcurrent 3\n\t\t\tlease 1500us\n\t\t}", []string{"lease", "whole number of milliseconds"}},
