@@ -19,7 +19,7 @@ import (
 
 // concHandler provisions a handler whose store is a private memory store
 // (returned), so its slots can be counted.
-func concHandler(t *testing.T, block string) (*Handler, *memstore.Store) {
+func concHandler(t testing.TB, block string) (*Handler, *memstore.Store) {
 	t.Helper()
 	h := newHandler(t, block, nil)
 	st := memstore.New(memstore.Config{SweepInterval: -1})
@@ -403,8 +403,11 @@ func TestConcurrencyNeedsAReleaser(t *testing.T) {
 	}
 }
 
+// BenchmarkServeHTTPConcurrency is BenchmarkServeHTTPAllowed with a
+// concurrency zone beside the rate zone (its slot taken and given back on
+// every request).
 func BenchmarkServeHTTPConcurrency(b *testing.B) {
-	h, _ := concHandler(&testing.T{}, `rate_limit {
+	h, _ := concHandler(b, `rate_limit {
 		zone bench_rate {
 			key {http.request.header.X-User}
 			events 1000000000
@@ -418,10 +421,13 @@ func BenchmarkServeHTTPConcurrency(b *testing.B) {
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-User", "bench")
 	caddyhttp.NewTestReplacer(r)
+	w := httptest.NewRecorder()
 	b.ReportAllocs()
 	for b.Loop() {
-		w := httptest.NewRecorder()
-		_ = h.ServeHTTP(w, r, okHandler)
+		clear(w.Header())
+		if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

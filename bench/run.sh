@@ -164,7 +164,7 @@ probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 # concurrency zone beside a rate zone (memconc, redisconc) never refuses
 # either (wrk keeps at most BENCH_CONNECTIONS requests in flight): what it
 # adds is taking a slot in the same call, and giving it back after the
-# response (with Redis, a second, pipelined script call per request).
+# response (with Redis, a pipelined ZREM per request).
 never='events 1000000000
 			window 1m'
 deny='events 1

@@ -24,10 +24,11 @@ import (
 //     ticker renews every lease that has lived half its length (mode 3 of
 //     the script: ZADD XX, so a renewal never takes back a released slot).
 //   - Release (the handler, once the request has ended, on every exit
-//     path) forgets the lease and queues its release (the script's refund
-//     mode: ZREM). It never blocks: one worker sends the queued releases and
-//     renewals as pipelines, on its own deadline (timeout plus the
-//     late-reply grace).
+//     path) forgets the lease and queues its release: a ZREM of the lease
+//     (what the script's refund mode does; a plain command costs Redis a
+//     fraction of a script call). It never blocks: one worker sends the
+//     queued releases and renewals as pipelines, on its own deadline
+//     (timeout plus the late-reply grace).
 //   - A release that fails (Redis down, stalled, failing over) is sent
 //     again, backing off from 250ms to 5s, until its lease would have
 //     expired anyway; then it is given up (counted). A release that cannot
@@ -139,6 +140,7 @@ type leaseKeeper struct {
 	calls []call
 	keys  []string
 	args  []any
+	cmds  []redis.Cmder
 }
 
 func newLeaseKeeper(s *Store, target string) *leaseKeeper {
@@ -354,7 +356,10 @@ func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
 }
 
 // send sends ops as one pipeline (on the decisions' deadline plus the
-// grace) and returns retry with the releases to send again.
+// grace) and returns retry with the releases to send again. A release is a
+// plain ZREM of the lease (what the script's refund mode does, at a
+// fraction of a script call's cost in Redis and here); a renewal runs the
+// script (mode 3), which reads Redis's clock.
 func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	s := k.s
 	if b := s.breaker; b != nil && b.state.Load() != circuitClosed && monoNow() < b.until.Load() {
@@ -368,53 +373,62 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	pipe := s.client.Pipeline()
 	n := len(ops)
 	if cap(k.calls) < n {
-		k.calls, k.keys, k.args = make([]call, n), make([]string, n), make([]any, 6*n)
+		k.calls, k.keys, k.args, k.cmds = make([]call, n), make([]string, n), make([]any, 6*n), make([]redis.Cmder, n)
 	}
-	calls, keys, args := k.calls[:n], k.keys[:n], k.args[:6*n]
-	for i := range ops {
-		op, c := &ops[i], &calls[i]
-		if op.key == "" {
-			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
-		}
-		keys[i] = op.key
-		c.keys = keys[i : i+1 : i+1]
-		// The script's arguments of one concurrency zone (argCache's
-		// layout: the lease id in the cost's place), in refund mode to
-		// release, renew mode to renew.
-		h, mode := s.argc.head(op.req.Limit), modeArgs[1]
-		if op.renew {
-			mode = modeRenew
-		}
-		a := args[6*i : 6*i+6 : 6*i+6]
-		a[0], a[1], a[2], a[3], a[4], a[5] = h[0], h[1], h[2], h[3], op.req.Lease, mode
-		c.args = a
-		c.cmd = s.scripts.queue(ctx, pipe, c.keys, c.args)
-	}
+	calls, keys, args, cmds := k.calls[:n], k.keys[:n], k.args[:6*n], k.cmds[:n]
 	defer func() {
 		clear(keys)
 		clear(args)
+		clear(cmds)
 		for i := range calls {
 			calls[i].cmd, calls[i].keys, calls[i].args = nil, nil, nil
 		}
 	}()
-	_, _ = pipe.Exec(ctx)
-	var again redis.Pipeliner
-	var load libLoad
-	for i := range calls {
-		if calls[i].cmd.Err() == nil {
+	renewals := false
+	for i := range ops {
+		op := &ops[i]
+		if op.key == "" {
+			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
+		}
+		keys[i] = op.key
+		if !op.renew {
+			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Lease)
 			continue
 		}
-		if again == nil {
-			again = s.client.Pipeline()
-		}
-		s.scripts.retry(ctx, again, &calls[i], &load)
+		// The script's arguments of one concurrency zone (argCache's
+		// layout: the lease id in the cost's place), in renew mode.
+		renewals = true
+		c, h := &calls[i], s.argc.head(op.req.Limit)
+		c.keys = keys[i : i+1 : i+1]
+		a := args[6*i : 6*i+6 : 6*i+6]
+		a[0], a[1], a[2], a[3], a[4], a[5] = h[0], h[1], h[2], h[3], op.req.Lease, modeRenew
+		c.args = a
+		c.cmd = s.scripts.queue(ctx, pipe, c.keys, c.args)
+		cmds[i] = c.cmd
 	}
-	if again != nil && again.Len() > 0 {
-		_, _ = again.Exec(ctx)
+	_, _ = pipe.Exec(ctx)
+	if renewals {
+		// A renewal that met a Redis without the code (restarted, flushed)
+		// loads it and is sent again, as a decision is.
+		var again redis.Pipeliner
+		var load libLoad
+		for i := range ops {
+			if !ops[i].renew || calls[i].cmd.Err() == nil {
+				continue
+			}
+			if again == nil {
+				again = s.client.Pipeline()
+			}
+			s.scripts.retry(ctx, again, &calls[i], &load)
+			cmds[i] = calls[i].cmd
+		}
+		if again != nil && again.Len() > 0 {
+			_, _ = again.Exec(ctx)
+		}
 	}
 	var bad []leaseOp
-	for i := range calls {
-		if calls[i].cmd.Err() != nil {
+	for i := range cmds {
+		if cmds[i].Err() != nil {
 			bad = append(bad, ops[i])
 		}
 	}
