@@ -86,9 +86,7 @@ func luaLibrary() (name, code string) {
 
 // The script's arguments per zone (ARGV, lua/take.lua) are the limit's four
 // numbers (algorithm id, events, window in ms, capacity), the cost and the
-// mode (take, refund, or take for a report-only zone). A concurrency zone
-// (algorithms.Concurrency) sends its lease id in the cost's place (costSlot):
-// its cost is always 1, and its lease is what the script records. A zone's limit
+// mode (take, refund, or take for a report-only zone). A zone's limit
 // rarely changes, so its four arguments are formatted once and kept,
 // already boxed, in a small direct-mapped cache: a request then formats
 // nothing (its cost travels as an int64, which go-redis writes itself; the
@@ -110,6 +108,10 @@ type limitArgs struct {
 type argCache struct {
 	slots [argSlots]atomic.Pointer[limitArgs]
 }
+
+// A concurrency zone (algorithms.Concurrency) sends its lease id in the
+// cost's place (costSlot): its cost is always 1, and its lease is what the
+// script records; its renewal is mode 3 (concurrency.go).
 
 // modeArgs are the script's mode argument: take, refund, report-only.
 var modeArgs = [3]any{"0", "1", "2"}

@@ -43,9 +43,8 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
 -- margin, deletes the key when there is no state (val nil), or writes
 -- nothing (val false: a concurrency zone, whose lease is written by
--- concurrency_commit). A number
--- argument reaches Redis as its integer digits (every Redis converts an
--- integral double below 2^53 exactly).
+-- concurrency_commit). A number argument reaches Redis as its integer
+-- digits (every Redis converts an integral double below 2^53 exactly).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
