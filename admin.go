@@ -197,6 +197,11 @@ type adminZoneInfo struct {
 	Penalty    string   `json:"penalty,omitempty"`
 	Delay      string   `json:"delay,omitempty"`
 	DelayAfter int64    `json:"delay_after,omitempty"`
+	// A concurrency zone's slots and lease (algorithm "concurrency"; its
+	// events, window and burst are then 0).
+	Concurrent int64  `json:"concurrent,omitempty"`
+	Lease      string `json:"lease,omitempty"`
+	LeaseMs    int64  `json:"lease_ms,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {
@@ -228,7 +233,7 @@ func (az *adminZone) info() adminZoneInfo {
 		Store:      storeInfo(az.h.store),
 	}
 	outcomesInfo(z, &info)
-	return info
+	return info.concurrency(z)
 }
 
 // storeInfo describes a store for the listing.
@@ -254,6 +259,8 @@ type adminState struct {
 	// ResetAfter: when the key is back to full.
 	ResetAfter   string `json:"reset_after"`
 	ResetAfterMs int64  `json:"reset_after_ms"`
+	// InUse: a concurrency zone's slots in use (limit − remaining).
+	InUse *int64 `json:"in_use,omitempty"`
 }
 
 func stateOf(d algorithms.Decision) adminState {
@@ -449,6 +456,9 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 		best = 0
 	}
 	out.adminState = stateOf(decs[best])
+	if az.z.conc != nil {
+		out.showInUse()
+	}
 	return writeJSON(w, out)
 }
 

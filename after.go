@@ -9,13 +9,24 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// The post-response hook: work an allowed request leaves for when its
-// response is known, which never delays the response (data flow step 8 of
-// the design). A zone that counts only some statuses (count.go) gives its
-// charge back there; anything else that must happen once the response is
-// settled, on any exit, belongs here too.
+// The post-response step (data flow step 8 of the design): what an allowed
+// request leaves for when its response is known and the next handlers
+// have returned, whatever way they return. One pooled value per request
+// (after) carries every part, and a request with nothing to do has none
+// (nil) and pays nothing:
 //
-// A hook learns the response's status once, as soon as it is known:
+//   - settle: a zone that counts only some statuses (count.go) gives its
+//     charge back when the response's status does not count;
+//   - slots: a concurrency zone (concurrency.go) gives its slot back, on
+//     every exit.
+//
+// A request that waits for its turn (delay.go) and whose client leaves
+// first never reaches the next handlers: its waiter gives every rate
+// charge back, its reservation included, and the step then only releases
+// its slots (no status is ever known: nothing is refunded twice).
+//
+// The status is learnt once, as soon as it is known, and only by a request
+// with a count zone (the others' response writer is not wrapped):
 //
 //   - the first final WriteHeader (1xx are informational, but 101
 //     Switching Protocols is final), or the first Write, ReadFrom or Flush
@@ -28,22 +39,68 @@ import (
 //     500 if they panicked (abort included); 200 if they wrote nothing.
 //
 // Then, once the next handlers have returned (on every exit: an error, a
-// panic, the client gone, a stream's end), the hook is done.
+// panic, the client gone, a stream's end), ServeHTTP's deferred done
+// releases the slots and recycles the value. Nothing here holds the
+// response up: the stores give back and release without waiting on the
+// network (a remote store queues the call).
 
-// afterResponse is a post-response hook.
-type afterResponse interface {
-	// statusKnown is called once, with the response's status.
-	statusKnown(status int)
-	// done is called once, after statusKnown, when the next handlers have
-	// returned; the hook may then be reused.
-	done()
+// after is an allowed request's post-response step. Pooled.
+type after struct {
+	h *Handler
+	// settle: the count zones' charges to give back unless the status
+	// counts (count.go); empty for none.
+	settle settlement
+	// slots: the concurrency slots the request holds (concurrency.go);
+	// empty for none.
+	slots heldSlots
+}
+
+var afterPool = sync.Pool{New: func() any { return new(after) }}
+
+// afterOf returns the post-response step of the allowed request decided
+// in s (s.store decided it), or nil when it leaves nothing to do.
+func (h *Handler) afterOf(s *scratch) *after {
+	var a *after
+	if h.counting {
+		a = h.settleCounts(s, a)
+	}
+	if h.concurrent {
+		a = h.holdSlots(s, a)
+	}
+	return a
+}
+
+// newAfter returns an empty post-response step from the pool.
+func (h *Handler) newAfter() *after {
+	a := afterPool.Get().(*after)
+	a.h = h
+	return a
+}
+
+// wantsStatus reports whether a's work depends on the response's status
+// (a count zone to settle): the next handlers then get a response writer
+// that reports it (serveAfter). False for nil.
+func (a *after) wantsStatus() bool { return a != nil && len(a.settle.refunds) > 0 }
+
+// statusKnown is called once, with the response's status.
+func (a *after) statusKnown(status int) { a.settle.statusKnown(status) }
+
+// done is called once, on every exit of an allowed request, after its
+// status (if it wanted one) is known: it gives the concurrency slots back
+// and recycles a.
+func (a *after) done() {
+	a.h.releaseSlots(&a.slots)
+	a.settle.reset()
+	a.h = nil
+	afterPool.Put(a)
 }
 
 // serveAfter runs the next handlers with a response writer that reports
-// the status to hook, and settles hook on any exit.
-func (h *Handler) serveAfter(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, hook afterResponse) (err error) {
+// the status to a, and settles the status on any exit (ServeHTTP then runs
+// a.done).
+func (h *Handler) serveAfter(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *after) (err error) {
 	sw := statusWriterPool.Get().(*statusWriter)
-	sw.ResponseWriter, sw.hook, sw.known = w, hook, false
+	sw.ResponseWriter, sw.hook, sw.known = w, a, false
 	returned := false
 	defer func() {
 		if !sw.known {
@@ -55,9 +112,8 @@ func (h *Handler) serveAfter(w http.ResponseWriter, r *http.Request, next caddyh
 				status = errorStatus(err)
 			}
 			sw.known = true
-			hook.statusKnown(status)
+			a.statusKnown(status)
 		}
-		hook.done()
 		sw.ResponseWriter, sw.hook = nil, nil
 		statusWriterPool.Put(sw)
 	}()
@@ -79,7 +135,7 @@ func errorStatus(err error) int {
 // WriteHeader or the first write.
 type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper
-	hook  afterResponse
+	hook  *after
 	known bool
 }
 

@@ -100,6 +100,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        delay       <max_wait>
 //	        delay_after <n>
 //	    }
+//	    zone <name> {                  # a concurrency zone
+//	        key         <candidate>...
+//	        concurrent  <n>|<placeholder> <default n>
+//	        lease       <duration>
+//	        match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled,
+//	        on_exceed as above
+//	    }
 //	    max_waiting <n>
 //	    store memory {
 //	        max_keys       <n>
@@ -359,8 +366,16 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 			if v, err = p.arg(field); err == nil {
 				z.DelayAfter, err = p.count(field, v)
 			}
+		case "concurrent":
+			if z.ConcurrentFrom, v, err = p.perRequest(field, "10"); err == nil {
+				z.Concurrent, err = p.count(field, v)
+			}
+		case "lease":
+			if v, err = p.arg(field); err == nil {
+				z.Lease, err = p.duration(field, v)
+			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after, concurrent, lease)", field)
 		}
 		if err != nil {
 			return nil, err

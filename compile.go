@@ -31,6 +31,9 @@ type zone struct {
 	// dynSpec renders dyn's placeholders ("" for a static limit), for the
 	// check that every use of a zone name carries the same limit.
 	dynSpec string
+	// conc is a concurrency zone's run time (concurrency.go); nil for a
+	// rate zone.
+	conc *concurrencyZone
 	// badValue rate-limits the log line about unusable per-request values
 	// (cost, events, window, burst); nil when nothing is chosen per request.
 	badValue *sampledLog
@@ -63,6 +66,9 @@ func (z *zone) setNames() {
 
 // limit compiles the zone's limit, with errors naming the field.
 func (z *Zone) limit() (algorithms.Limit, error) {
+	if z.isConcurrency() {
+		return z.concurrencyLimit() // concurrency.go
+	}
 	alg, err := algorithms.ParseAlgorithm(z.Algorithm)
 	if err != nil {
 		return algorithms.Limit{}, fmt.Errorf("algorithm: %w", err)
@@ -141,6 +147,9 @@ func (z *Zone) compile(name string) (*zone, error) {
 	}
 	zn.shown = zn.showLimit(l)
 	if err := zn.compileDynamic(z); err != nil {
+		return nil, err
+	}
+	if err := zn.compileConcurrency(z); err != nil {
 		return nil, err
 	}
 	if zn.costExpr != nil || zn.dyn != nil {
@@ -253,6 +262,9 @@ func describeDynamic(l algorithms.Limit, dyn string) string {
 
 // describeLimit renders a limit as the Caddyfile would write it.
 func describeLimit(l algorithms.Limit) string {
+	if l.Algorithm == algorithms.Concurrency {
+		return fmt.Sprintf("concurrent %d lease %s", l.Events, time.Duration(l.Window)*time.Millisecond)
+	}
 	s := fmt.Sprintf("events %d window %s", l.Events, time.Duration(l.Window)*time.Millisecond)
 	if l.Burst > 0 {
 		s += fmt.Sprintf(" burst %d", l.Burst)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -20,13 +19,13 @@ import (
 // zone counts; never the reverse (nothing is charged after the response).
 // A refused request is not forwarded, so it has no status to count.
 //
-// The give-back is a post-response hook (after.go): it runs as soon as the
-// status is known (a streamed response's first write), through the store
-// that charged (the fail-local memory store when it decided), and never
-// delays the response: the memory store gives back under its shard's lock,
-// the Redis store hands one pipelined script call to its workers and
-// returns (redisstore/refund.go). How exact a refund is, per algorithm:
-// algorithms/refund.go.
+// The give-back is a part of the post-response step (after.go): it runs
+// as soon as the status is known (a streamed response's first write),
+// through the store that charged (the fail-local memory store when it
+// decided), and never delays the response: the memory store gives back
+// under its shard's lock, the Redis store hands one pipelined script call
+// to its workers and returns (redisstore/refund.go). How exact a refund
+// is, per algorithm: algorithms/refund.go.
 
 // statusSet is a set of HTTP statuses, 100 to 599.
 type statusSet [10]uint64
@@ -133,8 +132,8 @@ func (h *Handler) provisionOutcomes() error {
 }
 
 // settlement is what an allowed request owes its count zones: the charges
-// to give back unless the response's status counts. It is a post-response
-// hook (after.go), pooled.
+// to give back unless the response's status counts. It is a part of the
+// post-response step (after.go).
 type settlement struct {
 	store   refunder
 	refunds []algorithms.Refund
@@ -142,33 +141,33 @@ type settlement struct {
 	zones   []*zone
 }
 
-var settlementPool = sync.Pool{New: func() any {
-	return &settlement{refunds: make([]algorithms.Refund, 0, 2), counts: make([]*statusSet, 0, 2), zones: make([]*zone, 0, 2)}
-}}
-
-// settlementOf returns the settlement of a decided, allowed request: its
-// count zones that were charged (a report-only zone that would refuse was
-// not), or nil. s.store is the store that decided.
-func settlementOf(s *scratch) *settlement {
-	var st *settlement
+// settleCounts adds to a (nil: none yet) the settlement of a decided,
+// allowed request: its count zones that were charged (a report-only zone
+// that would refuse was not), and returns it. s.store is the store that
+// decided. Only count zones are settled: the other zones of a directive
+// that counts or delays are refundable too (Request.Refundable), but only
+// for a waiter that leaves (delay.go).
+func (h *Handler) settleCounts(s *scratch, a *after) *after {
 	for i := range s.reqs {
-		if !s.reqs[i].Refundable || !s.decs[i].Allowed {
+		z := s.zones[i]
+		if z.counts == nil || !s.decs[i].Allowed {
 			continue
 		}
-		if st == nil {
-			rf, ok := s.store.(refunder)
-			if !ok {
-				return nil
-			}
-			st = settlementPool.Get().(*settlement)
-			st.store = rf
+		rf, ok := s.store.(refunder)
+		if !ok {
+			return a
 		}
+		if a == nil {
+			a = h.newAfter()
+		}
+		st := &a.settle
+		st.store = rf
 		r := &s.reqs[i]
 		st.refunds = append(st.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At})
-		st.counts = append(st.counts, s.zones[i].counts)
-		st.zones = append(st.zones, s.zones[i])
+		st.counts = append(st.counts, z.counts)
+		st.zones = append(st.zones, z)
 	}
-	return st
+	return a
 }
 
 // statusKnown gives back the charges of the zones that do not count
@@ -192,14 +191,13 @@ func (st *settlement) statusKnown(status int) {
 	}
 }
 
-// done returns the settlement to the pool.
-func (st *settlement) done() {
+// reset empties the settlement, keeping its slices for the next request.
+func (st *settlement) reset() {
 	clear(st.refunds)
 	clear(st.counts)
 	clear(st.zones)
 	st.refunds, st.counts, st.zones = st.refunds[:0], st.counts[:0], st.zones[:0]
 	st.store = nil
-	settlementPool.Put(st)
 }
 
 // outcomesInfo adds the zone's count, on_exceed, penalty and delay to its

@@ -102,8 +102,9 @@ func (h *Handler) enterWaitingRoom(s *scratch) {
 
 // waiter is an allowed request's wait for its turn: how long, the zone
 // that asks it longest (for the metrics), what to give back if its client
-// goes away (every charge of the request), and its place in the waiting
-// room. Pooled.
+// goes away (every charge of the request's rate zones; its concurrency
+// slots go back with its post-response step, after.go), and its place in
+// the waiting room. Pooled.
 type waiter struct {
 	delay   time.Duration
 	zone    *zone
@@ -137,7 +138,9 @@ func (h *Handler) waiterOf(s *scratch) *waiter {
 	w := waiterPool.Get().(*waiter)
 	w.delay, w.zone, w.store = s.decs[best].Delay, s.zones[best], rf
 	for i := range s.reqs {
-		if s.decs[i].Allowed { // charged (a report-only zone that would refuse was not)
+		// Charged (a report-only zone that would refuse was not); a
+		// concurrency zone's slot is released, not refunded.
+		if s.decs[i].Allowed && s.zones[i].conc == nil {
 			r := &s.reqs[i]
 			w.refunds = append(w.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At})
 			w.zones = append(w.zones, s.zones[i])
@@ -148,9 +151,11 @@ func (h *Handler) waiterOf(s *scratch) *waiter {
 }
 
 // await waits for the request's turn. If its context ends first (the
-// client went away), it gives every charge back, settles after (the count
-// zones' hook, which then has nothing left to do) and returns a 499 error.
-func (h *Handler) await(r *http.Request, w *waiter, after afterResponse) error {
+// client went away), it gives every charge back and returns a 499 error;
+// the request's post-response step (after.go) then only gives its
+// concurrency slots back (no status is known: its count zones, whose
+// charges the waiter gave back, are not settled).
+func (h *Handler) await(r *http.Request, w *waiter) error {
 	defer w.release()
 	if m := w.zone.metrics; m != nil {
 		m.delay.Observe(w.delay.Seconds())
@@ -172,9 +177,6 @@ func (h *Handler) await(r *http.Request, w *waiter, after afterResponse) error {
 	_ = w.store.Refund(r.Context(), w.refunds) // the stores give back whatever the context
 	if m := w.zone.metrics; m != nil {
 		m.abandoned.Inc()
-	}
-	if after != nil {
-		after.done()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)
 }

@@ -84,9 +84,10 @@ type verdict struct {
 	// violated lists the refusing zones (response problem only), as the
 	// members of a JSON array: their policy identifiers, quoted.
 	violated string
-	// after is what an allowed request leaves for its response (after.go):
-	// its count zones' settlement; nil for none.
-	after afterResponse
+	// after is what an allowed request leaves for once its response is
+	// known and the next handlers have returned (after.go): its count
+	// zones' settlement, its concurrency slots; nil for none.
+	after *after
 	// passed is the on_exceed pass zone an allowed request exceeded
 	// (pass.go); nil for none.
 	passed *passInfo
@@ -104,6 +105,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	v, out, err := h.decide(r)
 	if err != nil {
 		return err
+	}
+	if v.after != nil {
+		// On every exit from here on (the next handlers' error or panic,
+		// a waiter whose client left), after its status is settled.
+		defer v.after.done()
 	}
 	if out == pass {
 		if h.passing {
@@ -123,13 +129,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.markPass(r, v.passed, now)
 		}
 		if v.wait != nil {
-			if err := h.await(r, v.wait, v.after); err != nil {
+			if err := h.await(r, v.wait); err != nil {
 				return err
 			}
 		} else if h.delaying {
 			markDelay(r, 0)
 		}
-		if v.after != nil {
+		if v.after.wantsStatus() {
 			return h.serveAfter(w, r, next, v.after)
 		}
 		return next.ServeHTTP(w, r)
@@ -174,7 +180,10 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 			shown = z.shownFor(lim)
 		}
 		cost, s.buf = z.costOf(repl, s.buf, h.logger)
-		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass, Refundable: z.counts != nil || h.delaying})
+		// A concurrency zone's slot is never refunded: it is released
+		// (after.go), the waiter's departure included.
+		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass,
+			Refundable: z.conc == nil && (z.counts != nil || h.delaying), Lease: z.lease()})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -252,10 +261,15 @@ func (e errAmbiguousKey) Error() string {
 		e.field.Source + " " + e.field.Name + " several times with different values"
 }
 
-// pick chooses the verdict among s's decisions. A report-only zone that
-// would refuse does not refuse: it is counted and logged, and its numbers
-// still reach the headers.
+// pick chooses the verdict among s's decisions (s.store decided them). A
+// report-only zone that would refuse does not refuse: it is counted and
+// logged, and its numbers still reach the headers. A concurrency zone's
+// refusal first has its Retry-After raised to the zone's hint
+// (concurrency.go).
 func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
+	if h.concurrent {
+		concurrencyHints(s)
+	}
 	best, refused := -1, false
 	for i := range s.decs {
 		d := &s.decs[i]

@@ -187,6 +187,9 @@ func appendToPrior(h http.Header, name, v string) string {
 // (requests, content-bytes, concurrent-requests) names and qu must not
 // name otherwise, so the vendor parameter sluice-qu="cost" says so.
 func (z *zone) formatPolicyItem(l algorithms.Limit) string {
+	if l.Algorithm == algorithms.Concurrency {
+		return z.concurrencyPolicyItem(l) // concurrency.go
+	}
 	w := (l.Window + 999) / 1000
 	item := z.sfName + ";q=" + strconv.FormatInt(l.Events/z.draftUnit(), 10) + ";w=" + strconv.FormatInt(w, 10)
 	if z.costExpr != nil {

@@ -132,6 +132,9 @@ func (z *zone) limitOf(repl *caddy.Replacer, tok identity.Token, scratch []byte,
 		}
 		return z.limit, tok, scratch
 	}
+	if l.Algorithm == algorithms.Concurrency {
+		return l, tok, scratch // one count of slots per key, whatever its limit
+	}
 	var sc [25]byte
 	return l, tok.Scope(limitScope(&sc, &l)), scratch
 }

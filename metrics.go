@@ -24,6 +24,8 @@ var metrics = struct {
 	delays        *prometheus.HistogramVec
 	abandoned     *prometheus.CounterVec
 	waiting       prometheus.Gauge
+	// concurrentSlots: see concurrency.go.
+	concurrentSlots *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -86,8 +88,12 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "waiting",
 			Help: "Requests waiting for their turn now (zones with delay), in this process.",
 		})
+		metrics.concurrentSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "concurrent_slots",
+			Help: "Concurrency slots held by this instance's running requests, by zone (requests admitted by a concurrency zone that have not ended).",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

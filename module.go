@@ -88,6 +88,7 @@ type Handler struct {
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	zones       []*zone
+	concurrent  bool // a zone is a concurrency zone (concurrency.go)
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
@@ -177,6 +178,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			name = m.CaddyModule().ID.Name()
 		}
 		h.storeStats = newStoreMetrics(name)
+	}
+	if err := h.provisionConcurrency(); err != nil {
+		return err
 	}
 
 	h.resp = h.Response.compile()

@@ -72,16 +72,15 @@ func passedOf(s *scratch) *passInfo {
 }
 
 // completeVerdict adds to the verdict of an allowed request what its zones
-// leave for later: the count zones' settlement (count.go) and the pass zone
-// it exceeded.
+// leave for later: its post-response step (after.go: the count zones'
+// settlement, the concurrency slots to give back), the pass zone it
+// exceeded and its wait for its turn.
 func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
 	if refused {
 		return
 	}
-	if h.counting {
-		if st := settlementOf(s); st != nil {
-			v.after = st
-		}
+	if h.counting || h.concurrent {
+		v.after = h.afterOf(s)
 	}
 	if h.passing {
 		v.passed = passedOf(s)

@@ -117,6 +117,22 @@ type Zone struct {
 	// the rest are spaced at the rate. At most the capacity. Default: the
 	// capacity (burst, else max_events).
 	DelayAfter int64 `json:"delay_after,omitempty"`
+	// Concurrent makes the zone a concurrency zone: at most this many
+	// requests of one key in flight at once (1 to 1000000), each holding a
+	// slot from its admission until the handler chain after this one
+	// returns. Not with max_events, window, burst, algorithm or cost.
+	// With ConcurrentFrom, the default.
+	Concurrent int64 `json:"concurrent,omitempty"`
+
+	// ConcurrentFrom chooses Concurrent per request, like MaxEventsFrom
+	// (one count of slots per key, whatever the limit resolved).
+	ConcurrentFrom string `json:"concurrent_from,omitempty"`
+
+	// Lease is how long a shared store (Redis) keeps a concurrency slot
+	// whose instance stopped renewing it (crashed), from 1s to 24h, whole
+	// milliseconds; a running request's lease is renewed at half its
+	// length. Only with Concurrent. Default: 1m.
+	Lease caddy.Duration `json:"lease,omitempty"`
 }
 
 // Fail policies.

@@ -70,6 +70,9 @@ func (a Algorithm) String() string {
 	if a < numAlgorithms {
 		return algorithmNames[a]
 	}
+	if a == Concurrency {
+		return "concurrency"
+	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
@@ -174,6 +177,8 @@ var (
 // the field at fault and the algorithm when it matters.
 func (l Limit) Validate() error {
 	switch {
+	case l.Algorithm == Concurrency:
+		return l.validateConcurrency()
 	case l.Algorithm >= numAlgorithms:
 		return ErrAlgorithm
 	case l.Events <= 0:
@@ -260,6 +265,11 @@ type Request struct {
 	// room is full): a zone with a Delay decides as without one, its
 	// reservations kept (delay.go).
 	NoDelay bool
+	// Lease identifies, in a concurrency zone, the slot this request takes
+	// (never 0): the store records it when it admits the request, renews
+	// it while the request runs (Redis) and removes it when the request
+	// ends (the store's Release). 0 in a rate zone.
+	Lease uint64
 }
 
 // Decision is a store's answer for one Request.
@@ -356,6 +366,8 @@ func step(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (d Decis
 		fresh = true // written by another algorithm: start afresh
 	}
 	switch l.Algorithm {
+	case Concurrency:
+		return concurrency(st, fresh, l, now, cost)
 	case GCRA:
 		return gcra(st, fresh, l, now, cost, mayWait)
 	case SlidingWindow:

@@ -463,7 +463,8 @@ func TestValidate(t *testing.T) {
 		{nil, Limit{Algorithm: GCRA, Events: MaxGCRAUnit, Window: 1}, nil},
 		{nil, Limit{Algorithm: GCRA, Events: MaxGCRAUnit + 1, Window: 1}, ErrGCRAUnit},
 		{nil, Limit{Algorithm: GCRA, Events: 2 * MaxGCRAUnit, Window: 2}, nil}, // unit 2^26
-		{nil, Limit{Algorithm: numAlgorithms, Events: 1, Window: 1}, ErrAlgorithm},
+		// (numAlgorithms is Concurrency: the first unknown id is after it.)
+		{nil, Limit{Algorithm: Concurrency + 1, Events: 1, Window: 1}, ErrAlgorithm},
 	}
 	for _, r := range rows {
 		algs := r.algs

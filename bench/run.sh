@@ -2,7 +2,8 @@
 # bench/run.sh — the benchmark harness behind `make bench` (see bench/README.md).
 #
 # In one run on this machine it compares bare Caddy `respond` with Sluice in
-# front of the same `respond` (memory store and Redis, allowing and refusing)
+# front of the same `respond` (memory store and Redis, allowing and refusing,
+# and a rate zone with a concurrency zone beside it: memconc, redisconc)
 # and with the Redis ceiling for the production decision script, all with
 # public tools (wrk, redis-benchmark, go test -bench), and prints ratios to
 # bare Caddy. Targets are interleaved over several rounds so that drift in
@@ -25,7 +26,8 @@
 # Knobs (environment): BENCH_ROUNDS (5), BENCH_DURATION (5, seconds),
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
 # BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare mem1
-# mem3 memdeny redis1 redis3 redisdeny rb_plain rb_pipe), BENCH_PROFILE
+# mem3 memconc memdeny redis1 redis3 redisconc redisdeny rb_plain rb_pipe),
+# BENCH_PROFILE
 # (targets to CPU-profile, none by default), BENCH_PROFILE_SECONDS (10),
 # BENCH_GO (1; 0 skips the Go benchmarks and memory tests), BENCH_MAX_OTHER
 # (0.3) and BENCH_RETRIES (1): a run during which other processes of the
@@ -51,7 +53,7 @@ GOBENCH=${BENCH_GO:-1}
 MAX_OTHER=${BENCH_MAX_OTHER:-0.3}
 RETRIES=${BENCH_RETRIES:-1}
 REDIS_OPTS=${BENCH_REDIS_OPTS:-}
-read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memdeny redis1 redis3 redisdeny rb_plain rb_pipe}"
+read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redisdeny rb_plain rb_pipe}"
 GO=${GO:-go}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -126,9 +128,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY <<<"$("$BT" ports 9)"
+read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC <<<"$("$BT" ports 11)"
 declare -A PORT=([bare]=$P_BARE [mem1]=$P_MEM1 [mem3]=$P_MEM3 [memdeny]=$P_MEMDENY
-	[redis1]=$P_REDIS1 [redis3]=$P_REDIS3 [redisdeny]=$P_REDISDENY)
+	[redis1]=$P_REDIS1 [redis3]=$P_REDIS3 [redisdeny]=$P_REDISDENY
+	[memconc]=$P_MEMCONC [redisconc]=$P_REDISCONC)
 ADMIN=http://127.0.0.1:$P_ADMIN
 
 redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no --dir "$TMP" \
@@ -157,11 +160,16 @@ probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 # minute; refusing zones allow 1 per hour (the first request of the run
 # passes, every later one is refused). Every zone keys on {client_ip}, so
 # all load hits one key per zone (a hot key) and the three zones of a
-# request share one identity (one Redis script call per request).
+# request share one identity (one Redis script call per request). The
+# concurrency zone beside a rate zone (memconc, redisconc) never refuses
+# either (wrk keeps at most BENCH_CONNECTIONS requests in flight): what it
+# adds is taking a slot in the same call, and giving it back after the
+# response (with Redis, a pipelined ZREM per request).
 never='events 1000000000
 			window 1m'
 deny='events 1
 			window 1h'
+slots='concurrent 100000'
 zone() { # name limit
 	printf '\t\tzone %s {\n\t\t\tkey {client_ip}\n\t\t\t%s\n\t\t}\n' "$1" "$2"
 }
@@ -185,9 +193,11 @@ redis_store=$(
 	site "$P_MEM1" "$(zone mem1 "$never")"$'\n'
 	site "$P_MEM3" "$(zone mem3a "$never")"$'\n'"$(zone mem3b "$never")"$'\n'"$(zone mem3c "$never")"$'\n'
 	site "$P_MEMDENY" "$(zone memdeny "$deny")"$'\n'
+	site "$P_MEMCONC" "$(zone memconc "$never")"$'\n'"$(zone memconcslots "$slots")"$'\n'
 	site "$P_REDIS1" "$(zone redis1 "$never")"$'\n' "$redis_store"
 	site "$P_REDIS3" "$(zone redis3a "$never")"$'\n'"$(zone redis3b "$never")"$'\n'"$(zone redis3c "$never")"$'\n' "$redis_store"
 	site "$P_REDISDENY" "$(zone redisdeny "$deny")"$'\n' "$redis_store"
+	site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
 } >"$OUT/Caddyfile"
 
 XDG_CONFIG_HOME=$TMP/config XDG_DATA_HOME=$TMP/data \
@@ -199,7 +209,7 @@ SERVER_PIDS="$CADDY_PID $REDIS_PID" # this order: measure() reads them so
 for t in "${!PORT[@]}"; do
 	"$BT" wait "http://127.0.0.1:${PORT[$t]}/" 10 || die "Caddy site $t did not answer (see $OUT/caddy.log)"
 done
-log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memdeny redis1 redis3 redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
+log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
 
 {
 	echo "date         $(date -u '+%Y-%m-%d %H:%M:%S UTC')"

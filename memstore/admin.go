@@ -27,6 +27,9 @@ func (s *Store) Peek(zone string, key algorithms.Key, l algorithms.Limit) (d alg
 	defer sh.mu.Unlock()
 	st, ok := sh.get(k)
 	d = algorithms.Peek(st, !ok, l, s.now())
+	if l.Algorithm == algorithms.Concurrency {
+		return d, ok && st.Alg == algorithms.Concurrency && st.Debt > 0 // slots in use
+	}
 	return d, ok && d.ResetAfter > 0
 }
 

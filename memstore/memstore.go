@@ -71,8 +71,12 @@ type shard struct {
 	// (State.Penalized, penalty.go), kept out of m like logs: few keys are
 	// penalized at once; nil until the shard's first penalty.
 	penalties map[mapKey]int64
-	lastSweep int64    // Unix ms of the last sweep done to make room
-	_         [16]byte // keep neighbouring shards' locks off one cache line
+	// leases holds the lease ids of the shard's concurrency keys (entries
+	// of Alg Concurrency, whose debt is their count: concurrency.go); nil
+	// until the shard's first.
+	leases    map[mapKey][]uint64
+	lastSweep int64   // Unix ms of the last sweep done to make room
+	_         [8]byte // keep neighbouring shards' locks off one cache line
 }
 
 // roomSweepEvery is how often, at most, a full shard sweeps itself to make
@@ -143,14 +147,20 @@ func (sh *shard) set(k mapKey, st *algorithms.State, fullAt int64) {
 		delete(sh.logs, k) // k may have been a sliding log before
 	}
 	sh.setPenalty(k, st.Penalized)
+	if st.Alg != algorithms.Concurrency && len(sh.leases) > 0 {
+		delete(sh.leases, k) // or a concurrency key
+	}
 	sh.m[k] = pack(st, fullAt)
 }
 
 // drop forgets k, whose entry is e. The caller holds sh.mu.
 func (sh *shard) drop(k mapKey, e *entry) {
 	delete(sh.m, k)
-	if e.alg() == algorithms.SlidingLog {
+	switch e.alg() {
+	case algorithms.SlidingLog:
 		delete(sh.logs, k)
+	case algorithms.Concurrency:
+		delete(sh.leases, k)
 	}
 	if len(sh.penalties) > 0 {
 		delete(sh.penalties, k)
@@ -273,6 +283,7 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	d, next, fullAt := algorithms.StepRequest(st, !ok, r, now)
 	if d.Allowed || algorithms.StartsPenalty(st, !ok, next) {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
+		sh.took(k, r)
 	}
 	sh.mu.Unlock()
 	d.At = now
@@ -316,6 +327,7 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 		switch {
 		case allowed && out[i].Allowed:
 			s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
+			s.shards[idx[i]].took(keys[i], &reqs[i])
 		case !out[i].Allowed:
 			// A refusal (or a report-only zone's would-be refusal) charges
 			// nothing, but may start the zone's penalty, whatever the

@@ -33,7 +33,7 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 	defer cancel()
 	names := make([]string, len(keys))
 	for i, k := range keys {
-		names[i] = s.Key(zone, k)
+		names[i] = s.zoneKey(zone, k, l.Algorithm)
 	}
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
@@ -56,6 +56,9 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 
 // peekOn peeks names on one server.
 func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	if l.Algorithm == algorithms.Concurrency {
+		return peekLeases(ctx, c, names, l, out, found) // concurrency.go
+	}
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
 	gets := make([]*redis.StringCmd, len(names))
@@ -97,9 +100,14 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
 	defer cancel()
 	pipe := s.client.Pipeline()
-	dels := make([]*redis.IntCmd, len(keys))
+	dels := make([]*redis.IntCmd, len(keys), 2*len(keys))
 	for i, k := range keys {
 		dels[i] = pipe.Del(ctx, s.Key(zone, k))
+	}
+	for _, k := range keys {
+		// A concurrency zone's slots (concurrency.go): the admin API does
+		// not say which kind the zone is, and a key holds one or the other.
+		dels = append(dels, pipe.Del(ctx, s.SlotsKey(zone, k)))
 	}
 	if !s.cluster {
 		pipe.Incr(ctx, s.resetsKey())

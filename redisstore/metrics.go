@@ -25,6 +25,8 @@ var storeMetrics = struct {
 	lateReplies      *prometheus.CounterVec
 	// refundsLost: see refund.go.
 	refundsLost *prometheus.CounterVec
+	// leaseFailures: see concurrency.go.
+	leaseFailures *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -58,6 +60,10 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "store_refunds_lost_total",
 			Help: "Refunds (a count zone's charge given back for a response whose status does not count) that did not reach the store: breaker open, queue full, timeout, error or shutdown; the charge stays until the key refills.",
 		}, []string{"store", "target"})
+		storeMetrics.leaseFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_failures_total",
+			Help: "Concurrency leases whose release (op release) or renewal (op renew) could not reach Redis: a release given up leaves its slot to the lease's expiry; a failed renewal is tried again on the next tick.",
+		}, []string{"store", "target", "op"})
 	})
 }
 
@@ -69,7 +75,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies, storeMetrics.refundsLost} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies, storeMetrics.refundsLost, storeMetrics.leaseFailures} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

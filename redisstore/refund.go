@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -28,8 +29,10 @@ import (
 // so refunds need not reach the cache.
 
 // Refund gives back charges without waiting (see above). It never fails:
-// a lost refund is counted.
+// a lost refund is counted. A concurrency zone has no charge to give back
+// (its slot goes back by Release): its refunds are ignored.
 func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
+	refunds = rateRefunds(refunds)
 	if len(refunds) == 0 {
 		return nil
 	}
@@ -50,6 +53,18 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 		s.postRefunds(g)
 	}
 	return nil
+}
+
+// rateRefunds returns refunds without those of concurrency zones (none
+// reach here from the handler; when some do, the caller's slice is
+// compacted in place).
+func rateRefunds(refunds []algorithms.Refund) []algorithms.Refund {
+	for i := range refunds {
+		if refunds[i].Limit.Algorithm == algorithms.Concurrency {
+			return slices.DeleteFunc(refunds, func(r algorithms.Refund) bool { return r.Limit.Algorithm == algorithms.Concurrency })
+		}
+	}
+	return refunds
 }
 
 // postRefunds hands one script call giving back refunds (all in one slot)

@@ -28,6 +28,8 @@ var (
 	luaFixedWindow string
 	//go:embed lua/sliding_log.lua
 	luaSlidingLog string
+	//go:embed lua/concurrency.lua
+	luaConcurrency string
 	//go:embed lua/take.lua
 	luaTake string
 )
@@ -35,7 +37,7 @@ var (
 // luaDefs are the helpers, every algorithm and take (lua/take.lua), which
 // decides a request. They read the upvalue `now` (Unix milliseconds),
 // which each entry point defines first.
-var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaTake
+var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaConcurrency + luaTake
 
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
 // in tests, which then pass the zones' arguments after it), and the call of
@@ -85,25 +87,31 @@ func luaLibrary() (name, code string) {
 // The script's arguments per zone (ARGV, lua/take.lua), argsPerZone of
 // them, in this order:
 //
-//	1  algorithm id
-//	2  events
-//	3  window (ms)
+//	1  algorithm id (5: a concurrency zone, lua/concurrency.lua)
+//	2  events (a concurrency zone: its slots)
+//	3  window (ms) (a concurrency zone: its lease)
 //	4  capacity
-//	5  cost
-//	6  mode: 0 take, 1 refund, 2 take for a report-only zone, 3 take whose
-//	   charge may be refunded (Request.Refundable: the reply then carries
-//	   the time of the decision), 4 the same for a report-only zone
+//	5  cost; for a concurrency zone, its request's lease id instead (the
+//	   decimal digits of a uint64, kept a string in Lua: ids exceed 2^53;
+//	   costSlot)
+//	6  mode: 0 take, 1 refund (a concurrency zone: release its lease), 2
+//	   take for a report-only zone, 3 take whose charge may be refunded
+//	   (Request.Refundable: the reply then carries the time of the
+//	   decision), 4 the same for a report-only zone, 5 renew a concurrency
+//	   zone's lease (nothing for a rate zone)
 //	7  the zone's options: "0" for none, else fields of a letter and digits
 //	   (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a delay of
-//	   3000 ms, "a2" delay_after 2, "n1" this request may not wait)
+//	   3000 ms, "a2" delay_after 2, "n1" this request may not wait); "0"
+//	   for a concurrency zone, which has none
 //	8  for a refund, the instant of the charge (Unix ms; "0": unknown);
-//	   "0" for a take
+//	   "0" for a take or a renewal
 //
-// This is the one place that writes them (appendArgs, appendRefunds). A
-// zone's limit rarely changes, so its four numbers and its options are
-// formatted once and kept, already boxed, in a small direct-mapped cache: a
-// request then formats nothing (its cost, and a refund's instant, travel as
-// int64s, which go-redis writes itself; the mode is a constant).
+// This is the one place that writes them (appendArgs, appendRefunds,
+// appendRenewal). A zone's limit rarely changes, so its four numbers and
+// its options are formatted once and kept, already boxed, in a small
+// direct-mapped cache: a request then formats nothing (its cost, a lease
+// id and a refund's instant travel as integers, which go-redis writes
+// itself; the mode is a constant).
 
 // argsPerZone is the number of script arguments per zone.
 const argsPerZone = 8
@@ -127,10 +135,16 @@ type argCache struct {
 	slots [argSlots]atomic.Pointer[limitArgs]
 }
 
-// The script's modes (argument 6), and argument 8 of a take.
+// The script's modes (argument 6), and argument 8 of a take. A
+// concurrency zone's take (modeTake or modeReportOnly; it is never
+// refundable: its slot goes back by a release, not a refund) records its
+// lease; modeRefund releases it (a Cluster veto in another slot); modeRenew
+// extends it (concurrency.go's lease worker). The modes are one numbering
+// for every kind of zone: take.lua reads no mode two ways.
 var (
 	modeTake, modeRefund, modeReportOnly     any = "0", "1", "2"
 	modeRefundable, modeReportOnlyRefundable any = "3", "4"
+	modeRenew                                any = "5"
 	unknownInstant                           any = "0"
 )
 
@@ -155,13 +169,14 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 		case r.Refundable:
 			mode = modeRefundable
 		}
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, opts, unknownInstant)
+		args = append(args, h[0], h[1], h[2], h[3], costSlot(r), mode, opts, unknownInstant)
 	}
 	return args
 }
 
 // appendRefunds appends the script arguments of refunds, argsPerZone per
-// zone, in order.
+// zone, in order. A concurrency zone has no charge to refund (its slot is
+// released: Store.Release); Store.Refund leaves such refunds out.
 func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any {
 	for i := range refunds {
 		r := &refunds[i]
@@ -169,6 +184,23 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 		args = append(args, h[0], h[1], h[2], h[3], r.Cost, modeRefund, h[4], r.At)
 	}
 	return args
+}
+
+// appendRenewal appends the script arguments, argsPerZone of them, of the
+// renewal of r's lease (a concurrency zone's request still running).
+func (a *argCache) appendRenewal(args []any, r *algorithms.Request) []any {
+	h := a.head(r.Limit)
+	return append(args, h[0], h[1], h[2], h[3], r.Lease, modeRenew, h[4], unknownInstant)
+}
+
+// costSlot is the fifth argument of a take: its cost, or a concurrency
+// zone's lease id (lua/concurrency.lua). The one place the layout differs
+// by kind.
+func costSlot(r *algorithms.Request) any {
+	if r.Limit.Algorithm == algorithms.Concurrency {
+		return r.Lease
+	}
+	return r.Cost
 }
 
 // head returns l's formatted arguments, formatting them on a miss. The

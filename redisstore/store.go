@@ -45,6 +45,8 @@ type Store struct {
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
+	// leases keeps the concurrency zones' leases (concurrency.go).
+	leases *leaseKeeper
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -85,6 +87,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
 	s.refundDone = s.refundCallDone
 	s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
+	s.leases = newLeaseKeeper(s, o.Target)
 	if b := s.breaker; b != nil {
 		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
 		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
@@ -180,6 +183,7 @@ func (s *Store) Destruct() error {
 		s.watch.close()
 	}
 	s.batch.close()
+	s.leases.close()
 	if s.breaker != nil {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
 	}
@@ -255,7 +259,7 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	}
 	c := getCall(ctx, time.Now().Add(s.timeout))
 	for i := range reqs {
-		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
+		c.keys = append(c.keys, s.keyOf(&reqs[i]))
 	}
 	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
@@ -284,9 +288,11 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			// forget every denial.
 			s.deny.Clear()
 		}
+		s.leases.undecided(reqs, err, abandoned)
 		return &storeError{err}
 	}
 	s.breaker.done(probe, false, false, nil)
+	s.leases.admitted(reqs, out)
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}

@@ -41,6 +41,10 @@ var budgets = []budget{
 	{kind: ratioToBare, what: "memstore, 3 zones", target: "mem3", bound: 0.90},
 	{kind: ratioToBare, what: "Redis, 1 zone", target: "redis1", bound: 0.65},
 	{kind: ratioTo, what: "Redis, 3 zones ≈ 1 zone", target: "redis3", other: "redis1", bound: 0.95},
+	// Issue 16: a concurrency zone beside a rate zone. With Redis its slot
+	// is taken in the same call and given back by a pipelined ZREM.
+	{kind: ratioTo, what: "memstore, a concurrency zone beside a rate zone", target: "memconc", other: "mem1", bound: 0.95},
+	{kind: ratioTo, what: "Redis, a concurrency zone beside a rate zone", target: "redisconc", other: "redis1", bound: 0.75},
 	{kind: fasterThan, what: "memstore", target: "memdeny", other: "mem1"},
 	{kind: fasterThan, what: "Redis", target: "redisdeny", other: "redis1"},
 	{kind: allocsPerOp, what: "memstore", bench: "BenchmarkServeHTTPAllowed", bound: 3},

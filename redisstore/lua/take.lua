@@ -12,7 +12,18 @@
 -- '0' for a take). The modes: 0 take, 1 refund, 2 take for a report-only
 -- zone, 3 take whose charge may be refunded (a zone counting only some
 -- response statuses, a request that may wait), 4 the same for a
--- report-only zone.
+-- report-only zone, 5 renew a concurrency zone's lease.
+--
+-- A concurrency zone (algorithm id 5, lua/concurrency.lua) has its lease
+-- id where the others have their cost (a string, never converted: ids
+-- exceed 2^53), its options '0', and a sorted set of leases where they have
+-- a stored value: take passes it its key instead of the value (no GET),
+-- writes its lease last (concurrency_commit, once every zone allowed), and
+-- sends no value for it to the deny cache (0: the cache keeps no entry, so
+-- it never answers a request with a concurrency zone). Its refund mode
+-- releases its lease (a veto in another Cluster slot), its renew mode
+-- extends it; renew means nothing to a rate zone, and a concurrency zone
+-- is never taken refundable (its slot goes back by a release).
 --
 -- It decides every zone, whatever its algorithm, against the state as it
 -- is, and writes only if every zone allows (all-or-nothing; a refusal
@@ -41,20 +52,21 @@
 -- the arithmetic of a decision.
 
 local steps = {[0] = token_bucket, [1] = gcra, [2] = sliding_window,
-  [3] = fixed_window, [4] = sliding_log}
+  [3] = fixed_window, [4] = sliding_log, [5] = concurrency}
 local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
-  [4] = sliding_log_refund}
+  [4] = sliding_log_refund, [5] = concurrency_release}
 
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
--- margin, or deletes the key when there is no state (val nil). A number
--- argument reaches Redis as its integer digits (every Redis converts an
--- integral double below 2^53 exactly).
+-- margin, deletes the key when there is no state (val nil), or writes
+-- nothing (val false: a concurrency zone, whose lease is written by
+-- concurrency_commit). A number argument reaches Redis as its integer
+-- digits (every Redis converts an integral double below 2^53 exactly).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
     call('SET', key, val, 'PX', reset + margin)
-  else
+  elseif val == nil then
     call('DEL', key)
   end
 end
@@ -77,6 +89,7 @@ local function take(keys, argv, base)
   local wantnow = false
   local lastval, lastreset -- the last zone's state, when it is written
   local lastraw, lastfull -- the last zone's values, as raws and fulls
+  local conc = false -- a concurrency zone takes a slot
   for i = 1, n do
     local b = base + 8 * (i - 1)
     local a = argv[b + 1]
@@ -87,19 +100,28 @@ local function take(keys, argv, base)
     end
     local s2, s3, s4, s5 = argv[b + 2], argv[b + 3], argv[b + 4], argv[b + 5]
     local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
-    local capacity, cost = nums[s4] or num(s4), nums[s5] or num(s5)
-    local full = call('GET', keys[i])
-    local raw, pen = nil, 0
-    if full == false then
-      full = nil
+    local capacity, cost = nums[s4] or num(s4), s5
+    local full, raw, pen = nil, nil, 0
+    if alg == 5 then
+      -- a concurrency zone: its key as its value, its lease id as its cost
+      conc, raw = true, keys[i]
     else
-      raw, pen = unpen(full)
+      cost = nums[s5] or num(s5)
+      full = call('GET', keys[i])
+      if full == false then
+        full = nil
+      else
+        raw, pen = unpen(full)
+      end
     end
     local mode = argv[b + 6]
     local o, ot = argv[b + 7], nil
     if o and o ~= '0' then ot = opts(o) end
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
-    if mode == '1' then
+    if mode == '5' then
+      if alg == 5 then concurrency_renew(raw, events, w, capacity, cost) end
+      if i < n then resets[i] = false end
+    elseif mode == '1' then
       local at = tonum(argv[b + 8]) or 0
       reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
       if reset then
@@ -176,13 +198,26 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
+  -- the concurrency zones' leases, if every zone allowed (a take's, not a
+  -- refund's or a renewal's, whose zones report allowed)
+  if all and conc then
+    for i = 1, n do
+      local b = base + 8 * (i - 1)
+      local mode = argv[b + 6]
+      if argv[b + 1] == '5' and out[4 * i - 3] == 1 and mode ~= '1' and mode ~= '5' then
+        concurrency_commit(keys[i], num(argv[b + 3]), argv[b + 5])
+      end
+    end
+  end
   if not all then
     local o = 4 * n + 1
     out[o] = now
     for i = 1, n do
       local r = fulls[i]
       if i == n then r = lastfull end
-      if not r then
+      if argv[base + 8 * i - 7] == '5' then
+        r = 0 -- a concurrency zone's key: the deny cache keeps no entry
+      elseif not r then
         r = ''
       elseif #r > 1024 then
         r = 0

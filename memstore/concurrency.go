@@ -1,0 +1,97 @@
+package memstore
+
+import (
+	"context"
+	"slices"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Concurrency zones (algorithms.Concurrency): a key's entry counts its
+// slots in use (its debt, which algorithms.Step reads), and the shard's
+// leases map holds the lease id of each, so that Release gives back
+// exactly the slot a request took: a slot whose key was reset (the admin
+// API) or whose request was never admitted is not given back twice, and
+// never frees another request's slot. Slots in memory have no expiry: a
+// request holds its slot until the handler releases it, which it does on
+// every exit path (the process ending ends every slot with it). An entry
+// with slots in use is never swept nor evicted (its fullAt is
+// math.MaxInt64); one back to no slot is forgotten like any key back to
+// full, its lease slice kept meanwhile for the key's next request.
+
+// took records the lease of request r, just admitted and counted in k's
+// entry, when r is of a concurrency zone. The caller holds sh.mu.
+func (sh *shard) took(k mapKey, r *algorithms.Request) {
+	if r.Limit.Algorithm != algorithms.Concurrency {
+		return
+	}
+	if sh.leases == nil {
+		sh.leases = make(map[mapKey][]uint64)
+	}
+	sh.leases[k] = append(sh.leases[k], r.Lease)
+}
+
+// release gives back the slot of lease in k, if k holds it. The caller
+// holds sh.mu.
+func (sh *shard) release(k mapKey, lease uint64, now int64) {
+	ids := sh.leases[k]
+	i := slices.Index(ids, lease)
+	if i < 0 {
+		return // reset, or never admitted
+	}
+	ids[i] = ids[len(ids)-1]
+	ids = ids[:len(ids)-1]
+	sh.leases[k] = ids
+	e, ok := sh.m[k]
+	if !ok || e.alg() != algorithms.Concurrency {
+		return
+	}
+	e.debt = int64(len(ids))
+	if len(ids) == 0 {
+		e.fullAt = now // forgettable, as algorithms.Step says of an empty key
+	}
+	sh.m[k] = e
+}
+
+// Release gives back the slots that Take granted to the concurrency zones
+// of reqs (their Lease); requests of other zones are ignored. A lease the
+// store does not hold (its key was reset, or the request was refused) is
+// ignored too. It never fails and never blocks but on a shard's lock.
+func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+			continue
+		}
+		id, known := s.zones.lookup(r.Zone)
+		if !known {
+			continue
+		}
+		k := mapKey{zone: id, key: r.Key}
+		sh := s.shardOf(&k)
+		sh.mu.Lock()
+		sh.release(k, r.Lease, s.now())
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// InUse returns the slots in use of key in a concurrency zone (for tests
+// and the admin API).
+func (s *Store) InUse(zone string, key algorithms.Key) int {
+	id, known := s.zones.lookup(zone)
+	if !known {
+		return 0
+	}
+	k := mapKey{zone: id, key: key}
+	sh := s.shardOf(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return len(sh.leases[k])
+}
+
+// Release implements the concurrency side of the store contract (see
+// Store.Release).
+func (m *Memory) Release(ctx context.Context, reqs []algorithms.Request) error {
+	return m.store.Release(ctx, reqs)
+}

@@ -1,0 +1,481 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/zonename"
+)
+
+// Concurrency zones in Redis (lua/concurrency.lua): a slot is a lease in
+// the key's sorted set, taken by Take in the same script call as the
+// request's rate zones (all-or-nothing), and ending at the lease's expiry
+// unless renewed. This file keeps the leases of this instance's running
+// requests:
+//
+//   - Take registers each lease it admitted; while the request runs, a
+//     ticker renews every lease that has lived half its length (mode 5 of
+//     the script: ZADD XX, so a renewal never takes back a released slot).
+//   - Release (the handler, once the request has ended, on every exit
+//     path) forgets the lease and queues its release: a ZREM of the lease
+//     (what the script's refund mode does; a plain command costs Redis a
+//     fraction of a script call). It never blocks: one worker sends the
+//     queued releases and renewals as pipelines, on its own deadline
+//     (timeout plus the late-reply grace).
+//   - A release that fails (Redis down, stalled, failing over) is sent
+//     again, backing off from 250ms to 5s, until its lease would have
+//     expired anyway; then it is given up (counted). A release that cannot
+//     be queued (the queue full) is given up at once. Either way the slot
+//     comes back by itself when the lease expires: at most `lease` after
+//     the last renewal. During the circuit breaker's cool-down nothing is
+//     sent.
+//   - A decision whose reply never came (an unknown decision) or that its
+//     caller abandoned may have taken leases: Take queues their release at
+//     once (removing a lease that was never added does nothing).
+//
+// A crashed instance renews nothing: its leases expire after at most
+// `lease`, and the other instances count them until then.
+
+// SlotsKey returns the Redis key of one concurrency zone's slots for one
+// identity: its sorted set of leases, <prefix><zone>:{<token>}:slots. The
+// hash tag is the identity's, as for the rate zones (Key), so a request's
+// zones of one identity share a Cluster slot; the suffix keeps a
+// concurrency zone's set and a rate zone's value apart when a reload
+// changes a zone's kind under the same name (each starts afresh, as a
+// changed algorithm does, instead of reading the other's state).
+func (s *Store) SlotsKey(zone string, key algorithms.Key) string {
+	// Key's text and the suffix, built in one allocation.
+	var b strings.Builder
+	n, enc := zonename.KeyLen(zone)
+	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8 + len(slotsSuffix))
+	b.WriteString(s.prefix)
+	if enc {
+		var zb [128]byte
+		b.Write(zonename.AppendKey(zb[:0], zone))
+	} else {
+		b.WriteString(zone)
+	}
+	b.WriteString(":{")
+	var tok [2*algorithms.KeySize + 8]byte
+	b.Write(key.AppendText(tok[:0]))
+	b.WriteString("}" + slotsSuffix)
+	return b.String()
+}
+
+const slotsSuffix = ":slots"
+
+// keyOf returns the key of r's state: SlotsKey for a concurrency zone,
+// Key for a rate zone.
+func (s *Store) keyOf(r *algorithms.Request) string {
+	return s.zoneKey(r.Zone, r.Key, r.Limit.Algorithm)
+}
+
+func (s *Store) zoneKey(zone string, key algorithms.Key, alg algorithms.Algorithm) string {
+	if alg == algorithms.Concurrency {
+		return s.SlotsKey(zone, key)
+	}
+	return s.Key(zone, key)
+}
+
+// Lease upkeep timing.
+const (
+	leaseTick       = 250 * time.Millisecond // renewal scan and retry pace
+	leaseQueue      = 4096                   // queued releases and renewals
+	leaseBatch      = 64                     // per pipeline
+	releaseBackoff0 = 250 * time.Millisecond
+	releaseBackoffN = 5 * time.Second
+)
+
+// leaseOp is a release or a renewal on its way to Redis.
+type leaseOp struct {
+	req   algorithms.Request
+	key   string // the slots key (SlotsKey), "" until known
+	renew bool
+	// until is monoNow() past which a release is no longer needed (the
+	// lease has expired by itself); next is when to send it again.
+	until, next int64
+	backoff     time.Duration
+}
+
+// liveLease is a lease held by a running request of this instance.
+type liveLease struct {
+	req     algorithms.Request
+	key     string // its slots key
+	renewed int64  // monoNow() of the admission or the last renewal sent
+}
+
+const leaseShards = 16
+
+type leaseShard struct {
+	mu   sync.Mutex
+	live map[uint64]liveLease
+	_    [48]byte
+}
+
+// leaseKeeper holds a store's leases (see above). Its worker starts with
+// the first lease.
+type leaseKeeper struct {
+	s      *Store
+	shards [leaseShards]leaseShard
+	ops    chan leaseOp
+	stop   chan struct{}
+	done   chan struct{}
+	start  sync.Once
+	closed sync.Once
+	// givenUp counts the operations that failed for good, by op (release:
+	// left to expire; renew: the next tick tries again, or the lease
+	// expires).
+	givenUp [2]prometheus.Counter
+	// The worker's buffers, reused from batch to batch.
+	calls []call
+	keys  []string
+	args  []any
+	cmds  []redis.Cmder
+}
+
+func newLeaseKeeper(s *Store, target string) *leaseKeeper {
+	k := &leaseKeeper{s: s, ops: make(chan leaseOp, leaseQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range k.shards {
+		k.shards[i].live = map[uint64]liveLease{}
+	}
+	k.givenUp[0] = storeMetrics.leaseFailures.WithLabelValues("redis", target, "release")
+	k.givenUp[1] = storeMetrics.leaseFailures.WithLabelValues("redis", target, "renew")
+	return k
+}
+
+func (k *leaseKeeper) shard(id uint64) *leaseShard { return &k.shards[id%leaseShards] }
+
+// run starts the worker once.
+func (k *leaseKeeper) run() {
+	k.start.Do(func() { go k.work() })
+}
+
+// close stops the worker (queued operations are dropped: their leases
+// expire).
+func (k *leaseKeeper) close() {
+	k.closed.Do(func() {
+		close(k.stop)
+		started := true
+		k.start.Do(func() { started = false })
+		if started {
+			<-k.done
+		}
+	})
+}
+
+// hasLease reports whether reqs hold a concurrency zone.
+func hasLease(reqs []algorithms.Request) bool {
+	for i := range reqs {
+		if reqs[i].Limit.Algorithm == algorithms.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
+// admitted registers the leases Take just granted (reqs decided as out):
+// the concurrency zones that allowed, when every enforcing zone did.
+func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decision) {
+	if !hasLease(reqs) {
+		return
+	}
+	for i := range reqs {
+		if !out[i].Allowed && !reqs[i].ReportOnly {
+			return // refused: nothing was taken
+		}
+	}
+	now := monoNow()
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Limit.Algorithm != algorithms.Concurrency || !out[i].Allowed {
+			continue
+		}
+		l := liveLease{req: *r, key: k.s.SlotsKey(r.Zone, r.Key), renewed: now}
+		sh := k.shard(r.Lease)
+		sh.mu.Lock()
+		sh.live[r.Lease] = l
+		sh.mu.Unlock()
+	}
+	k.run()
+}
+
+// undecided queues the release of reqs' leases after a Take that failed in
+// a way that may have taken them (Redis may have run the script).
+func (k *leaseKeeper) undecided(reqs []algorithms.Request, err error, abandoned bool) {
+	if !hasLease(reqs) || !abandoned && !errors.As(err, new(*unknownError)) {
+		return
+	}
+	now := monoNow()
+	for i := range reqs {
+		if r := &reqs[i]; r.Limit.Algorithm == algorithms.Concurrency {
+			k.queue(leaseOp{req: *r, until: now + r.Limit.Window*int64(time.Millisecond)})
+		}
+	}
+}
+
+// Release gives back the slots Take granted to the concurrency zones of
+// reqs (their Lease): it stops renewing them and queues their release,
+// without waiting for Redis (see above). Requests of other zones are
+// ignored. It never fails; a release that cannot reach Redis leaves the
+// slot to its lease's expiry.
+func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
+	k := s.leases
+	now := monoNow()
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+			continue
+		}
+		renewed, key := now, ""
+		sh := k.shard(r.Lease)
+		sh.mu.Lock()
+		if l, ok := sh.live[r.Lease]; ok {
+			renewed, key = l.renewed, l.key
+			delete(sh.live, r.Lease)
+		}
+		sh.mu.Unlock()
+		k.queue(leaseOp{req: *r, key: key, until: renewed + r.Limit.Window*int64(time.Millisecond)})
+	}
+	return nil
+}
+
+// Release implements the concurrency side of the store contract (see
+// Store.Release).
+func (r *Redis) Release(ctx context.Context, reqs []algorithms.Request) error {
+	if r.store == nil {
+		return errors.New("store redis: not provisioned")
+	}
+	return r.store.Release(ctx, reqs)
+}
+
+// Leases returns the leases this instance's running requests hold (for
+// tests).
+func (s *Store) Leases() int {
+	n := 0
+	for i := range s.leases.shards {
+		sh := &s.leases.shards[i]
+		sh.mu.Lock()
+		n += len(sh.live)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// queue hands op to the worker without blocking: a full queue gives it up.
+func (k *leaseKeeper) queue(op leaseOp) {
+	k.run()
+	select {
+	case k.ops <- op:
+	default:
+		k.giveUp(&op)
+	}
+}
+
+func (k *leaseKeeper) giveUp(op *leaseOp) {
+	if op.renew {
+		k.givenUp[1].Inc()
+	} else {
+		k.givenUp[0].Inc()
+	}
+}
+
+// work sends the queued operations, renews the leases due every tick, and
+// sends failed releases again when their backoff is over.
+func (k *leaseKeeper) work() {
+	defer close(k.done)
+	tick := time.NewTicker(leaseTick)
+	defer tick.Stop()
+	var batch, retry []leaseOp
+	for {
+		batch = batch[:0]
+		select {
+		case <-k.stop:
+			return
+		case op := <-k.ops:
+			batch = append(batch, op)
+		drain:
+			for len(batch) < leaseBatch {
+				select {
+				case op := <-k.ops:
+					batch = append(batch, op)
+				default:
+					break drain
+				}
+			}
+		case <-tick.C:
+			now := monoNow()
+			batch = k.due(batch, now)
+			kept := retry[:0]
+			for _, op := range retry {
+				switch {
+				case now >= op.until:
+					k.giveUp(&op) // expired by itself by now
+				case now >= op.next:
+					batch = append(batch, op)
+				default:
+					kept = append(kept, op)
+				}
+			}
+			clear(retry[len(kept):])
+			retry = kept
+		}
+		for len(batch) > 0 {
+			n := min(len(batch), leaseBatch)
+			retry = k.send(batch[:n], retry)
+			batch = batch[n:]
+		}
+	}
+}
+
+// due appends a renewal of every live lease that has lived half its length
+// since its admission or last renewal.
+func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
+	for i := range k.shards {
+		sh := &k.shards[i]
+		sh.mu.Lock()
+		for id, l := range sh.live {
+			if now-l.renewed >= l.req.Limit.Window*int64(time.Millisecond)/2 {
+				l.renewed = now
+				sh.live[id] = l
+				batch = append(batch, leaseOp{req: l.req, key: l.key, renew: true})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return batch
+}
+
+// send sends ops as one pipeline (on the decisions' deadline plus the
+// grace) and returns retry with the releases to send again. A release is a
+// plain ZREM of the lease (what the script's refund mode does, at a
+// fraction of a script call's cost in Redis and here); a renewal runs the
+// script (renew mode), which reads Redis's clock.
+func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
+	s := k.s
+	if b := s.breaker; b != nil && b.state.Load() != circuitClosed && monoNow() < b.until.Load() {
+		// Redis is known down: do not wait on it during the cool-down.
+		// Past it, try (the decisions' probe may be long in coming when no
+		// request arrives); the outcome is not the breaker's to count.
+		return k.failed(ops, retry, monoNow())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout+s.opts.Grace)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	n := len(ops)
+	if cap(k.calls) < n {
+		k.calls, k.keys, k.args, k.cmds = make([]call, n), make([]string, n), make([]any, argsPerZone*n), make([]redis.Cmder, n)
+	}
+	calls, keys, args, cmds := k.calls[:n], k.keys[:n], k.args[:argsPerZone*n], k.cmds[:n]
+	defer func() {
+		clear(keys)
+		clear(args)
+		clear(cmds)
+		for i := range calls {
+			calls[i].cmd, calls[i].keys, calls[i].args = nil, nil, nil
+		}
+	}()
+	renewals := false
+	for i := range ops {
+		op := &ops[i]
+		if op.key == "" {
+			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
+		}
+		keys[i] = op.key
+		if !op.renew {
+			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Lease)
+			continue
+		}
+		// The script's arguments of one concurrency zone in renew mode
+		// (written by argCache, as every zone's).
+		renewals = true
+		c := &calls[i]
+		c.keys = keys[i : i+1 : i+1]
+		c.args = s.argc.appendRenewal(args[argsPerZone*i:argsPerZone*i:argsPerZone*(i+1)], &op.req)
+		c.cmd = s.scripts.queue(ctx, pipe, c.keys, c.args)
+		cmds[i] = c.cmd
+	}
+	_, _ = pipe.Exec(ctx)
+	if renewals {
+		// A renewal that met a Redis without the code (restarted, flushed)
+		// loads it and is sent again, as a decision is.
+		var again redis.Pipeliner
+		var load libLoad
+		for i := range ops {
+			if !ops[i].renew || calls[i].cmd.Err() == nil {
+				continue
+			}
+			if again == nil {
+				again = s.client.Pipeline()
+			}
+			s.scripts.retry(ctx, again, &calls[i], &load)
+			cmds[i] = calls[i].cmd
+		}
+		if again != nil && again.Len() > 0 {
+			_, _ = again.Exec(ctx)
+		}
+	}
+	var bad []leaseOp
+	for i := range cmds {
+		if cmds[i].Err() != nil {
+			bad = append(bad, ops[i])
+		}
+	}
+	return k.failed(bad, retry, monoNow())
+}
+
+// failed schedules the failed releases of ops again (until their lease has
+// expired by itself) and gives up the renewals (the next tick renews a
+// lease still held).
+func (k *leaseKeeper) failed(ops []leaseOp, retry []leaseOp, now int64) []leaseOp {
+	for _, op := range ops {
+		if op.renew {
+			k.giveUp(&op)
+			continue
+		}
+		op.backoff = min(max(2*op.backoff, releaseBackoff0), releaseBackoffN)
+		op.next = now + int64(op.backoff)
+		if op.next >= op.until {
+			k.giveUp(&op)
+			continue
+		}
+		retry = append(retry, op)
+	}
+	return retry
+}
+
+// peekLeases is peekOn for a concurrency zone: each key's leases that have
+// not expired at Redis's time are its slots in use (found: at least one).
+func peekLeases(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	pipe := c.Pipeline()
+	now := pipe.Time(ctx)
+	sets := make([]*redis.ZSliceCmd, len(names))
+	for i, n := range names {
+		sets[i] = pipe.ZRangeWithScores(ctx, n, 0, -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	t, err := now.Result()
+	if err != nil {
+		return err
+	}
+	ms := float64(t.UnixMilli())
+	for i, set := range sets {
+		used := int64(0)
+		for _, z := range set.Val() {
+			if z.Score > ms {
+				used++
+			}
+		}
+		out[i] = algorithms.Peek(algorithms.State{Alg: algorithms.Concurrency, Debt: used}, false, l, t.UnixMilli())
+		found[i] = used > 0
+	}
+	return nil
+}
