@@ -26,6 +26,27 @@ import (
 // ended (ServeHTTP's deferred done, after.go). The store holds each slot
 // under the request's lease id (algorithms.Request.Lease): exactly that
 // slot is given back, once.
+//
+// Beside the other kinds of zone:
+//
+//   - count (count.go): a concurrency zone counts no status (its slot goes
+//     back whatever the response); a request with both gets its count
+//     zones' refund and its slots' release in the one post-response step,
+//     on every exit path.
+//   - delay (delay.go): a slot is taken at admission, and a request
+//     admitted to wait for its turn is admitted: it holds its slot while
+//     it waits (the slots count the requests admitted and not ended, a
+//     waiting one included). A waiter whose client leaves gives its rate
+//     zones' reservations back (its waiter) and its slots (the
+//     post-response step). A concurrency zone has no delay itself: a
+//     request over its slots is refused.
+//   - penalty: not for a concurrency zone (a key is refused while it has
+//     no free slot, and no longer).
+//   - on_exceed pass and report_only: as for a rate zone, a request over
+//     the slots passes and takes none.
+//   - the deny cache (redisstore) never answers a request with a
+//     concurrency zone: when a slot frees is in no state it could run
+//     forward.
 
 // defaultLease is a concurrency zone's lease when `lease` is not set:
 // well above a typical request, so a slow one is renewed rather than lost,
@@ -79,6 +100,14 @@ func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
 		if f.set {
 			return algorithms.Limit{}, fmt.Errorf("%s does not apply to a concurrency zone (concurrent): it limits the requests in flight, not a rate; put the rate in a zone of its own", f.name)
 		}
+	}
+	switch {
+	case len(z.Count) > 0:
+		return algorithms.Limit{}, errors.New("count does not apply to a concurrency zone (concurrent): its slot is given back when the request ends, whatever the response's status; count in a rate zone of its own")
+	case z.Penalty != 0:
+		return algorithms.Limit{}, errors.New("penalty does not apply to a concurrency zone (concurrent): a key is refused while its slots are in use, and no longer; put the penalty on a rate zone")
+	case z.Delay != 0 || z.DelayAfter != 0:
+		return algorithms.Limit{}, errors.New("delay does not apply to a concurrency zone (concurrent): a request over its slots is refused, it does not wait for one; delay a rate zone (a request admitted to wait holds its slot while it waits)")
 	}
 	switch {
 	case z.Concurrent == 0:

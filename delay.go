@@ -40,6 +40,12 @@ import (
 // the old server's requests finish, and a wait ends within max_wait; a
 // server that stops waiting for its requests ends their contexts, as a
 // client going away does.
+//
+// Beside a concurrency zone (concurrency.go): the request's slot is taken
+// in the same store call, at admission, and an admission that waits is
+// admitted, so a waiting request holds its slot while it waits (a key's
+// slots bound its requests waiting and running together). A waiter whose
+// client leaves gives its slots back too, with its reservations.
 
 // defaultMaxWaiting is max_waiting's default.
 const defaultMaxWaiting = 1000

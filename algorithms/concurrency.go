@@ -66,6 +66,10 @@ func (l Limit) validateConcurrency() error {
 		return ErrLease
 	case l.Burst != 0:
 		return fmt.Errorf("concurrency: %w", ErrBurstNotAllowed)
+	case l.Penalty != 0:
+		return fmt.Errorf("concurrency: %w", ErrPenalty)
+	case l.Delay != 0 || l.DelayAfter != 0:
+		return fmt.Errorf("concurrency: %w", ErrDelayNotAllowed)
 	}
 	return nil
 }

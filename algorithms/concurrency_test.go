@@ -76,6 +76,9 @@ func TestConcurrencyValidate(t *testing.T) {
 		{Limit{Algorithm: Concurrency, Events: 3, Window: MinLease - 1}, ErrLease},
 		{Limit{Algorithm: Concurrency, Events: 3, Window: MaxLease + 1}, ErrLease},
 		{Limit{Algorithm: Concurrency, Events: 3, Window: 60_000, Burst: 4}, ErrBurstNotAllowed},
+		{Limit{Algorithm: Concurrency, Events: 3, Window: 60_000, Penalty: 1000}, ErrPenalty},
+		{Limit{Algorithm: Concurrency, Events: 3, Window: 60_000, Delay: 1000}, ErrDelayNotAllowed},
+		{Limit{Algorithm: Concurrency, Events: 3, Window: 60_000, DelayAfter: 1}, ErrDelayNotAllowed},
 	} {
 		if err := c.l.Validate(); !errors.Is(err, c.want) && (err != nil || c.want != nil) {
 			t.Errorf("%+v: Validate() = %v, want %v", c.l, err, c.want)
