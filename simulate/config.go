@@ -26,6 +26,10 @@ type ZoneConfig struct {
 	Enabled    bool     `json:"enabled"`
 	// Dynamic: the limit is chosen per request (max_events_from and co.).
 	Dynamic bool `json:"dynamic,omitempty"`
+	// Concurrent is a concurrency zone's slots (its Algorithm is then
+	// "concurrency", Events the slots too and WindowMs 0); 0 for a rate
+	// zone.
+	Concurrent int64 `json:"concurrent,omitempty"`
 }
 
 // Capacity is what the zone's key can spend at once.
@@ -239,6 +243,9 @@ func (rw *rewritten) zonesOf(h map[string]any, ov Overrides, zones map[string]*Z
 		zc.Events = jsonInt(zm["max_events"])
 		zc.WindowMs = jsonInt(zm["window"]) / 1e6
 		zc.Burst = jsonInt(zm["burst"])
+		if n := jsonInt(zm["concurrent"]); n != 0 {
+			zc.Algorithm, zc.Concurrent, zc.Events = algorithms.Concurrency.String(), n, n
+		}
 		switch k := zm["key"].(type) {
 		case string:
 			zc.Key = []string{k}
@@ -264,7 +271,7 @@ func (rw *rewritten) zonesOf(h map[string]any, ov Overrides, zones map[string]*Z
 		if e, ok := zm["enabled"].(bool); ok && !e {
 			zc.Enabled = false
 		}
-		for _, f := range []string{"max_events_from", "window_from", "burst_from"} {
+		for _, f := range []string{"max_events_from", "window_from", "burst_from", "concurrent_from"} {
 			if s, _ := zm[f].(string); s != "" {
 				zc.Dynamic = true
 			}

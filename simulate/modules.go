@@ -90,6 +90,14 @@ func (s *Store) Refund(ctx context.Context, refunds []algorithms.Refund) error {
 	return s.run.mem.Refund(ctx, refunds)
 }
 
+// Release gives back the slots of concurrency zones, in the memory store,
+// as production does when a request ends. The replay is sequential: a
+// request's response is written before the next request arrives, so its
+// slots come back at once.
+func (s *Store) Release(ctx context.Context, reqs []algorithms.Request) error {
+	return s.run.mem.Release(ctx, reqs)
+}
+
 // ctxKey carries what the traffic says of a simulated request (its user,
 // its upstream's status) into Auth and Upstream.
 type ctxKey struct{}

@@ -200,6 +200,9 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // describe renders a zone's limit as the Caddyfile writes it.
 func (z *ZoneConfig) describe() string {
+	if z.Concurrent > 0 {
+		return fmt.Sprintf("concurrent %d", z.Concurrent)
+	}
 	s := fmt.Sprintf("%d / %s", z.Events, time.Duration(z.WindowMs)*time.Millisecond)
 	if z.Burst > 0 {
 		s += fmt.Sprintf(" burst %d", z.Burst)

@@ -77,6 +77,9 @@ func Run(o Options) (*Report, error) {
 	} else {
 		zone = zones[0]
 	}
+	if o.Compare && zone.Concurrent > 0 {
+		return nil, fmt.Errorf("--compare: zone %q is a concurrency zone (concurrent): it has no rate algorithm to compare; choose a rate zone with --zone", zone.Name)
+	}
 	if o.Compare {
 		variants = nil
 		for a := range algorithms.SlidingLog + 1 {

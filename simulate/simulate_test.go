@@ -340,3 +340,72 @@ func TestCountAndDelayZones(t *testing.T) {
 		t.Errorf("delay 3s: allowed/refused %v, want [31 9]", g)
 	}
 }
+
+// TestConcurrencyZone: a concurrency zone in a replay. The replay is
+// sequential (each request's response is written before the next one
+// arrives), so every admitted request's slot is released at once: 50
+// requests of one client at one instant against `concurrent 1` all pass
+// (a slot not released would refuse the second), and the report says
+// why. Beside it,
+// the rate zone of the same directive decides as usual (all-or-nothing
+// with the slot: a refused request takes none), and --compare refuses the
+// concurrency zone.
+func TestConcurrencyZone(t *testing.T) {
+	cfg := adapt(t, `{
+	admin off
+}
+:8080 {
+	rate_limit /exports/* {
+		zone exports_rate {
+			key {client_ip}
+			events 30
+			window 1m
+		}
+		zone exports {
+			key {client_ip}
+			concurrent 1
+		}
+	}
+	reverse_proxy localhost:9
+}`)
+	var log strings.Builder
+	for range 50 {
+		log.WriteString(accessLine(1.7e9, "192.0.2.7", "GET", "/exports/1", "") + "\n")
+	}
+	p := filepath.Join(t.TempDir(), "access.log")
+	if err := os.WriteFile(p, []byte(log.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]int64{}
+	limits := map[string]string{}
+	for _, z := range rep.Zones {
+		got[z.Name] = [2]int64{z.Allowed, z.Refused}
+		limits[z.Name] = z.Algorithm
+	}
+	if g := got["exports_rate"]; g != [2]int64{30, 20} {
+		t.Errorf("exports_rate: allowed/refused %v, want [30 20]", g)
+	}
+	// The concurrency zone allows every request it decides (each released
+	// before the next); the 20 the rate zone refused are vetoed, not
+	// refused by it.
+	if g := got["exports"]; g[1] != 0 || g[0] != 30 {
+		t.Errorf("exports (concurrent 1): allowed/refused %v, want [30 0]: a sequential replay releases each slot at once", g)
+	}
+	if limits["exports"] != "concurrency" {
+		t.Errorf("exports: algorithm %q in the report, want concurrency", limits["exports"])
+	}
+	var table strings.Builder
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "concurrent 1") || !strings.Contains(table.String(), "zone exports: a concurrency zone: the replay is sequential") {
+		t.Errorf("the table does not describe the concurrency zone and its note:\n%s", table.String())
+	}
+	if _, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p, Compare: true, Zone: "exports"}); err == nil || !strings.Contains(err.Error(), "concurrency zone") {
+		t.Errorf("--compare of a concurrency zone: %v, want an error naming it a concurrency zone", err)
+	}
+}
