@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -71,7 +69,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
-	s.batch = newBatcher(c, &s.scripts, o.Workers, timeout, o.Grace)
+	s.batch = newBatcher(c, cluster, &s.scripts, o.Workers, timeout, o.Grace)
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
@@ -197,21 +195,21 @@ func (s *Store) Client() redis.UniversalClient { return s.client }
 // a client-controlled value can break the Cluster hash tag or make one
 // zone's key collide with another's.
 func (s *Store) Key(zone string, key algorithms.Key) string {
-	var b strings.Builder
-	n, enc := zonename.KeyLen(zone)
-	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8)
-	b.WriteString(s.prefix)
-	if enc {
-		var zb [128]byte
-		b.Write(zonename.AppendKey(zb[:0], zone))
+	var buf [256]byte
+	return string(s.appendKey(buf[:0], zone, key))
+}
+
+// appendKey appends the key of Key to b.
+func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
+	b = append(b, s.prefix...)
+	if _, enc := zonename.KeyLen(zone); enc {
+		b = zonename.AppendKey(b, zone)
 	} else {
-		b.WriteString(zone)
+		b = append(b, zone...)
 	}
-	b.WriteString(":{")
-	var tok [2*algorithms.KeySize + 8]byte
-	b.Write(key.AppendText(tok[:0]))
-	b.WriteByte('}')
-	return b.String()
+	b = append(b, ":{"...)
+	b = key.AppendText(b)
+	return append(b, '}')
 }
 
 // Take decides reqs in Redis. Either every request is allowed and all are
@@ -246,17 +244,18 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			ref = &refBuf
 		}
 	}
-	c := getCall(ctx, time.Now().Add(s.timeout))
-	for i := range reqs {
-		c.keys = append(c.keys, s.Key(reqs[i].Zone, reqs[i].Key))
-	}
+	deadline := time.Now().Add(s.timeout)
 	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
+		c := getCall(ctx, deadline)
+		c.setKeys(s, reqs)
 		err = s.runCall(c, reqs, out, false, ref)
 	} else {
-		dctx, cancel := context.WithDeadline(ctx, c.deadline)
-		keys := slices.Clone(c.keys)
-		putCall(c)
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		keys := make([]string, len(reqs))
+		for i := range reqs {
+			keys[i] = s.Key(reqs[i].Zone, reqs[i].Key)
+		}
 		err = s.takeAcrossSlots(dctx, keys, reqs, out)
 		cancel()
 	}
@@ -349,7 +348,7 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 		deadline = time.Now().Add(s.timeout)
 	}
 	c := getCall(ctx, deadline)
-	c.keys = append(c.keys, keys...)
+	c.setKeyStrings(keys)
 	return s.runCall(c, reqs, out, refund, nil)
 }
 
@@ -358,14 +357,22 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
 func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
-	c.args = s.argc.appendArgs(c.args, reqs, refund)
+	c.argv = s.argc.appendArgs(c.argv, reqs, refund)
 	if owned, err := s.batch.do(c); err != nil {
 		if owned {
 			putCall(c)
 		}
 		return err
 	}
-	err := decodeReply(c.cmd, reqs, out, refund, ref)
+	var err error
+	if c.cmd == c.raw {
+		err = c.cmd.Err()
+		if err == nil {
+			err = decodeRaw(c.reply.b, reqs, out, refund, ref)
+		}
+	} else {
+		err = decodeReply(c.cmd.(*redis.Cmd), reqs, out, refund, ref)
+	}
 	if err != nil && unanswered(c.cmd.Err()) {
 		// Sent (the worker had it), and no reply came: Redis may have
 		// decided it.
@@ -430,6 +437,57 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 		if now, ok := res[n].(int64); ok {
 			ref.now, ref.raws = now, res[n+1:]
 		}
+	}
+	return nil
+}
+
+// decodeRaw reads the script's reply from its raw RESP bytes (resp.go),
+// as decodeReply reads it from go-redis's values, without allocating (a
+// refusal's stored values excepted).
+func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
+	r := respReader{b: b}
+	n, err := r.arrayLen()
+	_, typed := err.(*typeError)
+	switch {
+	case refund && typed:
+		return nil // a refund's reply says nothing
+	case err != nil:
+		return err
+	case n == -1:
+		return errors.New("redis: the script returned nil")
+	case refund:
+		return nil
+	}
+	if z := 4 * len(reqs); n != z && n != z+1+len(reqs) {
+		return fmt.Errorf("redis: the script returned %d values for %d zones", n, len(reqs))
+	}
+	var v [4]int64
+	for i := range reqs {
+		for j := range v {
+			if v[j], err = r.integer(); err != nil {
+				return err
+			}
+		}
+		out[i] = algorithms.Decision{
+			Allowed:    v[0] == 1,
+			Limit:      reqs[i].Limit.Capacity(),
+			Remaining:  v[1],
+			RetryAfter: time.Duration(v[2]) * time.Millisecond,
+			ResetAfter: time.Duration(v[3]) * time.Millisecond,
+		}
+	}
+	if z := 4 * len(reqs); ref != nil && n > z {
+		now, err := r.integer()
+		if err != nil {
+			return nil // as decodeReply: no states for the deny cache
+		}
+		raws := make([]any, len(reqs))
+		for i := range raws {
+			if raws[i], err = r.value(); err != nil {
+				return nil
+			}
+		}
+		ref.now, ref.raws = now, raws
 	}
 	return nil
 }
