@@ -39,6 +39,9 @@ type zone struct {
 	// metrics are the zone's counters; nil with disable_metrics.
 	metrics    *zoneMetrics
 	reportOnly bool
+	// allowance is the zone's local allowance (nil: none), given to the
+	// store at Provision.
+	allowance *LocalAllowance
 	// The name as each sink carries it (see setNames): JSON-escaped (without
 	// the quotes), the policy identifier of the IETF RateLimit fields, that
 	// identifier as a serialised sf-string and as a JSON string (both with
@@ -118,7 +121,10 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
-	zn := &zone{name: name, limit: l, cost: 1, deriver: der, fail: z.Fail, reportOnly: z.ReportOnly}
+	zn := &zone{name: name, limit: l, cost: 1, deriver: der, fail: z.Fail, reportOnly: z.ReportOnly, allowance: z.LocalAllowance}
+	if la := z.LocalAllowance; la != nil && (la.MaxBatch < 0 || la.Expiry < 0) {
+		return nil, errors.New("local_allowance: max_batch and expiry must be positive")
+	}
 	zn.setNames()
 	if err := zn.compileCost(z); err != nil {
 		return nil, err

@@ -23,6 +23,9 @@ var storeMetrics = struct {
 	unknownDecisions *prometheus.CounterVec
 	notSent          *prometheus.CounterVec
 	lateReplies      *prometheus.CounterVec
+	// allowanceUnits and allowanceDecisions: see allowance.go.
+	allowanceUnits     *prometheus.CounterVec
+	allowanceDecisions *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -52,6 +55,14 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "store_late_replies_total",
 			Help: "Decisions whose reply came after the timeout, within the late-reply grace, and decided (without the grace each would have been a failure, under fail open an admission).",
 		}, []string{"store", "target"})
+		storeMetrics.allowanceUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "local_allowance_units_total",
+			Help: "Units of budget in this instance's local allowances (local_allowance), by event: drawn (batches Redis confirmed, beyond the drawing requests' own costs), spent (by requests decided here), returned (unspent, refunded to Redis), lost (held and dropped unspent: Redis lost or restarted, or a refund given up; the key refills them), unconfirmed (batches whose draw got no reply: Redis may have charged them). drawn = spent + returned + lost + what the leases hold.",
+		}, []string{"store", "target", "event"})
+		storeMetrics.allowanceDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "local_allowance_decisions_total",
+			Help: "Requests decided from local allowances alone, without calling Redis.",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -63,7 +74,8 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
+		storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +36,9 @@ type Store struct {
 	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
-	batch   *batcher // pipelines concurrent script calls (batch.go)
+	batch   *batcher                   // pipelines concurrent script calls (batch.go)
+	allowMu sync.Mutex                 // makes allow
+	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
 }
@@ -167,14 +170,26 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 
 // Destruct closes the client: the last user of a pooled store does it.
 func (s *Store) Destruct() error {
-	if s.watch != nil {
-		s.watch.close()
+	s.allowMu.Lock() // the first local allowance may have started the watch
+	w := s.watch
+	s.allowMu.Unlock()
+	if w != nil {
+		w.close()
+	}
+	if a := s.allow.Load(); a != nil {
+		a.close() // returns the leases' units, through the workers
 	}
 	s.batch.close()
 	if s.breaker != nil {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
 	}
 	return s.client.Close()
+}
+
+// allowForget drops the local allowances' leases (Redis's state may be
+// lost; allowance.go).
+func (s *Store) allowForget() {
+	s.allow.Load().forget()
 }
 
 // CircuitState is the breaker's state: "closed", "half-open", "open", or
@@ -227,6 +242,17 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	if len(reqs) == 0 {
 		return nil
 	}
+	if a := s.allow.Load(); a != nil {
+		if cfgs := a.zones.Load(); cfgs != nil && a.uses(*cfgs, reqs) {
+			return s.takeAllowance(ctx, *cfgs, reqs, out)
+		}
+	}
+	return s.takeRedis(ctx, reqs, out)
+}
+
+// takeRedis is Take without the local allowance: every zone decided by
+// Redis (or the deny cache).
+func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if s.deny.Active() && s.denied(reqs, out) {
 		return nil
 	}
@@ -275,6 +301,9 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			// State may be lost (a restart breaks the pooled connections):
 			// forget every denial.
 			s.deny.Clear()
+			if lost(err) {
+				s.allowForget()
+			}
 		}
 		return &storeError{err}
 	}
