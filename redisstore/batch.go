@@ -381,18 +381,18 @@ func (b *batcher) spare() {
 			case c := <-b.queue:
 				batch = append(batch, c)
 			default:
-				b.exec(batch, new(deadlineCtx))
+				b.exec(batch, b.newSender())
 				return
 			}
 		}
-		b.exec(batch, new(deadlineCtx))
+		b.exec(batch, b.newSender())
 	}()
 }
 
 func (b *batcher) work() {
 	defer b.wg.Done()
 	batch := make([]*call, 0, maxBatch)
-	ctx := new(deadlineCtx)
+	snd := b.newSender()
 	for {
 		select {
 		case <-b.stop:
@@ -409,17 +409,26 @@ func (b *batcher) work() {
 				break drain
 			}
 		}
-		b.exec(batch, ctx)
+		b.exec(batch, snd)
 		clear(batch)
 	}
 }
 
+// sender is what a worker (or a spare) keeps from batch to batch: the
+// context that carries a batch's deadline to go-redis, and a pipeline
+// (go-redis empties it at Exec; a new one would cost four allocations per
+// batch).
+type sender struct {
+	ctx  deadlineCtx
+	pipe redis.Pipeliner
+}
+
+func (b *batcher) newSender() *sender { return &sender{pipe: b.client.Pipeline()} }
+
 // exec sends one batch as a pipeline and wakes every caller. Calls their
 // callers abandoned are left alone (their callers have gone), as are calls
-// whose context ended or whose deadline and grace passed while queued. ctx
-// is the sender's own (a worker's, a spare's): it carries the batch's
-// deadline to go-redis.
-func (b *batcher) exec(batch []*call, ctx *deadlineCtx) {
+// whose context ended or whose deadline and grace passed while queued.
+func (b *batcher) exec(batch []*call, snd *sender) {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
@@ -435,8 +444,8 @@ func (b *batcher) exec(batch []*call, ctx *deadlineCtx) {
 	if len(live) == 0 {
 		return
 	}
+	ctx, pipe := &snd.ctx, snd.pipe
 	ctx.deadline = deadline.Add(b.grace)
-	pipe := b.client.Pipeline()
 	name, fn := b.scripts.command()
 	for _, c := range live {
 		c.argv[0], c.argv[1] = name, fn // boxed once (function.go)
@@ -493,6 +502,8 @@ func (c *call) replyErr() error {
 // timer and no goroutine, and a sender reuses its own from batch to batch
 // (context.WithDeadline would allocate, and start and stop a timer, per
 // batch). Done is nil: a pool wait ends at the pool timeout instead.
+// (A sender's pipeline keeps no context between batches: each command
+// is given ctx when it is queued.)
 type deadlineCtx struct{ deadline time.Time }
 
 func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
