@@ -141,7 +141,7 @@ type allowances struct {
 	// most its maxBatch), not one per failed request.
 	paused atomic.Bool
 
-	units     *prometheus.CounterVec // by event, this store's labels curried
+	units     [5]prometheus.Counter // by event (unitEvents), this store's labels
 	decisions prometheus.Counter
 	// tally is this store's own count of units by event (the metric is
 	// shared by every store of one target).
@@ -169,7 +169,7 @@ func (a *allowances) add(event int, n int64) {
 		return
 	}
 	a.tally[event].Add(n)
-	a.units.WithLabelValues(unitEvents[event]).Add(float64(n))
+	a.units[event].Add(float64(n))
 }
 
 const leaseShards = 32
@@ -217,9 +217,10 @@ func newAllowances(s *Store) *allowances {
 	for i := range a.shards {
 		a.shards[i].m = map[leaseKey]*lease{}
 	}
-	lv := prometheus.Labels{"store": "redis", "target": s.opts.Target}
-	a.units = storeMetrics.allowanceUnits.MustCurryWith(lv)
-	a.decisions = storeMetrics.allowanceDecisions.With(lv)
+	for i, e := range unitEvents {
+		a.units[i] = storeMetrics.allowanceUnits.WithLabelValues("redis", s.opts.Target, e)
+	}
+	a.decisions = storeMetrics.allowanceDecisions.WithLabelValues("redis", s.opts.Target)
 	return a
 }
 
@@ -385,6 +386,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			l.left -= r.Cost
 			p.local = true
 			local++
+			out[i] = l.decision(r, now)
 		} else if !a.paused.Load() {
 			p.batch = l.batchSize(MaxBatch(r.Limit, cfg.max), r.Cost, cfg.expiry)
 			l.pending += p.batch
@@ -392,7 +394,13 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 		sh.mu.Unlock()
 	}
 	if local == len(reqs) {
-		a.commit(reqs, plans, out, nil, now)
+		// Every zone from its lease: spent (reserved above).
+		var spent int64
+		for i := range reqs {
+			spent += reqs[i].Cost
+		}
+		a.add(unitsSpent, spent)
+		a.decisions.Inc()
 		return nil
 	}
 
@@ -515,28 +523,19 @@ func (a *allowances) commit(reqs []algorithms.Request, plans []plan, out, subOut
 			out[i] = d
 			continue
 		}
-		sh := a.shard(&p.k)
-		sh.mu.Lock()
-		l := p.lease
 		if !allowed {
-			l.left += r.Cost
+			// Vetoed: the reserved units go back; the zone shows as it
+			// stands.
+			sh := a.shard(&p.k)
+			sh.mu.Lock()
+			p.lease.left += r.Cost
+			out[i] = p.lease.decision(r, now)
+			sh.mu.Unlock()
 		} else {
 			spent += r.Cost
 		}
-		rem := l.left
-		if l.remaining > 0 {
-			rem += l.remaining
-		}
-		reset := max(l.resetAt.Sub(now), 0)
-		sh.mu.Unlock()
-		out[i] = algorithms.Decision{Allowed: true, Limit: r.Limit.Capacity(), Remaining: rem, ResetAfter: reset}
 	}
-	if spent > 0 {
-		a.add(unitsSpent, spent)
-		if subOut == nil {
-			a.decisions.Inc()
-		}
-	}
+	a.add(unitsSpent, spent)
 	if drawn > 0 {
 		a.add(unitsDrawn, drawn)
 	}
@@ -572,6 +571,18 @@ func (a *allowances) undraw(p *plan, unconfirmed int64) {
 	sh.mu.Unlock()
 	p.batch = 0
 	a.add(unitsUnconfirmed, unconfirmed)
+}
+
+// decision is what a request r decided from the lease reports at now: what
+// Redis said was left at the lease's last decision plus what the lease
+// holds (what this instance can still spend), and the reset Redis gave
+// then. Called with the shard's lock held.
+func (l *lease) decision(r *algorithms.Request, now time.Time) algorithms.Decision {
+	rem := l.left
+	if l.remaining > 0 {
+		rem += l.remaining
+	}
+	return algorithms.Decision{Allowed: true, Limit: r.Limit.Capacity(), Remaining: rem, ResetAfter: max(l.resetAt.Sub(now), 0)}
 }
 
 // demand counts cost units requested at now, in periods of one expiry.
