@@ -100,6 +100,9 @@ type call struct {
 	cmd   redis.Cmder          // as sent: raw, or a typed command sent again (function.go's retry)
 	done  chan struct{}        // capacity 1: a worker never blocks on it
 	state atomic.Int32         // callQueued → callSent (a worker) or callAbandoned (its caller)
+	// fresh: deadline is the timeout from a moment ago (Take's), so the
+	// nudge is half the timeout from now without reading the clock again.
+	fresh bool
 }
 
 // argvHead is the room argv keeps for the command, the function and the
@@ -231,7 +234,7 @@ var callPool = sync.Pool{New: func() any {
 // deadline.
 func getCall(ctx context.Context, deadline time.Time) *call {
 	c := callPool.Get().(*call)
-	c.ctx, c.deadline = ctx, deadline
+	c.ctx, c.deadline, c.fresh = ctx, deadline, false
 	c.state.Store(callQueued)
 	return c
 }
@@ -295,7 +298,11 @@ func (b *batcher) close() {
 // queued halfway to its deadline starts a spare sender (spare).
 func (b *batcher) do(c *call) (owned bool, err error) {
 	nudge := c.deadline.Add(-b.timeout / 2)
-	c.timer.Reset(time.Until(nudge))
+	if c.fresh {
+		c.timer.Reset(b.timeout / 2) // a few µs late at most
+	} else {
+		c.timer.Reset(time.Until(nudge))
+	}
 	for queued := false; !queued; {
 		select {
 		case b.queue <- c:

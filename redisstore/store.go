@@ -260,20 +260,22 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 	if err != nil {
 		return err
 	}
+	now := time.Now() // one reading: the decision's deadline, the deny cache's start
 	var start int64
 	var tok denycache.Token
 	var ref *refusal // a refusal's states, for the deny cache (armed only)
 	var refBuf refusal
 	if s.deny != nil {
-		start, tok = denycache.Now(), s.deny.Token()
+		start, tok = denycache.At(now), s.deny.Token()
 		if tok != 0 {
 			ref = &refBuf
 		}
 	}
-	deadline := time.Now().Add(s.timeout)
+	deadline := now.Add(s.timeout)
 	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		c := getCall(ctx, deadline)
+		c.fresh = true
 		c.setKeys(s, reqs)
 		err = s.runCall(c, reqs, out, false, ref)
 	} else {
