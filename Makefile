@@ -35,7 +35,7 @@ go-test:
 # race detector makes sync.Pool drop items, so some counts are only the
 # program's in a normal build (those tests skip themselves under -race).
 alloc-test:
-	$(GO) test -count=1 -run 'Alloc' . ./algorithms/ ./identity/ ./memstore/
+	$(GO) test -count=1 -run 'Alloc' . ./algorithms/ ./identity/ ./memstore/ ./redisstore/
 
 run:
 	$(GO) run ./cmd/caddy run --config $(CADDYFILE)

@@ -344,6 +344,8 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				return nil, p.errf("match: %v", perr)
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		case "local_allowance":
+			z.LocalAllowance, err = p.localAllowance()
 		case "ipv4_prefix":
 			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
@@ -375,13 +377,37 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 				z.Lease, err = p.duration(field, v)
 			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after, concurrent, lease)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance)", field)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	return z, nil
+}
+
+// localAllowance parses `local_allowance [<max_batch> [<expiry>]]`.
+func (p zoneParser) localAllowance() (*LocalAllowance, error) {
+	args := p.d.RemainingArgs()
+	la := new(LocalAllowance)
+	if len(args) > 2 {
+		return nil, p.errf("local_allowance takes at most a batch size and an expiry (local_allowance 50 100ms), got %q", strings.Join(args, " "))
+	}
+	if len(args) > 0 {
+		n, err := p.count("local_allowance's batch size", args[0])
+		if err != nil {
+			return nil, err
+		}
+		la.MaxBatch = n
+	}
+	if len(args) > 1 {
+		d, err := p.duration("local_allowance's expiry", args[1])
+		if err != nil {
+			return nil, err
+		}
+		la.Expiry = d
+	}
+	return la, nil
 }
 
 // zoneParser reads the values of one zone block; its errors name the zone

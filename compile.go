@@ -49,6 +49,9 @@ type zone struct {
 	// pass forwards a request the zone would refuse (on_exceed pass,
 	// pass.go).
 	pass bool
+	// allowance is the zone's local allowance (nil: none), given to the
+	// store at Provision.
+	allowance *LocalAllowance
 	// The name as each sink carries it (see setNames): JSON-escaped (without
 	// the quotes), the policy identifier of the IETF RateLimit fields, that
 	// identifier as a serialised sf-string and as a JSON string (both with
@@ -137,7 +140,10 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
-	zn := &zone{name: name, limit: l, cost: 1, deriver: der, fail: z.Fail, reportOnly: z.ReportOnly}
+	zn := &zone{name: name, limit: l, cost: 1, deriver: der, fail: z.Fail, reportOnly: z.ReportOnly, allowance: z.LocalAllowance}
+	if err := z.checkAllowance(); err != nil {
+		return nil, err
+	}
 	if err := zn.compileOutcomes(z); err != nil {
 		return nil, err
 	}
@@ -156,6 +162,29 @@ func (z *Zone) compile(name string) (*zone, error) {
 		zn.badValue = newSampledLog(1, badValueInterval)
 	}
 	return zn, nil
+}
+
+// checkAllowance checks local_allowance's values and what it combines
+// with: the settings that need every request of a key decided by the
+// store itself (a refund's instant, a penalty's start, a delay's schedule)
+// cannot be spent from a batch drawn earlier.
+func (z *Zone) checkAllowance() error {
+	la := z.LocalAllowance
+	if la == nil {
+		return nil
+	}
+	if la.MaxBatch < 0 || la.Expiry < 0 {
+		return errors.New("local_allowance: max_batch and expiry must be positive")
+	}
+	for _, c := range []struct {
+		set  bool
+		name string
+	}{{z.isConcurrency(), "concurrent"}, {len(z.Count) > 0, "count"}, {z.Penalty > 0, "penalty"}, {z.Delay > 0, "delay"}} {
+		if c.set {
+			return fmt.Errorf("local_allowance: not with %s (every request of the key must be decided by the store)", c.name)
+		}
+	}
+	return nil
 }
 
 // compileCost sets the zone's static cost or its per-request placeholder

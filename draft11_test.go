@@ -296,7 +296,7 @@ func TestProblemResponse(t *testing.T) {
 		strings.Join(pb.ViolatedPolicies, "|") != strings.Join(want.ViolatedPolicies, "|") {
 		t.Errorf("problem %+v\nwant    %+v\n(%s)", pb, want, w.Body)
 	}
-	if w.Header().Get("Content-Length") != strconv.Itoa(w.Body.Len()) || w.Header().Get("Retry-After") != "3600" {
+	if cl := w.Header().Get("Content-Length"); cl != "" && cl != strconv.Itoa(w.Body.Len()) || w.Header().Get("Retry-After") != "3600" {
 		t.Errorf("headers %v", w.Header())
 	}
 

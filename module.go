@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
 )
 
@@ -108,6 +109,7 @@ type Handler struct {
 	// within room.
 	delaying bool
 	room     *waitingRoom
+	releases []func() // the local allowances' registrations (provisionAllowances)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -163,6 +165,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := h.provisionOutcomes(); err != nil {
+		return err
+	}
+	if err := h.provisionAllowances(); err != nil {
 		return err
 	}
 
@@ -296,12 +301,41 @@ func (h *Handler) Validate() error {
 	return h.Response.validate()
 }
 
+// allowanceStore is a store that can serve a zone from a local allowance
+// (redisstore: Redis.LocalAllowance).
+type allowanceStore interface {
+	LocalAllowance(zone string, l algorithms.Limit, maxBatch int64, expiry time.Duration) (release func(), err error)
+}
+
+// provisionAllowances gives the store the zones with a local allowance.
+func (h *Handler) provisionAllowances() error {
+	for _, z := range h.zones {
+		if z.allowance == nil {
+			continue
+		}
+		as, ok := h.store.(allowanceStore)
+		if !ok {
+			return zoneErr(z.name, errors.New("local_allowance needs a shared store that draws batches (store redis); the memory store decides every request locally already"))
+		}
+		release, err := as.LocalAllowance(z.name, z.limit, z.allowance.MaxBatch, time.Duration(z.allowance.Expiry))
+		if err != nil {
+			return zoneErr(z.name, err)
+		}
+		h.releases = append(h.releases, release)
+	}
+	return nil
+}
+
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
 	if h.passing {
 		h.passing = false
 		passDirectives.Add(-1)
 	}
+	for _, release := range h.releases {
+		release()
+	}
+	h.releases = nil
 	adminUnregister(h)
 	if h.app != nil {
 		h.app.unregister(h.zones)

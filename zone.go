@@ -133,6 +133,26 @@ type Zone struct {
 	// milliseconds; a running request's lease is renewed at half its
 	// length. Only with Concurrent. Default: 1m.
 	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// LocalAllowance lets each instance draw a hot key's budget from the
+	// shared store in small batches and spend them locally, so that a hot
+	// key costs the store about one call per batch. Never more than the
+	// limit across instances; a request may be refused a little early
+	// while another instance holds unspent units (docs/redis.md, "Local
+	// allowance"). token_bucket and gcra only, with store redis. Default:
+	// off.
+	LocalAllowance *LocalAllowance `json:"local_allowance,omitempty"`
+}
+
+// LocalAllowance is a zone's local allowance (Zone.LocalAllowance).
+type LocalAllowance struct {
+	// MaxBatch caps the units one instance holds for one key (drawn and
+	// being drawn). Default, and at most: a tenth of the capacity.
+	MaxBatch int64 `json:"max_batch,omitempty"`
+
+	// Expiry is how long drawn units stay spendable; unspent ones are then
+	// returned to the store. 10ms to 5s. Default: 100ms.
+	Expiry caddy.Duration `json:"expiry,omitempty"`
 }
 
 // Fail policies.

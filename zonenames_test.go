@@ -150,7 +150,7 @@ func TestZoneNamesInEverySink(t *testing.T) {
 			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || body.Zone != name || body.Error != msgExceeded {
 				t.Errorf("body %s: %+v, %v; want zone %q", w.Body, body, err, name)
 			}
-			if cl := w.Header().Get("Content-Length"); cl != strconv.Itoa(w.Body.Len()) {
+			if cl := w.Header().Get("Content-Length"); cl != "" && cl != strconv.Itoa(w.Body.Len()) { // else net/http sets it
 				t.Errorf("Content-Length %s, body %d bytes", cl, w.Body.Len())
 			}
 			if z, _ := repl.GetString("http.rate_limit.zone"); z != name {

@@ -26,8 +26,8 @@
 # Knobs (environment): BENCH_ROUNDS (5), BENCH_DURATION (5, seconds),
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
 # BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare mem1
-# mem3 memconc memdeny redis1 redis3 redisconc redisdeny rb_plain rb_pipe),
-# BENCH_PROFILE
+# mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal
+# redisdeny rb_plain rb_pipe), BENCH_PROFILE
 # (targets to CPU-profile, none by default), BENCH_PROFILE_SECONDS (10),
 # BENCH_GO (1; 0 skips the Go benchmarks and memory tests), BENCH_MAX_OTHER
 # (0.3) and BENCH_RETRIES (1): a run during which other processes of the
@@ -35,7 +35,8 @@
 # BENCH_RETRIES times, and the quietest run is kept. BENCH_REDIS_OPTS: one
 # more line inside every `store redis { }` block, to try a setting (for
 # example "pool_size 64"); none by default.
-# Default total: about 6 minutes on 2 cores (build cached; 7–8 with BENCH_PROFILE).
+# BENCH_KEYS (10000): clients of the many-key targets (wrk-keys.lua).
+# Default total: about 8 minutes on 2 cores (build cached; 9–10 with BENCH_PROFILE).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,7 +54,7 @@ GOBENCH=${BENCH_GO:-1}
 MAX_OTHER=${BENCH_MAX_OTHER:-0.3}
 RETRIES=${BENCH_RETRIES:-1}
 REDIS_OPTS=${BENCH_REDIS_OPTS:-}
-read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redisdeny rb_plain rb_pipe}"
+read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny rb_plain rb_pipe}"
 GO=${GO:-go}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -128,10 +129,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC <<<"$("$BT" ports 11)"
+read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC P_REDIS1K P_REDIS3K P_REDISLOCAL <<<"$("$BT" ports 14)"
 declare -A PORT=([bare]=$P_BARE [mem1]=$P_MEM1 [mem3]=$P_MEM3 [memdeny]=$P_MEMDENY
 	[redis1]=$P_REDIS1 [redis3]=$P_REDIS3 [redisdeny]=$P_REDISDENY
-	[memconc]=$P_MEMCONC [redisconc]=$P_REDISCONC)
+	[memconc]=$P_MEMCONC [redisconc]=$P_REDISCONC
+	[redis1k]=$P_REDIS1K [redis3k]=$P_REDIS3K [redislocal]=$P_REDISLOCAL)
+# Targets whose load carries a key per client (wrk-keys.lua).
+declare -A KEYED=([redis1k]=1 [redis3k]=1)
 ADMIN=http://127.0.0.1:$P_ADMIN
 
 redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no --dir "$TMP" \
@@ -158,21 +162,27 @@ probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 
 # One Caddy, one site per target. Never-refusing zones allow 1e9 events per
 # minute; refusing zones allow 1 per hour (the first request of the run
-# passes, every later one is refused). Every zone keys on {client_ip}, so
+# passes, every later one is refused). Most zones key on {client_ip}, so
 # all load hits one key per zone (a hot key) and the three zones of a
-# request share one identity (one Redis script call per request). The
-# concurrency zone beside a rate zone (memconc, redisconc) never refuses
-# either (wrk keeps at most BENCH_CONNECTIONS requests in flight): what it
-# adds is taking a slot in the same call, and giving it back after the
-# response (with Redis, a pipelined ZREM per request).
+# request share one identity (one Redis script call per request); the
+# many-key targets (redis1k, redis3k) key on X-Api-Key, which wrk-keys.lua
+# sets to one of 10,000 clients per request; redislocal is redis1 with a
+# local allowance. The concurrency zone beside a rate zone (memconc,
+# redisconc) never refuses either (wrk keeps at most BENCH_CONNECTIONS
+# requests in flight): what it adds is taking a slot in the same call, and
+# giving it back after the response (with Redis, a pipelined ZREM per
+# request).
 never='events 1000000000
 			window 1m'
 deny='events 1
 			window 1h'
 slots='concurrent 100000'
-zone() { # name limit
-	printf '\t\tzone %s {\n\t\t\tkey {client_ip}\n\t\t\t%s\n\t\t}\n' "$1" "$2"
+zone() { # name limit [key] [extra line]
+	printf '\t\tzone %s {\n\t\t\tkey %s\n\t\t\t%s\n' "$1" "${3:-{client_ip\}}" "$2"
+	[[ -z "${4:-}" ]] || printf '\t\t\t%s\n' "$4"
+	printf '\t\t}\n'
 }
+apikey='{http.request.header.X-Api-Key}'
 site() { # port zones... (as text)
 	printf ':%s {\n' "$1"
 	if [[ -n "$2" ]]; then
@@ -198,6 +208,9 @@ redis_store=$(
 	site "$P_REDIS3" "$(zone redis3a "$never")"$'\n'"$(zone redis3b "$never")"$'\n'"$(zone redis3c "$never")"$'\n' "$redis_store"
 	site "$P_REDISDENY" "$(zone redisdeny "$deny")"$'\n' "$redis_store"
 	site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
+	site "$P_REDIS1K" "$(zone redis1k "$never" "$apikey")"$'\n' "$redis_store"
+	site "$P_REDIS3K" "$(zone redis3ka "$never" "$apikey")"$'\n'"$(zone redis3kb "$never" "$apikey")"$'\n'"$(zone redis3kc "$never" "$apikey")"$'\n' "$redis_store"
+	site "$P_REDISLOCAL" "$(zone redislocal "$never" "" local_allowance)"$'\n' "$redis_store"
 } >"$OUT/Caddyfile"
 
 XDG_CONFIG_HOME=$TMP/config XDG_DATA_HOME=$TMP/data \
@@ -209,7 +222,7 @@ SERVER_PIDS="$CADDY_PID $REDIS_PID" # this order: measure() reads them so
 for t in "${!PORT[@]}"; do
 	"$BT" wait "http://127.0.0.1:${PORT[$t]}/" 10 || die "Caddy site $t did not answer (see $OUT/caddy.log)"
 done
-log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
+log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
 
 {
 	echo "date         $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -221,7 +234,7 @@ log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for
 	echo "cpu          $(nproc) x $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
 	echo "load before  $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "settings     $ROUNDS rounds x ${DURATION}s per target (after a ${WARMUP}s warm-up); wrk -t$THREADS -c$CONNS; redis-benchmark -c$CONNS, -P $PIPELINE"
-	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip})"
+	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip}), 10,000 for redis1k and redis3k (X-Api-Key)"
 	echo "quiet        a run counts as quiet when other processes used at most $MAX_OTHER cores meanwhile (retries: $RETRIES)"
 } >"$OUT/meta.txt"
 
@@ -230,6 +243,12 @@ log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for
 # snapvals prints Caddy's counters as numbers: mallocs bytes allowed refused failed store_errors.
 snapvals() {
 	"$BT" snap "$ADMIN" | tr ' ' '\n' | cut -d= -f2 | tr '\n' ' '
+}
+
+# rcalls: the decision scripts Redis has run (FCALL, EVALSHA, EVAL).
+rcalls() {
+	redis-cli -h 127.0.0.1 -p "$P_REDIS" INFO commandstats 2>/dev/null |
+		awk -F'[:=,]' '/^cmdstat_(fcall|evalsha|eval):/ { n += $3 } END { printf "%d", n }'
 }
 
 # loadgen CMD...: runs a load generator (output in $TMP/gen.out) and prints
@@ -247,12 +266,13 @@ now_ns() { date +%s%N; }
 # mallocs alloc_bytes allowed refused failed store_errors other_cpu steal
 # caddy_cpu redis_cpu gen_cpu (cores, averaged over the run; other_cpu:
 # processes other than this run's Caddy, Redis and load generator; steal:
-# the hypervisor's).
+# the hypervisor's) redis_calls (decision scripts Redis ran, HTTP targets;
+# "-" for redis-benchmark's).
 TICK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 RB_RPS_PLAIN=30000
 RB_RPS_PIPE=60000
 measure() {
-	local round=$1 t=$2 secs=$3 before="" after="" c0 c1 t0 t1 gen res
+	local round=$1 t=$2 secs=$3 before="" after="" c0 c1 t0 t1 gen res calls="-"
 	case $t in
 	rb_plain | rb_pipe)
 		local p=1 est=$RB_RPS_PLAIN n
@@ -267,13 +287,14 @@ measure() {
 		[[ -n "$res" ]] || die "redis-benchmark gave no result for $t: $(tail -n3 "$TMP/gen.out")"
 		;;
 	*)
-		local port=${PORT[$t]} line
-		before=$(snapvals)
+		local port=${PORT[$t]} line script=$ROOT/bench/wrk-report.lua r0
+		[[ -z "${KEYED[$t]:-}" ]] || script=$ROOT/bench/wrk-keys.lua
+		before=$(snapvals) r0=$(rcalls)
 		c0=$("$BT" cpu $SERVER_PIDS) t0=$(now_ns)
 		gen=$(loadgen timeout $((secs + 30)) wrk -t"$THREADS" -c"$CONNS" -d"${secs}s" --timeout 5s \
-			-s "$ROOT/bench/wrk-report.lua" "http://127.0.0.1:$port/")
+			-s "$script" "http://127.0.0.1:$port/")
 		t1=$(now_ns) c1=$("$BT" cpu $SERVER_PIDS)
-		after=$(snapvals)
+		after=$(snapvals) calls=$(($(rcalls) - r0))
 		line=$(grep '^SLUICE_BENCH' "$TMP/gen.out" || true)
 		[[ -n "$line" ]] || die "wrk gave no result for $t: $(tail -n3 "$TMP/gen.out")"
 		res=$(awk -v line="$line" -v b="$before" -v a="$after" 'BEGIN {
@@ -283,7 +304,7 @@ measure() {
 		}')
 		;;
 	esac
-	awk -v round="$round" -v t="$t" -v res="$res" -v c0="$c0" -v c1="$c1" -v gen="$gen" \
+	awk -v round="$round" -v t="$t" -v res="$res" -v c0="$c0" -v c1="$c1" -v gen="$gen" -v calls="$calls" \
 		-v wall="$(((t1 - t0) / 1000000))" -v tick="$TICK" 'BEGIN {
 		split(c0, a, " "); split(c1, b, " ")
 		s = wall / 1000 * tick
@@ -293,7 +314,7 @@ measure() {
 		n = split(res, r, " ")
 		printf "%s\t%s", round, t
 		for (i = 1; i <= n; i++) printf "\t%s", r[i]
-		printf "\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\n", other, (b[2] - a[2]) / s, caddy / s, redis / s, gen * tick / s
+		printf "\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\n", other, (b[2] - a[2]) / s, caddy / s, redis / s, gen * tick / s, calls
 	}'
 }
 
@@ -302,7 +323,7 @@ show() { # a raw.tsv line, for the progress log
 }
 
 RAW=$OUT/raw.tsv
-printf 'round\ttarget\trps\tp50_us\tp99_us\trequests\tstatus_ge_400\tsocket_errors\tmallocs\talloc_bytes\tallowed\trefused\tfailed\tstore_errors\tother_cpu\tsteal\tcaddy_cpu\tredis_cpu\tgen_cpu\n' >"$RAW"
+printf 'round\ttarget\trps\tp50_us\tp99_us\trequests\tstatus_ge_400\tsocket_errors\tmallocs\talloc_bytes\tallowed\trefused\tfailed\tstore_errors\tother_cpu\tsteal\tcaddy_cpu\tredis_cpu\tgen_cpu\tredis_calls\n' >"$RAW"
 
 log "warm-up (${WARMUP}s per target)"
 for t in "${TARGETS[@]}"; do
@@ -352,7 +373,9 @@ for t in $PROFILE; do
 		continue
 	}
 	log "CPU profile of Caddy under load: $t (${PROFILE_SECONDS}s)"
-	wrk -t"$THREADS" -c"$CONNS" -d"$((PROFILE_SECONDS + 2))s" -s "$ROOT/bench/wrk-report.lua" \
+	script=$ROOT/bench/wrk-report.lua
+	[[ -z "${KEYED[$t]:-}" ]] || script=$ROOT/bench/wrk-keys.lua
+	wrk -t"$THREADS" -c"$CONNS" -d"$((PROFILE_SECONDS + 2))s" -s "$script" \
 		"http://127.0.0.1:${PORT[$t]}/" >"$TMP/prof-wrk.out" 2>&1 &
 	wrk_pid=$!
 	PIDS+=("$wrk_pid")

@@ -180,6 +180,10 @@ var epoch = time.Now()
 // never steps with the wall clock).
 func Now() int64 { return int64(time.Since(epoch)) }
 
+// At is the cache's clock at t (a time.Now reading, whose monotonic clock
+// it uses): Now, for a caller that has read the time already.
+func At(t time.Time) int64 { return int64(t.Sub(epoch)) }
+
 type id struct {
 	zone string
 	key  algorithms.Key

@@ -3,12 +3,17 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // Pipelining: concurrent decisions share round trips.
@@ -79,15 +84,133 @@ type call struct {
 	ctx      context.Context // the caller's: its end (client gone) ends the wait
 	deadline time.Time       // the decision's: its caller gives up on a call not sent by then
 	timer    *time.Timer     // fires at deadline, then at the grace's end; kept with the call, no allocation per wait
-	keys     []string
-	args     []any
-	cmd      *redis.Cmd    // the reply, set by the worker before done
-	done     chan struct{} // capacity 1: a worker never blocks on it
-	state    atomic.Int32  // callQueued → callSent (a worker) or callAbandoned (its caller)
+	// argv is the script call as sent: the command and the function (or
+	// the script's SHA), set by the sender; the number of keys; the keys
+	// (bytes of keyb, or strings); then the arguments. Kept with the call,
+	// so a decision builds it without allocating.
+	argv  []any
+	nkeys int
+	keyb  []byte
+	// keys are the keys of argv, as strings over keyb's bytes; argv holds
+	// pointers to them (a string or a slice in an interface would be
+	// copied to the heap; a pointer is not).
+	keys  [maxCallKeys]string
+	reply replyBuf             // the reply's raw RESP (resp.go)
+	raw   *redis.RawWriteToCmd // copies the reply into reply; reused while argv keeps its array and length
+	cmd   redis.Cmder          // as sent: raw, or a typed command sent again (function.go's retry)
+	done  chan struct{}        // capacity 1: a worker never blocks on it
+	state atomic.Int32         // callQueued → callSent (a worker) or callAbandoned (its caller)
+	// fresh: deadline is the timeout from a moment ago (Take's), so the
+	// nudge is half the timeout from now without reading the clock again.
+	fresh bool
 	// onDone, when set, makes the call asynchronous (post): no caller
 	// waits; the worker calls it (c.cmd is the reply, nil when the call was
 	// never sent) and puts the call back in the pool.
 	onDone func(c *call)
+}
+
+// argvHead is the room argv keeps for the command, the function and the
+// number of keys.
+const argvHead = 3
+
+// numKeysArgs are the script's numkeys argument for small counts, so that
+// a call formats nothing.
+var numKeysArgs = func() (a [17]any) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return
+}()
+
+func numKeysArg(n int) any {
+	if n < len(numKeysArgs) {
+		return numKeysArgs[n]
+	}
+	return strconv.Itoa(n)
+}
+
+// maxCallKeys is the most keys a call carries without allocating them.
+const maxCallKeys = 8
+
+// setKeys starts c's argv with the keys of reqs (appendZoneKey).
+func (c *call) setKeys(s *Store, reqs []algorithms.Request) {
+	c.setKeysBy(len(reqs), func(b []byte, i int) []byte {
+		return s.appendZoneKey(b, reqs[i].Zone, reqs[i].Key, reqs[i].Limit.Algorithm)
+	})
+}
+
+// setKeysBy starts c's argv with n keys, the i-th appended to a buffer by
+// key(b, i).
+//
+// The keys are strings over keyb's bytes (unsafe.String), so building them
+// copies nothing: keyb is not written again until the call is reused, by
+// which time go-redis has written the command, and nothing keeps the
+// strings (function.go's retry, which sends a typed command, copies them).
+// key does not escape: a closure passed here is not allocated.
+func (c *call) setKeysBy(n int, key func(b []byte, i int) []byte) {
+	c.argv = append(c.argv[:0], nil, nil, numKeysArg(n))
+	c.nkeys = n
+	if n > maxCallKeys { // rare: keys of so many zones are strings of their own
+		for i := range n {
+			c.argv = append(c.argv, string(key(nil, i)))
+		}
+		return
+	}
+	c.keyb = c.keyb[:0]
+	var ends [maxCallKeys]int
+	for i := range n {
+		c.keyb = key(c.keyb, i)
+		ends[i] = len(c.keyb)
+	}
+	from := 0
+	for i, end := range ends[:n] {
+		c.keys[i] = unsafe.String(&c.keyb[from], end-from)
+		c.argv = append(c.argv, &c.keys[i])
+		from = end
+	}
+}
+
+// setKeyStrings starts c's argv with keys.
+func (c *call) setKeyStrings(keys []string) {
+	c.argv = append(c.argv[:0], nil, nil, numKeysArg(len(keys)))
+	for _, k := range keys {
+		c.argv = append(c.argv, k)
+	}
+	c.nkeys = len(keys)
+}
+
+// keyStrings returns c's keys as strings of their own (for a typed command
+// sent again).
+func (c *call) keyStrings() []string {
+	ks := make([]string, c.nkeys)
+	for i := range ks {
+		switch k := c.argv[argvHead+i].(type) {
+		case string:
+			ks[i] = k
+		case *string:
+			ks[i] = strings.Clone(*k)
+		}
+	}
+	return ks
+}
+
+// args returns c's script arguments.
+func (c *call) args() []any { return c.argv[argvHead+c.nkeys:] }
+
+// rawCmd returns the command that sends c's argv and copies the reply into
+// c.reply: the call's own, when it still covers argv (a standalone or
+// Sentinel store; a Cluster client may remember a command's slot, so there
+// every send gets a new command).
+func (c *call) rawCmd(reuse bool) *redis.RawWriteToCmd {
+	c.reply.b = c.reply.b[:0]
+	if reuse && c.raw != nil {
+		if a := c.raw.Args(); len(a) == len(c.argv) && &a[0] == &c.argv[0] {
+			c.raw.SetErr(nil)
+			return c.raw
+		}
+	}
+	c.raw = redis.NewRawWriteToCmd(context.Background(), &c.reply, c.argv...)
+	return c.raw
 }
 
 // A call's states (call.state).
@@ -124,7 +247,7 @@ var callPool = sync.Pool{New: func() any {
 // deadline.
 func getCall(ctx context.Context, deadline time.Time) *call {
 	c := callPool.Get().(*call)
-	c.ctx, c.deadline = ctx, deadline
+	c.ctx, c.deadline, c.fresh = ctx, deadline, false
 	c.state.Store(callQueued)
 	return c
 }
@@ -133,16 +256,20 @@ func getCall(ctx context.Context, deadline time.Time) *call {
 // received, or it was never queued) to the pool. A call whose caller
 // stopped waiting is never put back: its worker may still use it.
 func putCall(c *call) {
-	clear(c.keys)
-	clear(c.args)
-	c.keys, c.args = c.keys[:0], c.args[:0]
+	clear(c.argv)
+	clear(c.keys[:])
+	c.argv, c.nkeys = c.argv[:0], 0
 	c.ctx, c.cmd, c.onDone = nil, nil, nil
+	if cap(c.reply.b) > 64<<10 {
+		c.reply.b = nil // a long sliding log's reply: do not keep it
+	}
 	callPool.Put(c)
 }
 
 // batcher runs script calls through pipeline workers.
 type batcher struct {
 	client  redis.UniversalClient
+	cluster bool // a Cluster client: a command is not reused (rawCmd)
 	scripts *scripts
 	timeout time.Duration // the decisions': a call queued for half of it starts a spare
 	grace   time.Duration // how long past its deadline a sent call waits for its reply
@@ -154,11 +281,11 @@ type batcher struct {
 	wg      sync.WaitGroup
 }
 
-func newBatcher(client redis.UniversalClient, sc *scripts, workers int, timeout, grace time.Duration) *batcher {
+func newBatcher(client redis.UniversalClient, cluster bool, sc *scripts, workers int, timeout, grace time.Duration) *batcher {
 	if workers <= 0 {
 		workers = defaultWorkers
 	}
-	b := &batcher{client: client, scripts: sc, timeout: timeout, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
+	b := &batcher{client: client, cluster: cluster, scripts: sc, timeout: timeout, grace: max(grace, 0), workers: workers, queue: make(chan *call, queueSize), stop: make(chan struct{})}
 	b.wg.Add(workers)
 	for range workers {
 		go b.work()
@@ -174,7 +301,8 @@ func (b *batcher) close() {
 
 // do sends c and waits for its reply, its deadline or the end of its
 // context; a call sent before its deadline waits up to the grace more for
-// its reply. On a nil error the reply is c.cmd and c is the caller's again.
+// its reply. On a nil error the reply is c's (c.cmd, c.reply) and c is the
+// caller's again.
 // A sent call that got no reply in time fails with an *unknownError.
 // owned reports whether the caller may reuse c: false when it stopped
 // waiting while a worker may still hold c. The wait uses the call's own
@@ -183,7 +311,11 @@ func (b *batcher) close() {
 // queued halfway to its deadline starts a spare sender (spare).
 func (b *batcher) do(c *call) (owned bool, err error) {
 	nudge := c.deadline.Add(-b.timeout / 2)
-	c.timer.Reset(time.Until(nudge))
+	if c.fresh {
+		c.timer.Reset(b.timeout / 2) // a few µs late at most
+	} else {
+		c.timer.Reset(time.Until(nudge))
+	}
 	for queued := false; !queued; {
 		select {
 		case b.queue <- c:
@@ -269,17 +401,18 @@ func (b *batcher) spare() {
 			case c := <-b.queue:
 				batch = append(batch, c)
 			default:
-				b.exec(batch)
+				b.exec(batch, b.newSender())
 				return
 			}
 		}
-		b.exec(batch)
+		b.exec(batch, b.newSender())
 	}()
 }
 
 func (b *batcher) work() {
 	defer b.wg.Done()
 	batch := make([]*call, 0, maxBatch)
+	snd := b.newSender()
 	for {
 		select {
 		case <-b.stop:
@@ -296,15 +429,26 @@ func (b *batcher) work() {
 				break drain
 			}
 		}
-		b.exec(batch)
+		b.exec(batch, snd)
 		clear(batch)
 	}
 }
 
+// sender is what a worker (or a spare) keeps from batch to batch: the
+// context that carries a batch's deadline to go-redis, and a pipeline
+// (go-redis empties it at Exec; a new one would cost four allocations per
+// batch).
+type sender struct {
+	ctx  deadlineCtx
+	pipe redis.Pipeliner
+}
+
+func (b *batcher) newSender() *sender { return &sender{pipe: b.client.Pipeline()} }
+
 // exec sends one batch as a pipeline and wakes every caller. Calls their
 // callers abandoned are left alone (their callers have gone), as are calls
 // whose context ended or whose deadline and grace passed while queued.
-func (b *batcher) exec(batch []*call) {
+func (b *batcher) exec(batch []*call, snd *sender) {
 	var deadline time.Time
 	now := time.Now()
 	live := batch[:0]
@@ -324,26 +468,31 @@ func (b *batcher) exec(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(b.grace))
-	defer cancel()
-	pipe := b.client.Pipeline()
+	ctx, pipe := &snd.ctx, snd.pipe
+	ctx.deadline = deadline.Add(b.grace)
+	name, fn := b.scripts.command()
 	for _, c := range live {
-		c.cmd = b.scripts.queue(ctx, pipe, c.keys, c.args)
+		c.argv[0], c.argv[1] = name, fn // boxed once (function.go)
+		c.cmd = c.rawCmd(!b.cluster)
+		_ = pipe.Process(ctx, c.cmd)
 	}
 	_, _ = pipe.Exec(ctx) // each call's error is on its own command
 	// A Redis that lost the code (restart, FUNCTION or SCRIPT FLUSH,
 	// failover to a node without it) answers so: load it, send those
-	// calls again.
+	// calls again; as does a Cluster node that no longer owns the slot
+	// (MOVED, ASK: go-redis follows the redirect of the typed command
+	// sent again).
 	var again redis.Pipeliner
 	var load libLoad
 	for _, c := range live {
-		if c.cmd.Err() == nil {
+		err := c.replyErr()
+		if err == nil || !b.scripts.retriable(err) {
 			continue
 		}
 		if again == nil {
 			again = b.client.Pipeline()
 		}
-		b.scripts.retry(ctx, again, c, &load)
+		b.scripts.retry(ctx, again, c, err, &load)
 	}
 	if again != nil && again.Len() > 0 {
 		_, _ = again.Exec(ctx)
@@ -356,4 +505,42 @@ func (b *batcher) exec(batch []*call) {
 		}
 		c.done <- struct{}{}
 	}
+}
+
+// replyErr returns the error of c's reply as it came: a transport error,
+// or Redis's error reply; nil for a reply to decode.
+func (c *call) replyErr() error {
+	if err := c.cmd.Err(); err != nil || c.cmd != c.raw {
+		return err
+	}
+	if len(c.reply.b) > 0 && (c.reply.b[0] == '-' || c.reply.b[0] == '!') {
+		r := respReader{b: c.reply.b}
+		t, body, err := r.line()
+		if err != nil {
+			return err
+		}
+		return r.errorReply(t, body)
+	}
+	return nil
+}
+
+// deadlineCtx is the context a sender hands go-redis for one batch: only
+// a deadline (the latest of the batch's calls' plus the grace), which
+// go-redis turns into the connection's read and write deadlines
+// (ContextTimeoutEnabled). It is never cancelled otherwise, so it needs no
+// timer and no goroutine, and a sender reuses its own from batch to batch
+// (context.WithDeadline would allocate, and start and stop a timer, per
+// batch). Done is nil: a pool wait ends at the pool timeout instead.
+// (A sender's pipeline keeps no context between batches: each command
+// is given ctx when it is queued.)
+type deadlineCtx struct{ deadline time.Time }
+
+func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *deadlineCtx) Done() <-chan struct{}       { return nil }
+func (c *deadlineCtx) Value(any) any               { return nil }
+func (c *deadlineCtx) Err() error {
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
-	"github.com/sluicehq/caddy-sluice/internal/zonename"
 )
 
 // Concurrency zones in Redis (lua/concurrency.lua): a slot is a lease in
@@ -51,22 +49,8 @@ import (
 // changes a zone's kind under the same name (each starts afresh, as a
 // changed algorithm does, instead of reading the other's state).
 func (s *Store) SlotsKey(zone string, key algorithms.Key) string {
-	// Key's text and the suffix, built in one allocation.
-	var b strings.Builder
-	n, enc := zonename.KeyLen(zone)
-	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8 + len(slotsSuffix))
-	b.WriteString(s.prefix)
-	if enc {
-		var zb [128]byte
-		b.Write(zonename.AppendKey(zb[:0], zone))
-	} else {
-		b.WriteString(zone)
-	}
-	b.WriteString(":{")
-	var tok [2*algorithms.KeySize + 8]byte
-	b.Write(key.AppendText(tok[:0]))
-	b.WriteString("}" + slotsSuffix)
-	return b.String()
+	var buf [256]byte
+	return string(append(s.appendKey(buf[:0], zone, key), slotsSuffix...))
 }
 
 const slotsSuffix = ":slots"
@@ -78,10 +62,17 @@ func (s *Store) keyOf(r *algorithms.Request) string {
 }
 
 func (s *Store) zoneKey(zone string, key algorithms.Key, alg algorithms.Algorithm) string {
+	var buf [256]byte
+	return string(s.appendZoneKey(buf[:0], zone, key, alg))
+}
+
+// appendZoneKey appends zoneKey's key to b.
+func (s *Store) appendZoneKey(b []byte, zone string, key algorithms.Key, alg algorithms.Algorithm) []byte {
+	b = s.appendKey(b, zone, key)
 	if alg == algorithms.Concurrency {
-		return s.SlotsKey(zone, key)
+		b = append(b, slotsSuffix...)
 	}
-	return s.Key(zone, key)
+	return b
 }
 
 // Lease upkeep timing.
@@ -135,8 +126,6 @@ type leaseKeeper struct {
 	givenUp [2]prometheus.Counter
 	// The worker's buffers, reused from batch to batch.
 	calls []call
-	keys  []string
-	args  []any
 	cmds  []redis.Cmder
 }
 
@@ -370,24 +359,23 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	pipe := s.client.Pipeline()
 	n := len(ops)
 	if cap(k.calls) < n {
-		k.calls, k.keys, k.args, k.cmds = make([]call, n), make([]string, n), make([]any, argsPerZone*n), make([]redis.Cmder, n)
+		k.calls, k.cmds = make([]call, n), make([]redis.Cmder, n)
 	}
-	calls, keys, args, cmds := k.calls[:n], k.keys[:n], k.args[:argsPerZone*n], k.cmds[:n]
+	calls, cmds := k.calls[:n], k.cmds[:n]
 	defer func() {
-		clear(keys)
-		clear(args)
 		clear(cmds)
 		for i := range calls {
-			calls[i].cmd, calls[i].keys, calls[i].args = nil, nil, nil
+			calls[i].cmd, calls[i].raw = nil, nil
+			clear(calls[i].argv)
 		}
 	}()
 	renewals := false
+	name, fn := s.scripts.command()
 	for i := range ops {
 		op := &ops[i]
 		if op.key == "" {
 			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
 		}
-		keys[i] = op.key
 		if !op.renew {
 			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Lease)
 			continue
@@ -396,9 +384,11 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 		// (written by argCache, as every zone's).
 		renewals = true
 		c := &calls[i]
-		c.keys = keys[i : i+1 : i+1]
-		c.args = s.argc.appendRenewal(args[argsPerZone*i:argsPerZone*i:argsPerZone*(i+1)], &op.req)
-		c.cmd = s.scripts.queue(ctx, pipe, c.keys, c.args)
+		c.setKeysBy(1, func(b []byte, _ int) []byte { return append(b, op.key...) })
+		c.argv = s.argc.appendRenewal(c.argv, &op.req)
+		c.argv[0], c.argv[1] = name, fn
+		c.cmd = c.rawCmd(false)
+		_ = pipe.Process(ctx, c.cmd)
 		cmds[i] = c.cmd
 	}
 	_, _ = pipe.Exec(ctx)
@@ -408,13 +398,17 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 		var again redis.Pipeliner
 		var load libLoad
 		for i := range ops {
-			if !ops[i].renew || calls[i].cmd.Err() == nil {
+			if !ops[i].renew {
+				continue
+			}
+			err := calls[i].replyErr()
+			if err == nil || !s.scripts.retriable(err) {
 				continue
 			}
 			if again == nil {
 				again = s.client.Pipeline()
 			}
-			s.scripts.retry(ctx, again, &calls[i], &load)
+			s.scripts.retry(ctx, again, &calls[i], err, &load)
 			cmds[i] = calls[i].cmd
 		}
 		if again != nil && again.Len() > 0 {
@@ -423,7 +417,7 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 	}
 	var bad []leaseOp
 	for i := range cmds {
-		if cmds[i].Err() != nil {
+		if cmds[i].Err() != nil || ops[i].renew && calls[i].replyErr() != nil {
 			bad = append(bad, ops[i])
 		}
 	}

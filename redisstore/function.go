@@ -29,13 +29,20 @@ type scripts struct {
 	evalsha atomic.Bool // true: no Functions on this server
 }
 
-// queue adds one decision call to p.
-func (m *scripts) queue(ctx context.Context, p redis.Pipeliner, keys []string, args []any) *redis.Cmd {
+// command returns the command and its first argument that run the
+// decision: FCALL and the function, or EVALSHA and the script's SHA;
+// already in interfaces, so that a call boxes nothing.
+func (m *scripts) command() (name, fn any) {
 	if m.evalsha.Load() {
-		return p.EvalSha(ctx, scriptSHA, keys, args...)
+		return evalshaArgs[0], evalshaArgs[1]
 	}
-	return p.FCall(ctx, LuaFunction, keys, args...)
+	return fcallArgs[0], fcallArgs[1]
 }
+
+var (
+	fcallArgs   = [2]any{"fcall", LuaFunction}
+	evalshaArgs = [2]any{"evalsha", scriptSHA}
+)
 
 // libLoad remembers, within one batch, whether the library was loaded
 // and how that went.
@@ -44,18 +51,26 @@ type libLoad struct {
 	err  error
 }
 
-// retry queues on p again a call that failed only because Redis lacked the
-// code (function missing, NOSCRIPT, or no Functions at all), loading the
-// library first when needed (once per batch): as FCALL, or as EVAL (which
-// also loads the script) once the server is known to lack Functions. When
-// the load itself fails (a replica answering READONLY, an unreachable
-// node), the call fails with that error, which says more than "function
-// not found". Any other error is left on the call.
-func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *libLoad) {
-	switch err := c.cmd.Err(); {
+// retriable reports whether a call that failed with err is sent again
+// (retry): Redis lacked the code, or (a Cluster) the node no longer owns
+// the slot. Either way Redis decided nothing.
+func (m *scripts) retriable(err error) bool {
+	return isUnknownCommand(err) || isNoScript(err) || isNoFunction(err) || isRedirect(err)
+}
+
+// retry queues on p again a call that failed with err only because Redis
+// lacked the code (function missing, NOSCRIPT, or no Functions at all),
+// loading the library first when needed (once per batch): as FCALL, or as
+// EVAL (which also loads the script) once the server is known to lack
+// Functions; or because a Cluster node answered MOVED or ASK: as a typed
+// command, whose redirect go-redis follows (and whose slot map it then
+// refreshes). When the load itself fails (a replica answering READONLY,
+// an unreachable node), the call fails with that error, which says more
+// than "function not found".
+func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err error, load *libLoad) {
+	switch {
 	case isUnknownCommand(err):
 		m.evalsha.Store(true)
-	case isNoScript(err):
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
@@ -71,13 +86,11 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, load *l
 			c.cmd = failed
 			return
 		}
-	default:
-		return
 	}
 	if m.evalsha.Load() {
-		c.cmd = p.Eval(ctx, LuaScript, c.keys, c.args...)
+		c.cmd = p.Eval(ctx, LuaScript, c.keyStrings(), c.args()...)
 	} else {
-		c.cmd = p.FCall(ctx, LuaFunction, c.keys, c.args...)
+		c.cmd = p.FCall(ctx, LuaFunction, c.keyStrings(), c.args()...)
 	}
 }
 
@@ -119,6 +132,15 @@ func (m *scripts) prepare(ctx context.Context) error {
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// isRedirect: a Cluster node's MOVED or ASK.
+func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
 }
 
 func isNoFunction(err error) bool {

@@ -43,10 +43,10 @@ func TestCountAndConcurrencyInRedis(t *testing.T) {
 	}
 	// A renewal through the script: the lease is kept, nothing charged.
 	c := getCall(context.Background(), time.Now().Add(s.timeout))
-	c.keys = append(c.keys, slots)
-	c.args = s.argc.appendRenewal(c.args, &first[1])
-	if _, err := s.batch.do(c); err != nil || c.cmd.Err() != nil {
-		t.Fatalf("renewal: %v %v", err, c.cmd.Err())
+	c.setKeysBy(1, func(b []byte, _ int) []byte { return append(b, slots...) })
+	c.argv = s.argc.appendRenewal(c.argv, &first[1])
+	if _, err := s.batch.do(c); err != nil || c.replyErr() != nil {
+		t.Fatalf("renewal: %v %v", err, c.replyErr())
 	}
 	putCall(c)
 	if n := len(liveLeases(t, s.Client(), slots)); n != 1 {

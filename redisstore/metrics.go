@@ -27,6 +27,9 @@ var storeMetrics = struct {
 	refundsLost *prometheus.CounterVec
 	// leaseFailures: see concurrency.go.
 	leaseFailures *prometheus.CounterVec
+	// allowanceUnits and allowanceDecisions: see allowance.go.
+	allowanceUnits     *prometheus.CounterVec
+	allowanceDecisions *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -64,6 +67,14 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "lease_failures_total",
 			Help: "Concurrency leases whose release (op release) or renewal (op renew) could not reach Redis: a release given up leaves its slot to the lease's expiry; a failed renewal is tried again on the next tick.",
 		}, []string{"store", "target", "op"})
+		storeMetrics.allowanceUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "local_allowance_units_total",
+			Help: "Units of budget in this instance's local allowances (local_allowance), by event: drawn (batches Redis confirmed, beyond the drawing requests' own costs), spent (by requests decided here), returned (unspent, refunded to Redis), lost (held and dropped unspent: Redis lost or restarted, or a refund given up; the key refills them), unconfirmed (batches whose draw got no reply: Redis may have charged them). drawn = spent + returned + lost + what the leases hold.",
+		}, []string{"store", "target", "event"})
+		storeMetrics.allowanceDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "local_allowance_decisions_total",
+			Help: "Requests decided from local allowances alone, without calling Redis.",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -75,7 +86,8 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies, storeMetrics.refundsLost, storeMetrics.leaseFailures} {
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
+		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -318,6 +318,13 @@ func (r *Redis) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	return r.store.Take(ctx, reqs, out)
 }
 
+// LocalAllowance gives a zone a local allowance in the shared store (see
+// Store.LocalAllowance): the handler calls it at Provision for every zone
+// with local_allowance, and the returned release at Cleanup.
+func (r *Redis) LocalAllowance(zone string, l algorithms.Limit, max int64, expiry time.Duration) (func(), error) {
+	return r.store.LocalAllowance(zone, l, max, expiry)
+}
+
 // Store returns the shared store (for tests and the admin API).
 func (r *Redis) Store() *Store { return r.store }
 

@@ -70,11 +70,7 @@ func rateRefunds(refunds []algorithms.Refund) []algorithms.Refund {
 // postRefunds hands one script call giving back refunds (all in one slot)
 // to the pipeline workers.
 func (s *Store) postRefunds(refunds []algorithms.Refund) {
-	c := getCall(context.Background(), time.Now().Add(s.timeout))
-	for i := range refunds {
-		c.keys = append(c.keys, s.Key(refunds[i].Zone, refunds[i].Key))
-	}
-	c.args = s.argc.appendRefunds(c.args, refunds)
+	c := s.refundCall(refunds)
 	c.onDone = s.refundDone
 	if !s.batch.post(c) {
 		s.refundsLost.Add(float64(len(refunds)))
@@ -82,12 +78,23 @@ func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	}
 }
 
+// refundCall returns the script call that gives back refunds (all in one
+// slot).
+func (s *Store) refundCall(refunds []algorithms.Refund) *call {
+	c := getCall(context.Background(), time.Now().Add(s.timeout))
+	c.setKeysBy(len(refunds), func(b []byte, i int) []byte {
+		return s.appendKey(b, refunds[i].Zone, refunds[i].Key)
+	})
+	c.argv = s.argc.appendRefunds(c.argv, refunds)
+	return c
+}
+
 // refundDone counts a refund call's refunds (one per key) as lost when it
 // was never sent or failed. It is bound once (Store.refundDone), so a
 // refund allocates no closure.
 func (s *Store) refundCallDone(c *call) {
-	if c.cmd == nil || c.cmd.Err() != nil {
-		s.refundsLost.Add(float64(len(c.keys)))
+	if c.cmd == nil || c.replyErr() != nil {
+		s.refundsLost.Add(float64(c.nkeys))
 	}
 }
 

@@ -19,17 +19,13 @@ import (
 func refundAndWait(t testing.TB, s *Store, refunds []algorithms.Refund) {
 	t.Helper()
 	done := make(chan error, 1)
-	c := getCall(context.Background(), time.Now().Add(s.timeout))
-	for _, r := range refunds {
-		c.keys = append(c.keys, s.Key(r.Zone, r.Key))
-	}
-	c.args = s.argc.appendRefunds(c.args, refunds)
+	c := s.refundCall(refunds)
 	c.onDone = func(c *call) {
 		if c.cmd == nil {
 			done <- fmt.Errorf("not sent")
 			return
 		}
-		done <- c.cmd.Err()
+		done <- c.replyErr()
 	}
 	if !s.batch.post(c) {
 		t.Fatal("queue full")

@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +36,9 @@ type Store struct {
 	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	opts     storeOptions
 
-	batch   *batcher // pipelines concurrent script calls (batch.go)
+	batch   *batcher                   // pipelines concurrent script calls (batch.go)
+	allowMu sync.Mutex                 // makes allow
+	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
 
@@ -78,7 +79,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
-	s.batch = newBatcher(c, &s.scripts, o.Workers, timeout, o.Grace)
+	s.batch = newBatcher(c, cluster, &s.scripts, o.Workers, timeout, o.Grace)
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
@@ -179,8 +180,14 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 
 // Destruct closes the client: the last user of a pooled store does it.
 func (s *Store) Destruct() error {
-	if s.watch != nil {
-		s.watch.close()
+	s.allowMu.Lock() // the first local allowance may have started the watch
+	w := s.watch
+	s.allowMu.Unlock()
+	if w != nil {
+		w.close()
+	}
+	if a := s.allow.Load(); a != nil {
+		a.close() // returns the leases' units, through the workers
 	}
 	s.batch.close()
 	s.leases.close()
@@ -188,6 +195,12 @@ func (s *Store) Destruct() error {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
 	}
 	return s.client.Close()
+}
+
+// allowForget drops the local allowances' leases (Redis's state may be
+// lost; allowance.go).
+func (s *Store) allowForget() {
+	s.allow.Load().forget()
 }
 
 // CircuitState is the breaker's state: "closed", "half-open", "open", or
@@ -208,21 +221,21 @@ func (s *Store) Client() redis.UniversalClient { return s.client }
 // a client-controlled value can break the Cluster hash tag or make one
 // zone's key collide with another's.
 func (s *Store) Key(zone string, key algorithms.Key) string {
-	var b strings.Builder
-	n, enc := zonename.KeyLen(zone)
-	b.Grow(len(s.prefix) + n + 2*algorithms.KeySize + 8)
-	b.WriteString(s.prefix)
-	if enc {
-		var zb [128]byte
-		b.Write(zonename.AppendKey(zb[:0], zone))
+	var buf [256]byte
+	return string(s.appendKey(buf[:0], zone, key))
+}
+
+// appendKey appends the key of Key to b.
+func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
+	b = append(b, s.prefix...)
+	if _, enc := zonename.KeyLen(zone); enc {
+		b = zonename.AppendKey(b, zone)
 	} else {
-		b.WriteString(zone)
+		b = append(b, zone...)
 	}
-	b.WriteString(":{")
-	var tok [2*algorithms.KeySize + 8]byte
-	b.Write(key.AppendText(tok[:0]))
-	b.WriteByte('}')
-	return b.String()
+	b = append(b, ":{"...)
+	b = key.AppendText(b)
+	return append(b, '}')
 }
 
 // Take decides reqs in Redis. Either every request is allowed and all are
@@ -240,6 +253,17 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	if len(reqs) == 0 {
 		return nil
 	}
+	if a := s.allow.Load(); a != nil {
+		if cfgs := a.zones.Load(); cfgs != nil && a.uses(*cfgs, reqs) {
+			return s.takeAllowance(ctx, *cfgs, reqs, out)
+		}
+	}
+	return s.takeRedis(ctx, reqs, out)
+}
+
+// takeRedis is Take without the local allowance: every zone decided by
+// Redis (or the deny cache).
+func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	if s.deny.Active() && s.denied(reqs, out) {
 		return nil
 	}
@@ -247,27 +271,30 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	if err != nil {
 		return err
 	}
+	now := time.Now() // one reading: the decision's deadline, the deny cache's start
 	var start int64
 	var tok denycache.Token
 	var ref *refusal // a refusal's states, for the deny cache (armed only)
 	var refBuf refusal
 	if s.deny != nil {
-		start, tok = denycache.Now(), s.deny.Token()
+		start, tok = denycache.At(now), s.deny.Token()
 		if tok != 0 {
 			ref = &refBuf
 		}
 	}
-	c := getCall(ctx, time.Now().Add(s.timeout))
-	for i := range reqs {
-		c.keys = append(c.keys, s.keyOf(&reqs[i]))
-	}
+	deadline := now.Add(s.timeout)
 	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
+		c := getCall(ctx, deadline)
+		c.fresh = true
+		c.setKeys(s, reqs)
 		err = s.runCall(c, reqs, out, false, ref)
 	} else {
-		dctx, cancel := context.WithDeadline(ctx, c.deadline)
-		keys := slices.Clone(c.keys)
-		putCall(c)
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		keys := make([]string, len(reqs))
+		for i := range reqs {
+			keys[i] = s.keyOf(&reqs[i])
+		}
 		err = s.takeAcrossSlots(dctx, keys, reqs, out)
 		cancel()
 	}
@@ -287,6 +314,9 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 			// State may be lost (a restart breaks the pooled connections):
 			// forget every denial.
 			s.deny.Clear()
+			if lost(err) {
+				s.allowForget()
+			}
 		}
 		s.leases.undecided(reqs, err, abandoned)
 		return &storeError{err}
@@ -362,7 +392,7 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 		deadline = time.Now().Add(s.timeout)
 	}
 	c := getCall(ctx, deadline)
-	c.keys = append(c.keys, keys...)
+	c.setKeyStrings(keys)
 	return s.runCall(c, reqs, out, refund, nil)
 }
 
@@ -371,14 +401,22 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
 func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
-	c.args = s.argc.appendArgs(c.args, reqs, refund)
+	c.argv = s.argc.appendArgs(c.argv, reqs, refund)
 	if owned, err := s.batch.do(c); err != nil {
 		if owned {
 			putCall(c)
 		}
 		return err
 	}
-	err := decodeReply(c.cmd, reqs, out, refund, ref)
+	var err error
+	if c.cmd == c.raw {
+		err = c.cmd.Err()
+		if err == nil {
+			err = decodeRaw(c.reply.b, reqs, out, refund, ref)
+		}
+	} else {
+		err = decodeReply(c.cmd.(*redis.Cmd), reqs, out, refund, ref)
+	}
 	if err != nil && unanswered(c.cmd.Err()) {
 		// Sent (the worker had it), and no reply came: Redis may have
 		// decided it.
@@ -453,6 +491,68 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 				ref.now, ref.raws = now, res[n+1:]
 			}
 		}
+	}
+	return nil
+}
+
+// decodeRaw reads the script's reply from its raw RESP bytes (resp.go),
+// as decodeReply reads it from go-redis's values, without allocating (a
+// refusal's stored values excepted).
+func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
+	r := respReader{b: b}
+	n, err := r.arrayLen()
+	_, typed := err.(*typeError)
+	switch {
+	case refund && typed:
+		return nil // a refund's reply says nothing
+	case err != nil:
+		return err
+	case n == -1:
+		return errors.New("redis: the script returned nil")
+	case refund:
+		return nil
+	}
+	if z := 4 * len(reqs); n != z && n != z+1 && n != z+1+len(reqs) {
+		return fmt.Errorf("redis: the script returned %d values for %d zones", n, len(reqs))
+	}
+	var v [4]int64
+	for i := range reqs {
+		for j := range v {
+			if v[j], err = r.integer(); err != nil {
+				return err
+			}
+		}
+		out[i] = algorithms.Decision{
+			Allowed:    v[0] == 1,
+			Limit:      reqs[i].Limit.Capacity(),
+			Remaining:  v[1],
+			RetryAfter: time.Duration(v[2]) * time.Millisecond,
+			ResetAfter: time.Duration(v[3]) * time.Millisecond,
+		}
+		if out[i].Allowed {
+			// An admission's retry-after is its wait (lua/take.lua).
+			out[i].RetryAfter, out[i].Delay = 0, out[i].RetryAfter
+		}
+	}
+	z := 4 * len(reqs)
+	if n == z {
+		return nil
+	}
+	now, err := r.integer()
+	if err != nil {
+		return nil // as decodeReply: no instant, no states for the deny cache
+	}
+	for i := range reqs {
+		out[i].At = now
+	}
+	if ref != nil && n == z+1+len(reqs) {
+		raws := make([]any, len(reqs))
+		for i := range raws {
+			if raws[i], err = r.value(); err != nil {
+				return nil
+			}
+		}
+		ref.now, ref.raws = now, raws
 	}
 	return nil
 }

@@ -174,6 +174,11 @@ func (w *watcher) once() {
 	}
 	if w.seen && view != w.last || jumped {
 		deny.Clear()
+		if w.seen && view != w.last {
+			// Restarted, flushed, failed over: the leases' charge may be
+			// gone (allowance.go).
+			w.s.allowForget()
+		}
 	}
 	w.last, w.seen, w.clocks = view, true, w.next
 	deny.Arm()

@@ -1,6 +1,7 @@
 package main
 
-// The issue 8 budgets (part 3), as data, and their verdicts on a run.
+// The budgets, as data (issue 8's part 3, and issue 15's Caddy CPU per
+// request and Redis calls per request), and their verdicts on a run.
 
 import (
 	"fmt"
@@ -24,6 +25,14 @@ const (
 	allocsPerOp
 	// bytesPerKey: the store's token bucket key takes at most bound bytes.
 	bytesPerKey
+	// cpuDelta: the target's Caddy CPU per request exceeds bare Caddy's by
+	// at most bound µs (issue 15: the measure steadier than req/s).
+	cpuDelta
+	// cpuNotAbove: the target's Caddy CPU per request is at most the
+	// other's (a refusal costs no more than letting a request through).
+	cpuNotAbove
+	// callsAtMost: Redis ran at most bound decision scripts per request.
+	callsAtMost
 )
 
 // budget is one budget: what it measures and its bound.
@@ -50,6 +59,13 @@ var budgets = []budget{
 	{kind: allocsPerOp, what: "memstore", bench: "BenchmarkServeHTTPAllowed", bound: 3},
 	{kind: bytesPerKey, store: "memstore", bound: 128},
 	{kind: bytesPerKey, store: "redis", bound: 100},
+	{kind: cpuDelta, what: "Redis, 1 zone", target: "redis1", bound: 15},
+	{kind: cpuDelta, what: "Redis, 3 zones", target: "redis3", bound: 20},
+	{kind: cpuDelta, what: "Redis, 1 zone, 10,000 keys", target: "redis1k", bound: 15},
+	{kind: cpuDelta, what: "Redis, 3 zones, 10,000 keys", target: "redis3k", bound: 20},
+	{kind: cpuDelta, what: "memstore, 1 zone", target: "mem1", bound: 2},
+	{kind: cpuNotAbove, what: "memstore", target: "memdeny", other: "mem1"},
+	{kind: callsAtMost, what: "a hot key with `local_allowance`", target: "redislocal", bound: 0.05},
 }
 
 // name is the budget as the report's table names it.
@@ -63,6 +79,12 @@ func (b budget) name() string {
 		return fmt.Sprintf("refusals cheaper than allowing (%s)", b.what)
 	case allocsPerOp:
 		return fmt.Sprintf("hot path ≤ %.0f allocs/request (%s, %s)", b.bound, b.what, b.bench)
+	case cpuDelta:
+		return fmt.Sprintf("Caddy CPU per request, %s ≤ bare + %.0f µs", b.what, b.bound)
+	case cpuNotAbove:
+		return fmt.Sprintf("a refusal costs no more Caddy CPU than allowing (%s)", b.what)
+	case callsAtMost:
+		return fmt.Sprintf("Redis calls per request, %s ≤ %.2f", b.what, b.bound)
 	default: // bytesPerKey
 		return fmt.Sprintf("memory per key ≤ %.0f B (%s, token bucket)", b.bound, b.store)
 	}
@@ -118,6 +140,27 @@ func (b budget) judge(st *stats, gb []goBench, mk []memKey) []verdict {
 		}
 		return []verdict{judged(b, fmt.Sprintf("refusing %s req/s = %.2f × allowing %s req/s",
 			fmtRate(st.rps[b.target]), v, fmtRate(st.rps[b.other])), v > 1)}
+	case cpuDelta:
+		r := st.row(b.target)
+		if r == nil || math.IsNaN(r.usPerReq) || math.IsNaN(r.usBase) {
+			return none
+		}
+		d := r.usPerReq - r.usBase
+		return []verdict{judged(b, fmt.Sprintf("%+.1f µs (%.1f vs bare %.1f µs/req; %+.1f µs vs budget)",
+			d, r.usPerReq, r.usBase, d-b.bound), d <= b.bound)}
+	case cpuNotAbove:
+		r, o := st.row(b.target), st.row(b.other)
+		if r == nil || o == nil || math.IsNaN(r.usPerReq) || math.IsNaN(o.usPerReq) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("refusing %.1f µs/req vs allowing %.1f (%+.1f µs)",
+			r.usPerReq, o.usPerReq, r.usPerReq-o.usPerReq), r.usPerReq <= o.usPerReq)}
+	case callsAtMost:
+		r := st.row(b.target)
+		if r == nil || math.IsNaN(r.calls) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("%s calls per request", fmtCalls(r.calls)), r.calls <= b.bound)}
 	case allocsPerOp:
 		for _, g := range gb {
 			if g.pkg == "." && strings.HasPrefix(g.name, b.bench) && g.hasMem {

@@ -39,21 +39,36 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 	p("```\n%s```\n\n", r.meta)
 
 	p("## HTTP throughput (medians of the rounds)\n\n")
-	p("| target | req/s | p50 | p99 | × bare | rounds | Caddy CPU µs/req (Δ bare) | allocs/req (Δ bare) | CPU cores: Caddy + Redis + load gen. | check |\n")
-	p("|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n")
+	calls := slices.ContainsFunc(st.rows, func(t targetRow) bool { return !math.IsNaN(t.calls) })
+	p("| target | req/s | p50 | p99 | × bare | rounds | Caddy CPU µs/req (Δ bare) | allocs/req (Δ bare) |")
+	if calls {
+		p(" Redis calls/req |")
+	}
+	p(" CPU cores: Caddy + Redis + load gen. | check |\n|---|--:|--:|--:|--:|--:|--:|--:|")
+	if calls {
+		p("--:|")
+	}
+	p("--:|---|\n")
 	for _, t := range st.rows {
 		cpu := "–"
 		if !math.IsNaN(t.caddyCPU) {
 			cpu = fmt.Sprintf("%.2f + %.2f + %.2f = %.2f", t.caddyCPU, t.redisCPU, t.genCPU, t.caddyCPU+t.redisCPU+t.genCPU)
 		}
-		p("| %s | %s | %s | %s | %.2f | %d/%d | %s | %s | %s | %s |\n", t.what, fmtRate(t.rps), fmtDur(t.p50), fmtDur(t.p99),
-			t.ratio, t.runs, t.allRuns, fmtDelta(t.usPerReq, t.usBase), fmtDelta(t.allocs, t.allocsBase), cpu, t.check)
+		p("| %s | %s | %s | %s | %.2f | %d/%d | %s | %s |", t.what, fmtRate(t.rps), fmtDur(t.p50), fmtDur(t.p99),
+			t.ratio, t.runs, t.allRuns, fmtDelta(t.usPerReq, t.usBase), fmtDelta(t.allocs, t.allocsBase))
+		if calls {
+			p(" %s |", fmtCalls(t.calls))
+		}
+		p(" %s | %s |\n", cpu, t.check)
 	}
 	p("\n`× bare` is the target's median req/s over bare Caddy's median req/s. ")
 	p("rounds: the rounds the medians use: those during which other processes of the machine used at most %.2f cores, when a target has two or more such rounds, otherwise all of them. ", st.maxOther)
 	p("Caddy CPU µs/req: Caddy's CPU time per request (from /proc), and in brackets the difference to bare Caddy: the plugin's CPU cost per request, steadier than req/s on a shared machine. ")
 	p("allocs/req: Go heap allocations in the Caddy process per request over all rounds (runtime Mallocs from /debug/vars), and in brackets the difference to bare Caddy: what the plugin adds per request in the real server. ")
 	p("CPU: cores used during the run (medians of the rounds) by Caddy, Redis and the load generator (wrk or redis-benchmark); a sum near the machine's core count means the run was CPU-bound, well below it means it waited (round trips, locks). ")
+	if calls {
+		p("Redis calls/req: the decision scripts Redis ran (INFO commandstats: FCALL, EVALSHA, EVAL) per request over all rounds; below 1 when the deny cache or a local allowance answered without Redis. ")
+	}
 	p("check: the responses were what the target expects (200s, or 429s for the refusing targets) and Sluice's own counters show no store error and no failed-open decision (beyond the requests in flight when wrk stops, whose store calls are cancelled).\n\n")
 
 	p("### Per round\n\nreq/s, × bare Caddy of the same round, and in brackets the CPU (cores) that other processes of the machine used meanwhile (not this run's Caddy, Redis or load generator).\n\n| target |")
@@ -89,13 +104,33 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 
 	if len(r.gobench) > 0 {
 		p("\n## Go benchmarks (`go test -bench -benchmem`, one run each)\n\n")
-		p("| package | benchmark | ns/op | B/op | allocs/op |\n|---|---|--:|--:|--:|\n")
+		cpu := slices.ContainsFunc(r.gobench, func(b goBench) bool { return !math.IsNaN(b.cpuUs) })
+		p("| package | benchmark | ns/op |")
+		if cpu {
+			p(" client CPU µs/op |")
+		}
+		p(" B/op | allocs/op |\n|---|---|--:|")
+		if cpu {
+			p("--:|")
+		}
+		p("--:|--:|\n")
 		for _, b := range r.gobench {
-			if b.hasMem {
-				p("| %s | %s | %.1f | %.0f | %.0f |\n", b.pkg, b.name, b.ns, b.bytesOp, b.allocsOp)
-			} else {
-				p("| %s | %s | %.1f | – | – |\n", b.pkg, b.name, b.ns)
+			p("| %s | %s | %.1f |", b.pkg, b.name, b.ns)
+			if cpu {
+				if math.IsNaN(b.cpuUs) {
+					p(" – |")
+				} else {
+					p(" %.2f |", b.cpuUs)
+				}
 			}
+			if b.hasMem {
+				p(" %.0f | %.0f |\n", b.bytesOp, b.allocsOp)
+			} else {
+				p(" – | – |\n")
+			}
+		}
+		if cpu {
+			p("\nclient CPU µs/op: the benchmark process's CPU time per operation (getrusage; Redis runs in its own process), steadier than ns/op on a shared machine.\n")
 		}
 	}
 	if len(r.memKeys) > 0 {
@@ -124,6 +159,18 @@ func fmtDelta(v, base float64) string {
 		s += fmt.Sprintf(" (%+.1f)", v-base)
 	}
 	return s
+}
+
+// fmtCalls renders Redis calls per request.
+func fmtCalls(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "–"
+	case v != 0 && v < 0.01:
+		return fmt.Sprintf("%.4f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
 }
 
 func fmtDur(us float64) string {

@@ -33,6 +33,9 @@ type sample struct {
 	caddyCPU   float64 // cores used by Caddy, Redis and the load generator
 	redisCPU   float64
 	genCPU     float64
+	// redisCalls is the decision scripts Redis ran (FCALL, EVALSHA, EVAL:
+	// INFO commandstats) during the run; NaN when not measured.
+	redisCalls float64
 }
 
 // target describes one row of the table.
@@ -50,6 +53,9 @@ var targets = []target{
 	{"redis1", "Redis, 1 zone, never refusing", "ok"},
 	{"redis3", "Redis, 3 zones, never refusing", "ok"},
 	{"redisconc", "Redis, 1 zone + a concurrency zone, never refusing", "ok"},
+	{"redis1k", "Redis, 1 zone, 10,000 keys (a key per client)", "ok"},
+	{"redis3k", "Redis, 3 zones, 10,000 keys", "ok"},
+	{"redislocal", "Redis, 1 zone, one hot key, `local_allowance`", "ok"},
 	{"redisdeny", "Redis, refusing everything", "429"},
 	{"rb_plain", "redis-benchmark FCALL (decision ceiling, -c50)", ""},
 	{"rb_pipe", "redis-benchmark FCALL -P 16 (pipelined ceiling)", ""},
@@ -118,7 +124,7 @@ func readSamples(path string) (map[string][]sample, error) {
 		s := sample{round: r, target: fs[1], rps: num(2), p50: num(3), p99: num(4), requests: num(5),
 			non2xx: num(6), sockErrs: num(7), mallocs: num(8), allocBytes: num(9),
 			allowed: num(10), refused: num(11), failed: num(12), storeErrs: num(13),
-			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18)}
+			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18), redisCalls: num(19)}
 		out[s.target] = append(out[s.target], s)
 	}
 	return out, sc.Err()
@@ -129,13 +135,17 @@ type goBench struct {
 	pkg, name             string
 	ns, bytesOp, allocsOp float64
 	hasMem                bool
+	cpuUs                 float64 // the cpu-µs/op metric (redisstore's), NaN if none
 }
 
 // A benchmark's name opens its line; its result may come on a later line
 // when the code under test logs in between (go test merges the streams).
+// Metrics a benchmark reports itself come between ns/op and B/op.
 var (
 	benchName   = regexp.MustCompile(`^(Benchmark\S+)`)
-	benchResult = regexp.MustCompile(`^\s*\d+\s+([\d.]+) ns/op(?:\s+([\d.]+) B/op\s+([\d.]+) allocs/op)?`)
+	benchResult = regexp.MustCompile(`^\s*\d+\s+([\d.]+) ns/op`)
+	benchMem    = regexp.MustCompile(`\s([\d.]+) B/op\s+([\d.]+) allocs/op`)
+	benchCPU    = regexp.MustCompile(`\s([\d.]+) cpu-µs/op`)
 )
 
 func readGoBench(path string) ([]goBench, error) {
@@ -162,13 +172,16 @@ func readGoBench(path string) ([]goBench, error) {
 		if m == nil || pending == "" {
 			continue
 		}
-		b := goBench{pkg: pkg, name: pending}
+		b := goBench{pkg: pkg, name: pending, cpuUs: math.NaN()}
 		pending = ""
 		b.ns, _ = strconv.ParseFloat(m[1], 64)
-		if m[2] != "" {
+		if mm := benchMem.FindStringSubmatch(line); mm != nil {
 			b.hasMem = true
-			b.bytesOp, _ = strconv.ParseFloat(m[2], 64)
-			b.allocsOp, _ = strconv.ParseFloat(m[3], 64)
+			b.bytesOp, _ = strconv.ParseFloat(mm[1], 64)
+			b.allocsOp, _ = strconv.ParseFloat(mm[2], 64)
+		}
+		if mc := benchCPU.FindStringSubmatch(line); mc != nil {
+			b.cpuUs, _ = strconv.ParseFloat(mc[1], 64)
 		}
 		out = append(out, b)
 	}

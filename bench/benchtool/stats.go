@@ -38,7 +38,10 @@ type targetRow struct {
 	usPerReq, usBase           float64
 	allocs, allocsBase         float64
 	caddyCPU, redisCPU, genCPU float64 // cores, medians
-	check                      string
+	// calls is the decision scripts Redis ran per request (over all
+	// runs), NaN when not measured.
+	calls float64
+	check string
 }
 
 // roundRow is one target's runs, one cell per round (nil: none).
@@ -76,9 +79,10 @@ func computeStats(r *results) *stats {
 			caddyCPU: median(field(ss, func(s sample) float64 { return s.caddyCPU })),
 			redisCPU: median(field(ss, func(s sample) float64 { return s.redisCPU })),
 			genCPU:   median(field(ss, func(s sample) float64 { return s.genCPU })),
-			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(),
+			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(), calls: math.NaN(),
 			check: check(t, ss, r.conns)}
 		if t.expect != "" { // an HTTP target
+			row.calls = callsPerRequest(ss)
 			row.allocs = allocsPerRequest(ss)
 			row.usPerReq = median(field(ss, usPerRequest))
 			if t.name != "bare" {
@@ -114,6 +118,16 @@ func computeStats(r *results) *stats {
 	return st
 }
 
+// row returns the throughput row of target name, nil if it has none.
+func (st *stats) row(name string) *targetRow {
+	for i := range st.rows {
+		if st.rows[i].name == name {
+			return &st.rows[i]
+		}
+	}
+	return nil
+}
+
 // quietRuns returns, per target, the runs the medians use: those during
 // which other processes of the machine used at most maxOther cores, when a
 // target has at least two; all of its runs otherwise.
@@ -137,6 +151,22 @@ func quietRuns(all map[string][]sample, maxOther float64) map[string][]sample {
 
 // usPerRequest is Caddy's CPU time per request during a run, in µs.
 func usPerRequest(s sample) float64 { return s.caddyCPU * 1e6 / s.rps }
+
+// callsPerRequest is the decision scripts Redis ran per request over runs
+// (NaN when no run measured them).
+func callsPerRequest(ss []sample) float64 {
+	var calls, reqs float64
+	for _, s := range ss {
+		if !math.IsNaN(s.redisCalls) {
+			calls += s.redisCalls
+			reqs += s.requests
+		}
+	}
+	if reqs == 0 {
+		return math.NaN()
+	}
+	return calls / reqs
+}
 
 // allocsPerRequest is Caddy's heap allocations per request over runs.
 func allocsPerRequest(ss []sample) float64 {

@@ -1,0 +1,757 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// The local allowance (zone setting local_allowance; docs/redis.md): a hot
+// key's budget drawn from Redis in batches and spent here.
+//
+// A request of a zone with an allowance first looks for a lease on its key
+// (zone, key and limit): budget this instance drew from Redis and has not
+// spent. When the lease holds the request's cost and has not expired, the
+// request is decided here, without Redis. Otherwise it goes to Redis as
+// always, in the same script call as the request's other zones, with its
+// cost raised by a batch: the units it draws for the key's next requests.
+// The batch is charged in Redis like any admission (a drawn batch is
+// already spent as far as every other instance can see), so the fleet never
+// admits more than the limit; what it costs is that another instance may
+// be refused while this one holds unspent units. That is bounded:
+//
+//   - a lease holds at most maxBatch units (drawn and being drawn): the
+//     zone's max, and never more than a tenth of the capacity;
+//   - a batch is sized to the key's demand on this instance over the last
+//     expiry period (a key seen less than twice in it draws none), and to
+//     what Redis last said was left;
+//   - a lease expires after the zone's expiry (100ms by default): its
+//     unspent units are then returned to Redis (the script's refund mode)
+//     by a sweeper.
+//
+// So at any moment the units the fleet holds unspent for one key are at
+// most maxBatch per instance, and a unit stays unspent at most the expiry
+// (plus a sweep) after the last request that could have spent it.
+//
+// Exact only where drawing early and returning late change nothing but the
+// timing in the limiter's favour: token_bucket and gcra (a charge made
+// early counts against the refill sooner; a refund gives back exactly what
+// was charged, never more than the debt). fixed_window, sliding_window and
+// sliding_log are refused at load: a batch charged in one window and
+// spent or returned in the next would be counted in the wrong window.
+//
+// All-or-nothing with the request's other zones: a lease's units are
+// reserved first and spent only when the whole request is allowed (when
+// another zone refuses, they go back to the lease); a batch travels in the
+// request's one script call, so a refusal charges nothing. A draw that
+// Redis refuses (the batch did not fit) is retried once without batches.
+//
+// Failures: a request whose zones cannot all be decided here goes to Redis
+// and fails as any other (the zones' fail policies apply); after a failed
+// call no batch is drawn until a call succeeds. A lease is
+// forgotten, unspent, when the store loses its connection to Redis or the
+// deny cache's watch sees Redis restarted or flushed (its state, and with
+// it the charge, may be gone: spending the lease then could admit more
+// than the limit); the units are counted lost (a key refills them). A
+// batch whose draw got no reply is lost too (Redis may have charged it). A
+// refund that was not sent is retried by the next sweep, for up to
+// refundGiveUp; one that got no reply is not (it may have been applied:
+// sending it again could give the units back twice).
+
+// Allowance settings and bounds.
+const (
+	// DefaultAllowanceExpiry is how long drawn units stay spendable.
+	DefaultAllowanceExpiry = 100 * time.Millisecond
+	// MinAllowanceExpiry and MaxAllowanceExpiry bound the setting.
+	MinAllowanceExpiry = 10 * time.Millisecond
+	MaxAllowanceExpiry = 5 * time.Second
+	// AllowanceFraction: a lease holds at most Capacity/AllowanceFraction
+	// units.
+	AllowanceFraction = 10
+	// maxLeases bounds the leases one store keeps (hot keys are few); a
+	// key beyond it is decided by Redis every time.
+	maxLeases = 10000
+	// refundGiveUp is how long an unsent refund is retried.
+	refundGiveUp = 10 * time.Second
+	// maxRefundsInFlight bounds the refunds one sweep sends at once (they
+	// share the pipelines with decisions).
+	maxRefundsInFlight = 64
+)
+
+// Drawable reports whether a batch of alg's budget can be drawn and
+// returned exactly (see above).
+func Drawable(alg algorithms.Algorithm) bool {
+	return alg == algorithms.TokenBucket || alg == algorithms.GCRA
+}
+
+// MaxBatch is the most units a lease holds under limit l with a zone max of
+// max (0: none): max, at most l's capacity / AllowanceFraction.
+func MaxBatch(l algorithms.Limit, max int64) int64 {
+	b := l.Capacity() / AllowanceFraction
+	if max > 0 && max < b {
+		b = max
+	}
+	return b
+}
+
+// allowanceCfg is a zone's allowance.
+type allowanceCfg struct {
+	max    int64 // 0: capacity / AllowanceFraction
+	expiry time.Duration
+}
+
+// allowanceReg is one registration of a zone's allowance (a handler's).
+type allowanceReg struct {
+	id  uint64
+	cfg allowanceCfg
+}
+
+// allowances is a store's leases and the zones that have an allowance.
+type allowances struct {
+	s *Store
+
+	regMu sync.Mutex
+	regs  map[string][]allowanceReg // zone → live registrations, newest last
+	next  uint64
+	zones atomic.Pointer[map[string]allowanceCfg] // the newest of each zone; nil: none
+
+	shards [allowShards]allowShard
+	count  atomic.Int64 // leases held
+
+	owedMu sync.Mutex
+	owed   []owedRefund // refunds not sent yet
+
+	sweepOnce sync.Once // starts the sweeper
+	stop      chan struct{}
+	done      chan struct{}
+
+	// paused stops batches after a failed call until one succeeds: a draw
+	// that gets no reply may be charged when Redis recovers, so an outage
+	// costs at most the batches in flight when it began (a key's are at
+	// most its maxBatch), not one per failed request.
+	paused atomic.Bool
+
+	units     [5]prometheus.Counter // by event (unitEvents), this store's labels
+	decisions prometheus.Counter
+	// tally is this store's own count of units by event (the metric is
+	// shared by every store of one target).
+	tally [5]atomic.Int64
+}
+
+// Allowance unit events (tally's index; the metric's event label): drawn
+// (batches Redis confirmed), spent (by requests decided here), returned
+// (refunds Redis confirmed), lost (held units dropped unspent: Redis lost,
+// or a refund given up), unconfirmed (batches whose draw got no reply:
+// Redis may have charged them). drawn = spent + returned + lost + held.
+const (
+	unitsDrawn = iota
+	unitsSpent
+	unitsReturned
+	unitsLost
+	unitsUnconfirmed
+)
+
+var unitEvents = [5]string{"drawn", "spent", "returned", "lost", "unconfirmed"}
+
+// add counts n units of event.
+func (a *allowances) add(event int, n int64) {
+	if n <= 0 {
+		return
+	}
+	a.tally[event].Add(n)
+	a.units[event].Add(float64(n))
+}
+
+const allowShards = 32
+
+type allowShard struct {
+	mu sync.Mutex
+	m  map[leaseKey]*lease
+}
+
+// leaseKey names a lease: a key's state in Redis under one limit.
+type leaseKey struct {
+	zone  string
+	key   algorithms.Key
+	limit algorithms.Limit
+}
+
+// lease is one key's allowance on this instance. Guarded by its shard's
+// mutex.
+type lease struct {
+	left    int64     // units drawn and not spent
+	pending int64     // units being drawn (calls in flight)
+	expires time.Time // left may be spent before
+	// What Redis last said of the key (a draw, or a request decided there):
+	// the units left after it (-1: nothing yet), and when the key is full
+	// again (local time); for the headers of local decisions, and to size
+	// batches.
+	remaining int64
+	resetAt   time.Time
+	// Demand: the units requested in the current period of one expiry
+	// (from win), and in the previous one.
+	win       time.Time
+	cur, prev int64
+	used      time.Time // last request
+}
+
+// owedRefund is an expired lease's unspent units, to be returned.
+type owedRefund struct {
+	k     leaseKey
+	units int64
+	since time.Time
+}
+
+func newAllowances(s *Store) *allowances {
+	a := &allowances{s: s, regs: map[string][]allowanceReg{}, stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range a.shards {
+		a.shards[i].m = map[leaseKey]*lease{}
+	}
+	for i, e := range unitEvents {
+		a.units[i] = storeMetrics.allowanceUnits.WithLabelValues("redis", s.opts.Target, e)
+	}
+	a.decisions = storeMetrics.allowanceDecisions.WithLabelValues("redis", s.opts.Target)
+	return a
+}
+
+// LocalAllowance gives zone, whose (default) limit is l, a local allowance
+// (a Caddy handler calls it at Provision): max units per lease at most (0:
+// a tenth of the capacity), spendable for expiry (0:
+// DefaultAllowanceExpiry). The returned release ends this registration (at
+// the handler's Cleanup); while a zone has several (a config reload), the
+// newest applies.
+func (s *Store) LocalAllowance(zone string, l algorithms.Limit, max int64, expiry time.Duration) (release func(), err error) {
+	if expiry == 0 {
+		expiry = DefaultAllowanceExpiry
+	}
+	switch {
+	case !Drawable(l.Algorithm):
+		return nil, fmt.Errorf("local_allowance: not with %s: a batch drawn in one window and spent or returned in the next would count in the wrong window (token_bucket and gcra draw and return exactly)", l.Algorithm)
+	case max < 0:
+		return nil, fmt.Errorf("local_allowance: the batch size must be positive, got %d", max)
+	case MaxBatch(l, max) < 1:
+		return nil, fmt.Errorf("local_allowance: a batch is at most a tenth of the capacity, and the capacity is %d: it needs at least %d", l.Capacity(), AllowanceFraction)
+	case expiry < MinAllowanceExpiry || expiry > MaxAllowanceExpiry:
+		return nil, fmt.Errorf("local_allowance: the expiry must be between %s and %s, got %s", MinAllowanceExpiry, MaxAllowanceExpiry, expiry)
+	}
+	a := s.allowances()
+	a.regMu.Lock()
+	a.next++
+	id := a.next
+	a.regs[zone] = append(a.regs[zone], allowanceReg{id: id, cfg: allowanceCfg{max: max, expiry: expiry}})
+	a.publish()
+	a.regMu.Unlock()
+	a.sweepOnce.Do(func() { go a.sweep() })
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.regMu.Lock()
+			defer a.regMu.Unlock()
+			rs := a.regs[zone]
+			for i, r := range rs {
+				if r.id == id {
+					rs = append(rs[:i:i], rs[i+1:]...)
+					break
+				}
+			}
+			if len(rs) == 0 {
+				delete(a.regs, zone)
+			} else {
+				a.regs[zone] = rs
+			}
+			a.publish()
+		})
+	}, nil
+}
+
+// allowances returns s's allowances, made on first use.
+func (s *Store) allowances() *allowances {
+	s.allowMu.Lock()
+	defer s.allowMu.Unlock()
+	if a := s.allow.Load(); a != nil {
+		return a
+	}
+	a := newAllowances(s)
+	s.allow.Store(a)
+	if s.watch == nil {
+		// The watch sees a restart or a flush (the leases' charge gone) even
+		// without a deny cache.
+		s.watch = startWatch(s)
+	}
+	return a
+}
+
+// publish makes the newest registration of each zone the one Take reads.
+// Called with regMu held.
+func (a *allowances) publish() {
+	if len(a.regs) == 0 {
+		a.zones.Store(nil)
+		return
+	}
+	m := make(map[string]allowanceCfg, len(a.regs))
+	for z, rs := range a.regs {
+		m[z] = rs[len(rs)-1].cfg
+	}
+	a.zones.Store(&m)
+}
+
+// close stops the sweeper, then returns what the leases hold (each refund
+// bounded by the store's timeout): the store is going away.
+func (a *allowances) close() {
+	started := true
+	a.sweepOnce.Do(func() { started = false }) // no sweeper after this
+	close(a.stop)
+	if started {
+		<-a.done
+	}
+	a.sweepOnce1(time.Now().Add(MaxAllowanceExpiry + refundGiveUp))
+}
+
+// uses reports whether any of reqs is served through an allowance.
+func (a *allowances) uses(cfgs map[string]allowanceCfg, reqs []algorithms.Request) bool {
+	for i := range reqs {
+		if _, ok := cfgs[reqs[i].Zone]; ok && !reqs[i].ReportOnly && Drawable(reqs[i].Limit.Algorithm) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *allowances) shard(k *leaseKey) *allowShard {
+	h := uint32(2166136261)
+	for i := range k.key {
+		h = (h ^ uint32(k.key[i])) * 16777619
+	}
+	for i := 0; i < len(k.zone); i++ {
+		h = (h ^ uint32(k.zone[i])) * 16777619
+	}
+	return &a.shards[h%allowShards]
+}
+
+// plan is what the allowance does with one zone of a request.
+type plan struct {
+	lease *lease
+	k     leaseKey
+	local bool  // decided from the lease: cost reserved
+	batch int64 // units drawn with the request (in pending)
+}
+
+// takeAllowance decides reqs, some of whose zones have an allowance (see
+// the top of this file): from leases where they can, in one Redis call for
+// the rest.
+func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
+	a := s.allow.Load()
+	now := time.Now()
+	var pbuf [8]plan
+	plans := pbuf[:0]
+	if len(reqs) > len(pbuf) {
+		plans = make([]plan, 0, len(reqs))
+	}
+	plans = plans[:len(reqs)]
+	clear(plans)
+	local := 0
+	for i := range reqs {
+		r := &reqs[i]
+		cfg, ok := cfgs[r.Zone]
+		if !ok || r.ReportOnly || !Drawable(r.Limit.Algorithm) {
+			continue
+		}
+		p := &plans[i]
+		p.k = leaseKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+		sh := a.shard(&p.k)
+		sh.mu.Lock()
+		l := sh.m[p.k]
+		if l == nil {
+			if a.count.Load() >= maxLeases {
+				sh.mu.Unlock()
+				continue
+			}
+			l = &lease{remaining: -1}
+			sh.m[p.k] = l
+			a.count.Add(1)
+		}
+		p.lease = l
+		l.demand(now, r.Cost, cfg.expiry)
+		if l.left >= r.Cost && now.Before(l.expires) {
+			l.left -= r.Cost
+			p.local = true
+			local++
+			out[i] = l.decision(r, now)
+		} else if !a.paused.Load() {
+			p.batch = l.batchSize(MaxBatch(r.Limit, cfg.max), r.Cost, cfg.expiry)
+			l.pending += p.batch
+		}
+		sh.mu.Unlock()
+	}
+	if local == len(reqs) {
+		// Every zone from its lease: spent (reserved above).
+		var spent int64
+		for i := range reqs {
+			spent += reqs[i].Cost
+		}
+		a.add(unitsSpent, spent)
+		a.decisions.Inc()
+		return nil
+	}
+
+	// The rest goes to Redis in one call: zones not decided here, each
+	// drawing its batch.
+	var sbuf [8]algorithms.Request
+	var obuf [8]algorithms.Decision
+	sub, subOut := sbuf[:0], obuf[:0]
+	if n := len(reqs) - local; n > len(sbuf) {
+		sub, subOut = make([]algorithms.Request, 0, n), make([]algorithms.Decision, 0, n)
+	}
+	for i := range reqs {
+		if !plans[i].local {
+			r := reqs[i]
+			r.Cost += plans[i].batch
+			sub = append(sub, r)
+			subOut = append(subOut, algorithms.Decision{})
+		}
+	}
+	sent := time.Now()
+	err := s.takeRedis(ctx, sub, subOut)
+	if err == nil && a.batchRefused(plans, sub, subOut) {
+		// A batch did not fit (and nothing was charged): decide the
+		// request alone.
+		j := 0
+		for i := range reqs {
+			if !plans[i].local {
+				a.undraw(&plans[i], 0)
+				sub[j].Cost = reqs[i].Cost
+				j++
+			}
+		}
+		sent = time.Now()
+		err = s.takeRedis(ctx, sub, subOut)
+	}
+	if err != nil {
+		a.paused.Store(true)
+		lostDraw := errors.As(err, new(*unknownError))
+		for i := range plans {
+			p := &plans[i]
+			switch {
+			case p.lease == nil:
+			case p.local:
+				a.unreserve(p, reqs[i].Cost)
+			case lostDraw:
+				a.undraw(p, p.batch) // Redis may have charged it
+			default:
+				a.undraw(p, 0)
+			}
+		}
+		if lost(err) {
+			a.forget()
+		}
+		return err
+	}
+	a.paused.Store(false)
+	a.commit(reqs, plans, out, subOut, sent)
+	return nil
+}
+
+// batchRefused reports whether a zone that drew a batch refused the request
+// (its batch, not its own cost, may be what did not fit).
+func (a *allowances) batchRefused(plans []plan, sub []algorithms.Request, subOut []algorithms.Decision) bool {
+	j := 0
+	for i := range plans {
+		if plans[i].local {
+			continue
+		}
+		if plans[i].batch > 0 && !subOut[j].Allowed && !sub[j].ReportOnly {
+			return true
+		}
+		j++
+	}
+	return false
+}
+
+// commit completes a decided request: Redis's decisions (subOut, for the
+// zones not decided here, decided at sent) and the leases' go into out;
+// when every enforcing zone allowed, reserved units are spent and drawn
+// batches join their leases, else reserved units go back.
+func (a *allowances) commit(reqs []algorithms.Request, plans []plan, out, subOut []algorithms.Decision, sent time.Time) {
+	allowed := true
+	j := 0
+	for i := range reqs {
+		if plans[i].local {
+			continue
+		}
+		if !subOut[j].Allowed && !reqs[i].ReportOnly {
+			allowed = false
+		}
+		j++
+	}
+	now := time.Now()
+	j = 0
+	spent := int64(0)
+	drawn := int64(0)
+	for i := range reqs {
+		p := &plans[i]
+		r := &reqs[i]
+		if !p.local {
+			d := subOut[j]
+			j++
+			if p.lease != nil {
+				sh := a.shard(&p.k)
+				sh.mu.Lock()
+				l := p.lease
+				l.pending -= p.batch
+				if allowed && d.Allowed && p.batch > 0 {
+					l.left += p.batch
+					l.expires = sent.Add(a.expiry(r.Zone))
+					drawn += p.batch
+				}
+				l.remaining = d.Remaining
+				l.resetAt = sent.Add(d.ResetAfter)
+				if l.left > 0 {
+					d.Remaining += l.left // this instance can still spend them
+				}
+				sh.mu.Unlock()
+			}
+			out[i] = d
+			continue
+		}
+		if !allowed {
+			// Vetoed: the reserved units go back; the zone shows as it
+			// stands.
+			sh := a.shard(&p.k)
+			sh.mu.Lock()
+			p.lease.left += r.Cost
+			out[i] = p.lease.decision(r, now)
+			sh.mu.Unlock()
+		} else {
+			spent += r.Cost
+		}
+	}
+	a.add(unitsSpent, spent)
+	if drawn > 0 {
+		a.add(unitsDrawn, drawn)
+	}
+}
+
+// expiry is zone's allowance expiry now (the newest registration's).
+func (a *allowances) expiry(zone string) time.Duration {
+	if m := a.zones.Load(); m != nil {
+		if c, ok := (*m)[zone]; ok {
+			return c.expiry
+		}
+	}
+	return DefaultAllowanceExpiry
+}
+
+// unreserve gives a reserved cost back to its lease.
+func (a *allowances) unreserve(p *plan, cost int64) {
+	sh := a.shard(&p.k)
+	sh.mu.Lock()
+	p.lease.left += cost
+	sh.mu.Unlock()
+}
+
+// undraw ends a draw that did not join its lease; unconfirmed of its units
+// are counted so (Redis may have charged them).
+func (a *allowances) undraw(p *plan, unconfirmed int64) {
+	if p.lease == nil || p.batch == 0 {
+		return
+	}
+	sh := a.shard(&p.k)
+	sh.mu.Lock()
+	p.lease.pending -= p.batch
+	sh.mu.Unlock()
+	p.batch = 0
+	a.add(unitsUnconfirmed, unconfirmed)
+}
+
+// decision is what a request r decided from the lease reports at now: what
+// Redis said was left at the lease's last decision plus what the lease
+// holds (what this instance can still spend), and the reset Redis gave
+// then. Called with the shard's lock held.
+func (l *lease) decision(r *algorithms.Request, now time.Time) algorithms.Decision {
+	rem := l.left
+	if l.remaining > 0 {
+		rem += l.remaining
+	}
+	return algorithms.Decision{Allowed: true, Limit: r.Limit.Capacity(), Remaining: rem, ResetAfter: max(l.resetAt.Sub(now), 0)}
+}
+
+// demand counts cost units requested at now, in periods of one expiry.
+func (l *lease) demand(now time.Time, cost int64, expiry time.Duration) {
+	switch d := now.Sub(l.win); {
+	case d >= 2*expiry:
+		l.win, l.prev, l.cur = now, 0, 0
+	case d >= expiry:
+		l.win, l.prev, l.cur = now, l.cur, 0
+	}
+	l.cur += cost
+	l.used = now
+}
+
+// batchSize is the units a request of cost c draws for the lease's next
+// requests: the key's demand over the last expiry period (none for a key
+// requested less than twice in it), within maxBatch less what the lease
+// holds and is drawing, and within what Redis last said was left.
+func (l *lease) batchSize(maxBatch, c int64, expiry time.Duration) int64 {
+	est := max(l.prev, l.cur) - c
+	if est < c {
+		return 0 // not hot: no batch for a key requested about once per expiry
+	}
+	b := min(est, maxBatch-l.left-l.pending)
+	if l.remaining >= 0 {
+		b = min(b, l.remaining-c)
+	}
+	return max(b, 0)
+}
+
+// forget drops every lease and owed refund, unspent: the store lost Redis,
+// whose state (and the charge of the leases) may be gone. Their units are
+// counted lost.
+func (a *allowances) forget() {
+	if a == nil {
+		return
+	}
+	var n int64
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		for _, l := range sh.m {
+			n += l.left
+			l.left = 0
+			l.remaining = -1
+		}
+		sh.mu.Unlock()
+	}
+	a.owedMu.Lock()
+	for _, o := range a.owed {
+		n += o.units
+	}
+	a.owed = nil
+	a.owedMu.Unlock()
+	a.add(unitsLost, n)
+}
+
+// lost reports whether err suggests Redis went away (its state may be
+// lost): a connection refused, reset or closed. A timeout (a stall) does
+// not: the leases stay, charged.
+func lost(err error) bool {
+	var oe *net.OpError
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// sweep runs until the store closes: returns expired leases' units, drops
+// idle leases, and sends owed refunds again.
+func (a *allowances) sweep() {
+	defer close(a.done)
+	for {
+		period := DefaultAllowanceExpiry / 2
+		if m := a.zones.Load(); m != nil {
+			for _, c := range *m {
+				period = min(period, c.expiry/2)
+			}
+		}
+		t := time.NewTimer(period)
+		select {
+		case <-a.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		a.sweepOnce1(time.Now())
+	}
+}
+
+// sweepOnce1 is one sweep at now.
+func (a *allowances) sweepOnce1(now time.Time) {
+	cfgs := a.zones.Load()
+	var due []owedRefund
+	for i := range a.shards {
+		sh := &a.shards[i]
+		sh.mu.Lock()
+		for k, l := range sh.m {
+			if l.left > 0 && !now.Before(l.expires) {
+				due = append(due, owedRefund{k: k, units: l.left, since: now})
+				l.left = 0
+			}
+			idle := DefaultAllowanceExpiry
+			if cfgs != nil {
+				if c, ok := (*cfgs)[k.zone]; ok {
+					idle = c.expiry
+				}
+			}
+			if l.left == 0 && l.pending == 0 && now.Sub(l.used) > 10*idle {
+				delete(sh.m, k)
+				a.count.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	a.owedMu.Lock()
+	due = append(due, a.owed...)
+	a.owed = nil
+	a.owedMu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var again []owedRefund
+	var dropped int64
+	sem := make(chan struct{}, maxRefundsInFlight)
+	for _, o := range due {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := a.refund(o)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				a.add(unitsReturned, o.units)
+			case retriableRefund(err) && now.Sub(o.since) < refundGiveUp && !lost(err):
+				again = append(again, o)
+			default:
+				dropped += o.units
+			}
+		}()
+	}
+	wg.Wait()
+	a.add(unitsLost, dropped)
+	if len(again) > 0 {
+		a.owedMu.Lock()
+		a.owed = append(a.owed, again...)
+		a.owedMu.Unlock()
+	}
+}
+
+// refund returns o's units to Redis (the script's refund mode).
+func (a *allowances) refund(o owedRefund) error {
+	s := a.s
+	if b := s.breaker; b != nil && b.state.Load() != circuitClosed {
+		return ErrCircuitOpen // the next sweep tries again (a probe is a decision's to make)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	req := []algorithms.Request{{Zone: o.k.zone, Key: o.k.key, Limit: o.k.limit, Cost: o.units}}
+	return s.run(ctx, []string{s.Key(o.k.zone, o.k.key)}, req, nil, true)
+}
+
+// retriableRefund reports whether a refund that failed with err surely did
+// not reach Redis, so that sending it again cannot return its units twice:
+// it was not sent, the breaker was open, or Redis answered with an error.
+func retriableRefund(err error) bool {
+	var re interface{ RedisError() }
+	return errors.Is(err, errNotSent) || errors.Is(err, ErrCircuitOpen) || errors.As(err, &re) && !errors.As(err, new(*unknownError))
+}

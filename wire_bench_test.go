@@ -1,0 +1,169 @@
+package sluice
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// BenchmarkServeHTTPWire serves requests through net/http's own server
+// over an in-memory connection (net.Pipe), side by side: bare `respond`,
+// Sluice with the memory store and each header mode, and a refusal. Unlike
+// BenchmarkServeHTTPSideBySide (a recorder, no wire), it includes what
+// net/http does with the headers a response carries (cloning the header
+// map at WriteHeader, sorting and writing each field), which is most of
+// what the X-RateLimit-* headers cost. The client reads each response
+// without allocating; the difference between two rows is the difference
+// between the two responses' costs in a real server.
+//
+//	go test -run XXX -bench ServeHTTPWire -benchmem .
+func BenchmarkServeHTTPWire(b *testing.B) {
+	zone := func(name, extra string) string {
+		return `rate_limit {
+		zone ` + name + ` {
+			key {http.request.header.X-User}
+			events 1000000000
+			window 1s
+		}
+		` + extra + `
+	}`
+	}
+	deny := `rate_limit {
+		zone wire_deny {
+			key {http.request.header.X-User}
+			events 1
+			window 1h
+		}
+	}`
+	for _, c := range []struct{ name, block string }{
+		{"bare", ""},
+		{"headers_off", zone("wire_off", "headers off")},
+		{"legacy", zone("wire_legacy", "")},
+		{"draft", zone("wire_draft", "headers draft")},
+		{"refuse", deny},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var h *Handler
+			if c.block != "" {
+				h = newHandler(b, c.block, nil)
+				h.logger = zap.NewNop() // as in BenchmarkServeHTTPSideBySide
+			}
+			wireBench(b, h)
+		})
+	}
+}
+
+// wireBench serves b.N requests, one at a time over one keep-alive
+// connection, through h (nil: none) in front of Caddy's `respond "ok"`.
+func wireBench(b *testing.B, h *Handler) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		repl := caddy.NewReplacer()
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		w.Header().Set("Server", "Caddy") // as Caddy's server does
+		var err error
+		if h == nil {
+			err = respondOK.ServeHTTP(w, r)
+		} else {
+			err = h.ServeHTTP(w, r, respondOK)
+		}
+		if err != nil {
+			b.Error(err)
+		}
+	})
+	srvConn, cliConn := net.Pipe()
+	srv := &http.Server{Handler: handler}
+	l := &oneConnListener{c: srvConn, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = srv.Serve(l)
+	}()
+	defer func() {
+		_ = cliConn.Close()
+		_ = srv.Close()
+		wg.Wait()
+	}()
+	req := []byte("GET / HTTP/1.1\r\nHost: bench\r\nX-User: bench\r\n\r\n")
+	rd := bufio.NewReaderSize(cliConn, 4096)
+	roundTrip := func() int {
+		if _, err := cliConn.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		return readResponse(b, rd)
+	}
+	roundTrip() // a refusing zone's one event
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if st := roundTrip(); st != http.StatusOK && st != http.StatusTooManyRequests {
+			b.Fatalf("status %d", st)
+		}
+	}
+}
+
+// readResponse reads one response (status line, headers, a body of
+// Content-Length bytes) without allocating and returns its status.
+func readResponse(b *testing.B, rd *bufio.Reader) int {
+	status, length := 0, 0
+	for first := true; ; first = false {
+		line, err := rd.ReadSlice('\n')
+		if err != nil {
+			b.Fatal(err)
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			break
+		}
+		switch {
+		case first && len(line) >= 12:
+			status, _ = strconv.Atoi(string(line[9:12]))
+		case len(line) > 16 && bytes.EqualFold(line[:16], []byte("Content-Length: ")):
+			length, _ = strconv.Atoi(string(line[16:]))
+		}
+	}
+	if _, err := rd.Discard(length); err != nil {
+		b.Fatal(err)
+	}
+	return status
+}
+
+// oneConnListener hands out one connection, then blocks until closed.
+type oneConnListener struct {
+	c    net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.c })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, io.EOF
+}
+
+func (l *oneConnListener) Close() error {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+var _ caddyhttp.Handler = respondOK
