@@ -2,7 +2,6 @@ package caddytest_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -511,80 +510,4 @@ http://localhost:@A@ {
 	}
 	r := expect(t, get(t, loopbackClient(1), siteA+"/", "X-User: l-"+nonce), 200, "a request")
 	expectLimitHeaders(t, r, 7, 6, "a request of a concurrency zone")
-}
-
-// TestExampleExports loads examples/exports.Caddyfile in front of a
-// stand-in export service that holds each export until released, and
-// checks its comment: one account runs at most 3 exports at once (the
-// others are refused by the concurrency zone, taking nothing from the
-// rate zone), another account is not affected, other paths are not
-// limited; once exports end their slots are back; and starts are limited
-// to 30 a minute by the rate zone.
-func TestExampleExports(t *testing.T) {
-	up := newHoldUpstream(t, "/exports/report")
-	exports, rate := zoneName("exports"), zoneName("exports_rate")
-	loadExample(t, "exports.Caddyfile", map[string]string{"SLUICE_EXPORTS_UPSTREAM": up.addr()},
-		map[string]string{"exports": exports, "exports_rate": rate})
-	c := loopbackClient(20)
-	defer c.CloseIdleConnections()
-	acct := func(a string) string { return "X-Account: " + a + "-" + nonce }
-
-	// Five exports of one account at once: 3 run, 2 are refused.
-	up.hold()
-	results := make(chan result, 5)
-	for i := range 5 {
-		go func() { results <- get(t, c, siteA+"/exports/report-"+strconv.Itoa(i)+".csv", acct("acme")) }()
-	}
-	up.waitArrived(t, 3)
-	for range 2 {
-		r := <-results
-		expect(t, r, 429, "a fourth export")
-		if z := refusedBy(t, r.body); z != exports {
-			t.Errorf("refused by %q, want %q", z, exports)
-		}
-		expectRetryAfter(t, r, 1, 1, "a concurrency refusal before any export ended")
-		if !strings.Contains(r.header.Get("Ratelimit-Policy"), `;q=3;qu="concurrent-requests"`) {
-			t.Errorf("RateLimit-Policy %q, want the exports zone with q=3 and qu=\"concurrent-requests\"", r.header.Get("Ratelimit-Policy"))
-		}
-	}
-	if got := up.inFlight.Load(); got != 3 {
-		t.Fatalf("%d exports running at the upstream, want 3", got)
-	}
-	if got := inUse(t, exports, "acme-"+nonce); got != 3 {
-		t.Fatalf("in_use %d, want 3", got)
-	}
-	// Another account exports meanwhile; other paths are not limited.
-	go func() { results <- get(t, c, siteA+"/exports/report-globex.csv", acct("globex")) }()
-	up.waitArrived(t, 1)
-	if got := up.inFlight.Load(); got != 4 {
-		t.Fatalf("%d exports running at the upstream, want 4 (3 of acme, 1 of globex)", got)
-	}
-	for i := range 5 {
-		r := expect(t, get(t, c, siteA+"/api/items", acct("acme")), 200, "another path #"+strconv.Itoa(i))
-		expectNoLimitHeaders(t, r, "another path")
-	}
-	up.releaseAll()
-	for range 4 {
-		expect(t, <-results, 200, "an export that ran")
-	}
-	waitInUse(t, exports, "acme-"+nonce, 0, 2*time.Second)
-
-	// Starts: 3 of acme's 30 are spent (the 2 refused spent none). Quick
-	// exports, one after another, until the rate zone refuses.
-	start := time.Now()
-	passed := 0
-	for i := range 40 {
-		r := get(t, c, siteA+"/exports/quick-"+strconv.Itoa(i)+".csv", acct("acme"))
-		if r.code == http.StatusTooManyRequests {
-			if z := refusedBy(t, r.body); z != rate {
-				t.Fatalf("quick export %d refused by %q, want %q", i, z, rate)
-			}
-			break
-		}
-		expect(t, r, 200, "a quick export")
-		passed++
-	}
-	took := time.Since(start) + 2*time.Second // the first exports' time, too
-	expectBetween(t, passed, 27, 27+refilled(0.5, took), fmt.Sprintf("quick exports after 3 ran and 2 were refused (in %v): passed", took))
-	waitInUse(t, exports, "acme-"+nonce, 0, 2*time.Second)
 }
