@@ -36,6 +36,10 @@
 # more line inside every `store redis { }` block, to try a setting (for
 # example "pool_size 64"); none by default.
 # BENCH_KEYS (10000): clients of the many-key targets (wrk-keys.lua).
+# BENCH_CADDY: a Caddy binary with Sluice to measure instead of building
+# ./cmd/caddy (another commit's build, for a before/after comparison: only
+# the sites of BENCH_TARGETS are configured, so an older build needs to
+# know only their settings).
 # Default total: about 8 minutes on 2 cores (build cached; 9–10 with BENCH_PROFILE).
 set -euo pipefail
 
@@ -96,9 +100,14 @@ command -v redis-benchmark >/dev/null 2>&1 || apt_install redis-tools
 
 log "building bench/bin/caddy and bench/bin/benchtool"
 mkdir -p bench/bin
-"$GO" build -o bench/bin/caddy ./cmd/caddy
-"$GO" build -o bench/bin/benchtool ./bench/benchtool
 CADDY=$ROOT/bench/bin/caddy
+if [[ -n "${BENCH_CADDY:-}" ]]; then
+	CADDY=$(realpath "$BENCH_CADDY")
+	log "measuring $CADDY (BENCH_CADDY)"
+else
+	"$GO" build -o bench/bin/caddy ./cmd/caddy
+fi
+"$GO" build -o bench/bin/benchtool ./bench/benchtool
 BT=$ROOT/bench/bin/benchtool
 
 # ---- 2. servers --------------------------------------------------------------
@@ -197,20 +206,23 @@ redis_store=$(
 	[[ -z "$REDIS_OPTS" ]] || printf '\t\t\t%s\n' "$REDIS_OPTS"
 	printf '\t\t}\n'
 )$'\n'
+# want: the target is measured (its site is configured); bare always is.
+want() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
 {
 	printf '{\n\tadmin 127.0.0.1:%s\n\tauto_https off\n\tdefault_bind 127.0.0.1\n\tpersist_config off\n\tgrace_period 2s\n}\n\n' "$P_ADMIN"
 	site "$P_BARE" ""
-	site "$P_MEM1" "$(zone mem1 "$never")"$'\n'
-	site "$P_MEM3" "$(zone mem3a "$never")"$'\n'"$(zone mem3b "$never")"$'\n'"$(zone mem3c "$never")"$'\n'
-	site "$P_MEMDENY" "$(zone memdeny "$deny")"$'\n'
-	site "$P_MEMCONC" "$(zone memconc "$never")"$'\n'"$(zone memconcslots "$slots")"$'\n'
-	site "$P_REDIS1" "$(zone redis1 "$never")"$'\n' "$redis_store"
-	site "$P_REDIS3" "$(zone redis3a "$never")"$'\n'"$(zone redis3b "$never")"$'\n'"$(zone redis3c "$never")"$'\n' "$redis_store"
-	site "$P_REDISDENY" "$(zone redisdeny "$deny")"$'\n' "$redis_store"
-	site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
-	site "$P_REDIS1K" "$(zone redis1k "$never" "$apikey")"$'\n' "$redis_store"
-	site "$P_REDIS3K" "$(zone redis3ka "$never" "$apikey")"$'\n'"$(zone redis3kb "$never" "$apikey")"$'\n'"$(zone redis3kc "$never" "$apikey")"$'\n' "$redis_store"
-	site "$P_REDISLOCAL" "$(zone redislocal "$never" "" local_allowance)"$'\n' "$redis_store"
+	want mem1 && site "$P_MEM1" "$(zone mem1 "$never")"$'\n'
+	want mem3 && site "$P_MEM3" "$(zone mem3a "$never")"$'\n'"$(zone mem3b "$never")"$'\n'"$(zone mem3c "$never")"$'\n'
+	want memdeny && site "$P_MEMDENY" "$(zone memdeny "$deny")"$'\n'
+	want memconc && site "$P_MEMCONC" "$(zone memconc "$never")"$'\n'"$(zone memconcslots "$slots")"$'\n'
+	want redis1 && site "$P_REDIS1" "$(zone redis1 "$never")"$'\n' "$redis_store"
+	want redis3 && site "$P_REDIS3" "$(zone redis3a "$never")"$'\n'"$(zone redis3b "$never")"$'\n'"$(zone redis3c "$never")"$'\n' "$redis_store"
+	want redisdeny && site "$P_REDISDENY" "$(zone redisdeny "$deny")"$'\n' "$redis_store"
+	want redisconc && site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
+	want redis1k && site "$P_REDIS1K" "$(zone redis1k "$never" "$apikey")"$'\n' "$redis_store"
+	want redis3k && site "$P_REDIS3K" "$(zone redis3ka "$never" "$apikey")"$'\n'"$(zone redis3kb "$never" "$apikey")"$'\n'"$(zone redis3kc "$never" "$apikey")"$'\n' "$redis_store"
+	want redislocal && site "$P_REDISLOCAL" "$(zone redislocal "$never" "" local_allowance)"$'\n' "$redis_store"
+	: # (a last target not wanted is not a failure)
 } >"$OUT/Caddyfile"
 
 XDG_CONFIG_HOME=$TMP/config XDG_DATA_HOME=$TMP/data \
@@ -220,6 +232,7 @@ CADDY_PID=$!
 SERVER_PIDS="$CADDY_PID $REDIS_PID" # this order: measure() reads them so
 "$BT" wait "$ADMIN/config/" 30 || die "Caddy did not start (see $OUT/caddy.log)"
 for t in "${!PORT[@]}"; do
+	[[ $t == bare ]] || want "$t" || continue
 	"$BT" wait "http://127.0.0.1:${PORT[$t]}/" 10 || die "Caddy site $t did not answer (see $OUT/caddy.log)"
 done
 log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
@@ -228,7 +241,7 @@ log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for
 	echo "date         $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 	echo "commit       $(git rev-parse --short HEAD 2>/dev/null || echo '?')$( [[ -n "$(git status --porcelain 2>/dev/null)" ]] && echo ' + uncommitted changes')"
 	echo "go           $("$GO" version | cut -d' ' -f3-)"
-	echo "caddy        $("$CADDY" version | cut -d' ' -f1)"
+	echo "caddy        $("$CADDY" version | cut -d' ' -f1)$([[ -z "${BENCH_CADDY:-}" ]] || echo " ($BENCH_CADDY)")"
 	echo "wrk          $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
 	echo "redis        $(redis-server --version | grep -o 'v=[0-9.]*')"
 	echo "cpu          $(nproc) x $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
