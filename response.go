@@ -178,8 +178,8 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	retry := h.retryAfterSeconds(v.RetryAfter)
 	reset := resetUnix(now, v.ResetAfter)
 	publishPlaceholders(r, repl, refusalVars{
-		zone: v.zone.name, msg: msg, status: status,
-		retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset,
+		passVars: passVars{zone: v.zone.name, retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset},
+		msg:      msg, status: status,
 	})
 	// Building the event costs allocations; skip it when nothing listens.
 	if !unavailable && h.events.ShouldEmit(eventExceeded) {
@@ -326,40 +326,25 @@ func appendProblem(b []byte, status int, unavailable bool, msg string, retry int
 const phPrefix = "http.rate_limit."
 
 // refusalVars are the values of a refusal's {http.rate_limit.*}
-// placeholders.
+// placeholders: a forwarded would-be refusal's (passVars, pass.go), and
+// the status and the error message.
 type refusalVars struct {
-	zone, msg                      string
-	retry, limit, remaining, reset int64
-	status                         int
+	passVars
+	msg    string
+	status int
 }
 
 // get is the placeholder provider: the value of key, with the same types
 // Replacer.Set was given before there was a provider (strings, int64s and
 // the status as an int), so every placeholder renders as it did.
 func (p refusalVars) get(key string) (any, bool) {
-	name, ok := strings.CutPrefix(key, phPrefix)
-	if !ok {
-		return nil, false
-	}
-	switch name {
-	case "zone", "exceeded.name":
-		return p.zone, true
-	case "retry_after":
-		return p.retry, true
-	case "limit":
-		return p.limit, true
-	case "remaining":
-		return p.remaining, true
-	case "reset":
-		return p.reset, true
-	case "status":
+	switch key {
+	case phPrefix + "status":
 		return p.status, true
-	case "error":
+	case phPrefix + "error":
 		return p.msg, true
-	case "exceeded":
-		return true, true
 	}
-	return nil, false
+	return p.passVars.get(key)
 }
 
 // publishPlaceholders makes the refusal's placeholders readable by everything
