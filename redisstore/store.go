@@ -470,17 +470,7 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 				return fmt.Errorf("redis: the script returned %T, want integers", res[4*i+j])
 			}
 		}
-		out[i] = algorithms.Decision{
-			Allowed:    n[0] == 1,
-			Limit:      reqs[i].Limit.Capacity(),
-			Remaining:  n[1],
-			RetryAfter: time.Duration(n[2]) * time.Millisecond,
-			ResetAfter: time.Duration(n[3]) * time.Millisecond,
-		}
-		if out[i].Allowed {
-			// An admission's retry-after is its wait (lua/take.lua).
-			out[i].RetryAfter, out[i].Delay = 0, out[i].RetryAfter
-		}
+		out[i] = zoneDecision(&reqs[i], n)
 	}
 	if n := 4 * len(reqs); len(res) > n {
 		if now, ok := res[n].(int64); ok {
@@ -493,6 +483,24 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 		}
 	}
 	return nil
+}
+
+// zoneDecision is one zone's decision from its four numbers in the
+// script's reply: allowed (1/0), remaining, retry-after and reset-after
+// in ms. An admission's retry-after is its wait (lua/take.lua: delay).
+func zoneDecision(r *algorithms.Request, n [4]int64) algorithms.Decision {
+	d := algorithms.Decision{
+		Allowed:    n[0] == 1,
+		Limit:      r.Limit.Capacity(),
+		Remaining:  n[1],
+		ResetAfter: time.Duration(n[3]) * time.Millisecond,
+	}
+	if d.Allowed {
+		d.Delay = time.Duration(n[2]) * time.Millisecond
+	} else {
+		d.RetryAfter = time.Duration(n[2]) * time.Millisecond
+	}
+	return d
 }
 
 // decodeRaw reads the script's reply from its raw RESP bytes (resp.go),
@@ -522,17 +530,7 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 				return err
 			}
 		}
-		out[i] = algorithms.Decision{
-			Allowed:    v[0] == 1,
-			Limit:      reqs[i].Limit.Capacity(),
-			Remaining:  v[1],
-			RetryAfter: time.Duration(v[2]) * time.Millisecond,
-			ResetAfter: time.Duration(v[3]) * time.Millisecond,
-		}
-		if out[i].Allowed {
-			// An admission's retry-after is its wait (lua/take.lua).
-			out[i].RetryAfter, out[i].Delay = 0, out[i].RetryAfter
-		}
+		out[i] = zoneDecision(&reqs[i], v)
 	}
 	z := 4 * len(reqs)
 	if n == z {
