@@ -418,17 +418,7 @@ func BenchmarkServeHTTPConcurrency(b *testing.B) {
 			concurrent 1000000
 		}
 	}`)
-	r := httptest.NewRequest("GET", "/", nil)
-	r.Header.Set("X-User", "bench")
-	caddyhttp.NewTestReplacer(r)
-	w := httptest.NewRecorder()
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(w.Header())
-		if err := h.ServeHTTP(w, r, okHandler); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchServeAllowed(b, h)
 }
 
 // A report-only concurrency zone never refuses: past its slots a request

@@ -415,18 +415,7 @@ func BenchmarkServeHTTPCount(b *testing.B) {
 					`+tc.count+`
 				}
 			}`, nil)
-			r := httptest.NewRequest("GET", "/", nil)
-			r.Header.Set("X-User", "bench")
-			caddyhttp.NewTestReplacer(r)
-			w := httptest.NewRecorder()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				clear(w.Header())
-				if err := h.ServeHTTP(w, r, okHandler); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchServeAllowed(b, h)
 		})
 	}
 }
