@@ -25,7 +25,8 @@ import (
 const (
 	// readyTimeout bounds a Caddy start: until GET /__ready answers.
 	readyTimeout = 15 * time.Second
-	// stopGrace is how long a Caddy has to exit after SIGTERM before SIGKILL.
+	// stopGrace is how long a Caddy has to exit after SIGTERM (then after
+	// SIGQUIT) before it is killed.
 	stopGrace = 5 * time.Second
 	// startAttempts: a port picked free may be taken before Caddy binds it.
 	startAttempts = 3
@@ -41,6 +42,7 @@ type caddyProc struct {
 	cmd       *exec.Cmd
 	done      chan struct{} // closed when the process has exited
 	waitErr   error
+	dumped    bool // stop had to ask for a goroutine dump (SIGQUIT)
 
 	stopOnce sync.Once
 }
@@ -103,6 +105,9 @@ func startCaddy(t testing.TB, name, global, routes string) *caddyProc {
 				}
 				if t.Failed() {
 					t.Logf("caddy %s (admin %d, http %d) log tail:\n%s", p.name, p.adminPort, p.httpPort, p.logTail(60))
+				}
+				if p.dumped {
+					t.Logf("caddy %s did not exit within %v of SIGTERM; its goroutines at SIGQUIT:\n%s", p.name, stopGrace, p.goroutineDump())
 				}
 			})
 			return p
@@ -180,7 +185,10 @@ func (p *caddyProc) waitReady(timeout time.Duration) error {
 	}
 }
 
-// stop sends SIGTERM, then SIGKILL after stopGrace, and waits for the exit.
+// stop sends SIGTERM and waits for the exit. A Caddy still running after
+// stopGrace gets SIGQUIT, so that the Go runtime writes every goroutine's
+// stack to the log before it exits (a shutdown that hangs says where), and
+// SIGKILL if even that does not end it.
 func (p *caddyProc) stop() {
 	p.stopOnce.Do(func() {
 		if p.cmd == nil || p.cmd.Process == nil {
@@ -194,11 +202,32 @@ func (p *caddyProc) stop() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
+			return
+		case <-time.After(stopGrace):
+		}
+		p.dumped = true
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
 		case <-time.After(stopGrace):
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
 	})
+}
+
+// goroutineDump returns what the runtime wrote at SIGQUIT: the log from
+// its first goroutine header on, at most 400 lines.
+func (p *caddyProc) goroutineDump() string {
+	text := p.logText()
+	if i := strings.Index(text, "SIGQUIT"); i >= 0 {
+		text = text[i:]
+	}
+	lines := strings.Split(text, "\n")
+	if len(lines) > 400 {
+		lines = lines[:400]
+	}
+	return strings.Join(lines, "\n")
 }
 
 func (p *caddyProc) url(path string) string {

@@ -163,7 +163,11 @@ func TestDelayShutdownWhileWaiting(t *testing.T) {
 		}
 	}
 	if stopped > 4*time.Second {
-		t.Errorf("caddy took %v to stop with requests waiting (the longest wait is under 2 s)", stopped)
+		dump := ""
+		if p.dumped {
+			dump = "; its goroutines at SIGQUIT:\n" + p.goroutineDump()
+		}
+		t.Errorf("caddy took %v to stop with requests waiting (the longest wait is under 2 s)%s", stopped, dump)
 	}
 	t.Logf("shutdown with 20 requests waiting: %v; caddy stopped in %v", tl, stopped.Round(time.Millisecond))
 	if tl["200"] != 20 {
