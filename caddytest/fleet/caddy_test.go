@@ -25,8 +25,8 @@ import (
 const (
 	// readyTimeout bounds a Caddy start: until GET /__ready answers.
 	readyTimeout = 15 * time.Second
-	// stopGrace is how long a Caddy has to exit after SIGTERM (then after
-	// SIGQUIT) before it is killed.
+	// stopGrace is how long a Caddy has to exit after SIGTERM before it is
+	// killed (after its goroutines are read, see stop).
 	stopGrace = 5 * time.Second
 	// startAttempts: a port picked free may be taken before Caddy binds it.
 	startAttempts = 3
@@ -42,7 +42,8 @@ type caddyProc struct {
 	cmd       *exec.Cmd
 	done      chan struct{} // closed when the process has exited
 	waitErr   error
-	dumped    bool // stop had to ask for a goroutine dump (SIGQUIT)
+	dumped    bool   // stop had to read the goroutines of a Caddy that did not exit
+	dump      string // what it read
 
 	stopOnce sync.Once
 }
@@ -107,7 +108,7 @@ func startCaddy(t testing.TB, name, global, routes string) *caddyProc {
 					t.Logf("caddy %s (admin %d, http %d) log tail:\n%s", p.name, p.adminPort, p.httpPort, p.logTail(60))
 				}
 				if p.dumped {
-					t.Logf("caddy %s did not exit within %v of SIGTERM; its goroutines at SIGQUIT:\n%s", p.name, stopGrace, p.goroutineDump())
+					t.Logf("caddy %s did not exit within %v of SIGTERM; its goroutines then:\n%s", p.name, stopGrace, p.goroutineDump())
 				}
 			})
 			return p
@@ -186,9 +187,9 @@ func (p *caddyProc) waitReady(timeout time.Duration) error {
 }
 
 // stop sends SIGTERM and waits for the exit. A Caddy still running after
-// stopGrace gets SIGQUIT, so that the Go runtime writes every goroutine's
-// stack to the log before it exits (a shutdown that hangs says where), and
-// SIGKILL if even that does not end it.
+// stopGrace is asked for its goroutines (the admin endpoint's
+// /debug/pprof/goroutine, still served while the apps stop: a shutdown
+// that hangs says where) and killed.
 func (p *caddyProc) stop() {
 	p.stopOnce.Do(func() {
 		if p.cmd == nil || p.cmd.Process == nil {
@@ -205,25 +206,33 @@ func (p *caddyProc) stop() {
 			return
 		case <-time.After(stopGrace):
 		}
+		p.dump = p.fetchGoroutines()
 		p.dumped = true
-		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-p.done:
-		case <-time.After(stopGrace):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		_ = p.cmd.Process.Kill()
+		<-p.done
 	})
 }
 
-// goroutineDump returns what the runtime wrote at SIGQUIT: the log from
-// its first goroutine header on, at most 400 lines.
-func (p *caddyProc) goroutineDump() string {
-	text := p.logText()
-	if i := strings.Index(text, "SIGQUIT"); i >= 0 {
-		text = text[i:]
+// fetchGoroutines returns the stacks of every goroutine of the running
+// Caddy, from its admin endpoint, or why they could not be read.
+func (p *caddyProc) fetchGoroutines() string {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(p.adminURL("/debug/pprof/goroutine?debug=2"))
+	if err != nil {
+		return "(no goroutine dump: " + err.Error() + ")"
 	}
-	lines := strings.Split(text, "\n")
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "(goroutine dump cut short: " + err.Error() + ")\n" + string(b)
+	}
+	return string(b)
+}
+
+// goroutineDump returns the goroutines stop read from a Caddy that did
+// not exit in time, at most 400 lines.
+func (p *caddyProc) goroutineDump() string {
+	lines := strings.Split(p.dump, "\n")
 	if len(lines) > 400 {
 		lines = lines[:400]
 	}
