@@ -130,6 +130,10 @@ type allowances struct {
 
 	owedMu sync.Mutex
 	owed   []owedRefund // refunds not sent yet
+	// returning is the units of refunds in flight (a sweep's): taken from
+	// the leases and owed, not yet counted returned or lost nor owed again.
+	// What the instance holds is the leases' units, owed and returning.
+	returning atomic.Int64
 
 	sweepOnce sync.Once // starts the sweeper
 	stop      chan struct{}
@@ -152,7 +156,8 @@ type allowances struct {
 // (batches Redis confirmed), spent (by requests decided here), returned
 // (refunds Redis confirmed), lost (held units dropped unspent: Redis lost,
 // or a refund given up), unconfirmed (batches whose draw got no reply:
-// Redis may have charged them). drawn = spent + returned + lost + held.
+// Redis may have charged them). drawn = spent + returned + lost + held
+// (the leases' units, owed refunds and refunds in flight).
 const (
 	unitsDrawn = iota
 	unitsSpent
@@ -704,6 +709,9 @@ func (a *allowances) sweepOnce1(now time.Time) {
 	if len(due) == 0 {
 		return
 	}
+	for _, o := range due {
+		a.returning.Add(o.units)
+	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var again []owedRefund
@@ -720,6 +728,7 @@ func (a *allowances) sweepOnce1(now time.Time) {
 			switch {
 			case err == nil:
 				a.add(unitsReturned, o.units)
+				a.returning.Add(-o.units)
 			case retriableRefund(err) && now.Sub(o.since) < refundGiveUp && !lost(err):
 				again = append(again, o)
 			default:
@@ -729,10 +738,16 @@ func (a *allowances) sweepOnce1(now time.Time) {
 	}
 	wg.Wait()
 	a.add(unitsLost, dropped)
+	a.returning.Add(-dropped)
 	if len(again) > 0 {
+		var n int64
 		a.owedMu.Lock()
 		a.owed = append(a.owed, again...)
 		a.owedMu.Unlock()
+		for _, o := range again {
+			n += o.units
+		}
+		a.returning.Add(-n)
 	}
 }
 

@@ -40,7 +40,8 @@ func allowanceUnits(s *Store, event string) float64 {
 	panic(event)
 }
 
-// held is what s's leases hold unspent.
+// held is what s holds unspent: its leases' units, the refunds owed and
+// the refunds in flight.
 func held(s *Store) int64 {
 	a := s.allow.Load()
 	if a == nil {
@@ -60,7 +61,7 @@ func held(s *Store) int64 {
 		n += o.units
 	}
 	a.owedMu.Unlock()
-	return n
+	return n + a.returning.Load()
 }
 
 // balanced checks a store's allowance accounting: drawn = spent + returned

@@ -69,7 +69,7 @@ func initStoreMetrics() {
 		}, []string{"store", "target", "op"})
 		storeMetrics.allowanceUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "local_allowance_units_total",
-			Help: "Units of budget in this instance's local allowances (local_allowance), by event: drawn (batches Redis confirmed, beyond the drawing requests' own costs), spent (by requests decided here), returned (unspent, refunded to Redis), lost (held and dropped unspent: Redis lost or restarted, or a refund given up; the key refills them), unconfirmed (batches whose draw got no reply: Redis may have charged them). drawn = spent + returned + lost + what the leases hold.",
+			Help: "Units of budget in this instance's local allowances (local_allowance), by event: drawn (batches Redis confirmed, beyond the drawing requests' own costs), spent (by requests decided here), returned (unspent, refunded to Redis), lost (held and dropped unspent: Redis lost or restarted, or a refund given up; the key refills them), unconfirmed (batches whose draw got no reply: Redis may have charged them). drawn = spent + returned + lost + what the instance holds (its leases' units and refunds not yet confirmed).",
 		}, []string{"store", "target", "event"})
 		storeMetrics.allowanceDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "local_allowance_decisions_total",
