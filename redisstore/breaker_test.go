@@ -51,8 +51,8 @@ func oneTake(s *Store, req algorithms.Request) (time.Duration, error) {
 }
 
 // TestBreakerOpensFailsFastProbesAndCloses drives the whole cycle through a
-// stalled proxy: 5 timeouts open it; while open, Takes fail within a
-// couple of milliseconds without a byte reaching the proxy; half-open lets
+// stalled proxy: 5 timeouts open it; while open, Takes fail at once (far
+// within the timeout) without a byte reaching the proxy; half-open lets
 // exactly one of many concurrent Takes through (the probe); a failed probe
 // doubles the cool-down; a probe that succeeds closes it.
 func TestBreakerOpensFailsFastProbesAndCloses(t *testing.T) {
@@ -85,8 +85,11 @@ func TestBreakerOpensFailsFastProbesAndCloses(t *testing.T) {
 	}
 	sort.Slice(durs, func(i, j int) bool { return durs[i] < durs[j] })
 	t.Logf("1000 Takes while open: p50 %v, p99 %v, max %v", durs[500], durs[990], durs[999])
-	if durs[999] > 5*time.Millisecond {
-		t.Errorf("a Take took %v while the circuit was open, want ≤ 5ms (no Redis call)", durs[999])
+	// A Take that tried the stalled Redis would take the timeout; one that
+	// does not returns at once (the bound is half the timeout, not a speed
+	// target: a loaded machine's pauses stay well under it).
+	if durs[999] > DefaultTimeout/2 {
+		t.Errorf("a Take took %v while the circuit was open, want well under the timeout %v (no Redis call)", durs[999], DefaultTimeout)
 	}
 	if n := p.Discarded() + p.Forwarded() - sent; n != 0 {
 		t.Errorf("%d chunks reached the proxy while the circuit was open", n)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,16 +102,30 @@ func TestRefundsExactInRedis(t *testing.T) {
 }
 
 // Store.Refund does not wait for Redis and lands; on a Cluster, refunds of
-// keys in different slots go to each key's node.
+// keys in different slots go to each key's node. Redis is made to stall
+// (DEBUG SLEEP on every node) as Refund is called: a Refund that waited for
+// its reply would take the stall; it must return in a fraction of it.
 func TestStoreRefundLands(t *testing.T) {
 	l := limitOf(t, algorithms.TokenBucket, 5, time.Hour, 0)
-	check := func(t *testing.T, s *Store) {
+	const stall = 400 * time.Millisecond
+	check := func(t *testing.T, s *Store, nodes ...*redistest.Server) {
 		a, b := freshKey(t), freshKey(t)
 		out := take(t, s, algorithms.Request{Zone: "ra", Key: a, Limit: l, Cost: 2, Refundable: true},
 			algorithms.Request{Zone: "rb", Key: b, Limit: l, Cost: 3, Refundable: true})
 		if !out[0].Allowed || !out[1].Allowed || out[0].At == 0 || out[1].At == 0 {
 			t.Fatalf("charges: %+v", out)
 		}
+		var stalls sync.WaitGroup
+		for _, n := range nodes {
+			stalls.Add(1)
+			go func() {
+				defer stalls.Done()
+				if _, err := n.DoErr("DEBUG", "SLEEP", stall.Seconds()); err != nil {
+					t.Errorf("DEBUG SLEEP: %v", err)
+				}
+			}()
+		}
+		time.Sleep(50 * time.Millisecond) // the stalls have begun (were they late, Refund would only look faster)
 		start := time.Now()
 		if err := s.Refund(context.Background(), []algorithms.Refund{
 			{Zone: "ra", Key: a, Limit: l, Cost: 2, At: out[0].At},
@@ -118,9 +133,10 @@ func TestStoreRefundLands(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if d := time.Since(start); d > 5*time.Millisecond {
-			t.Errorf("Refund took %v: it must not wait for Redis", d)
+		if d := time.Since(start); d > stall/4 {
+			t.Errorf("Refund took %v while Redis stalled for %v: it must not wait for Redis", d, stall)
 		}
+		stalls.Wait()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			ga, gb := make([]algorithms.Decision, 1), make([]algorithms.Decision, 1)
@@ -138,13 +154,13 @@ func TestStoreRefundLands(t *testing.T) {
 	}
 	t.Run("standalone", func(t *testing.T) {
 		srv := redistest.Start(t)
-		check(t, newTestStore(t, srv.URL(), "", testTimeout, 0))
+		check(t, newTestStore(t, srv.URL(), "", testTimeout, 0), srv)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3)
 		s := newClusterStore(t, c.Addrs(), testTimeout)
 		// Two keys in different slots, in one Refund call.
-		check(t, s)
+		check(t, s, c.Nodes...)
 	})
 }
 
