@@ -132,13 +132,20 @@ func TestFleetLocalAllowanceStall(t *testing.T) {
 	if admitted > limit {
 		t.Errorf("%d admitted in all, the limit is %d", admitted, limit)
 	}
-	time.Sleep(time.Second)
 	var lostOrUnconfirmed float64
 	for _, p := range procs {
 		ev := func(e string) float64 {
 			return metricSum(t, p, "caddy_rate_limit_local_allowance_units_total", `event="`+e+`"`)
 		}
-		d, s, ret, l, u := ev("drawn"), ev("spent"), ev("returned"), ev("lost"), ev("unconfirmed")
+		// The leases expire (their expiry, then a sweep) and their refunds
+		// land: wait for the books to close, within a bound.
+		var d, s, ret, l, u float64
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			d, s, ret, l, u = ev("drawn"), ev("spent"), ev("returned"), ev("lost"), ev("unconfirmed")
+			if d == s+ret+l || time.Now().After(deadline) {
+				break
+			}
+		}
 		t.Logf("caddy %s: drawn %.0f, spent %.0f, returned %.0f, lost %.0f, unconfirmed %.0f", p.name, d, s, ret, l, u)
 		if d != s+ret+l {
 			t.Errorf("caddy %s: drawn %.0f != spent %.0f + returned %.0f + lost %.0f: units still held, or unaccounted for", p.name, d, s, ret, l)
