@@ -183,11 +183,11 @@ func TestCountStreamedResponse(t *testing.T) {
 	release := make(chan struct{})
 	var started atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started.Add(1) // before the first event: the client may read it before a later line runs
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("data: hello\n\n"))
 		http.NewResponseController(w).Flush()
-		started.Add(1)
 		<-release
 		_, _ = w.Write([]byte("data: bye\n\n"))
 	}))
