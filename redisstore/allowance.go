@@ -130,9 +130,11 @@ type allowances struct {
 
 	owedMu sync.Mutex
 	owed   []owedRefund // refunds not sent yet
-	// returning is the units of refunds in flight (a sweep's): taken from
-	// the leases and owed, not yet counted returned or lost nor owed again.
-	// What the instance holds is the leases' units, owed and returning.
+	// returning is the units of a sweep's refunds, from when it takes them
+	// from the leases and owed until every outcome is recorded (returned,
+	// lost, or owed again). What the instance holds is the leases' units,
+	// owed and returning (for a moment after a refund lands, counted in
+	// both returning and returned).
 	returning atomic.Int64
 
 	sweepOnce sync.Once // starts the sweeper
@@ -709,9 +711,12 @@ func (a *allowances) sweepOnce1(now time.Time) {
 	if len(due) == 0 {
 		return
 	}
+	var total int64
 	for _, o := range due {
-		a.returning.Add(o.units)
+		total += o.units
 	}
+	a.returning.Add(total)
+	defer a.returning.Add(-total)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var again []owedRefund
@@ -728,7 +733,6 @@ func (a *allowances) sweepOnce1(now time.Time) {
 			switch {
 			case err == nil:
 				a.add(unitsReturned, o.units)
-				a.returning.Add(-o.units)
 			case retriableRefund(err) && now.Sub(o.since) < refundGiveUp && !lost(err):
 				again = append(again, o)
 			default:
@@ -738,16 +742,10 @@ func (a *allowances) sweepOnce1(now time.Time) {
 	}
 	wg.Wait()
 	a.add(unitsLost, dropped)
-	a.returning.Add(-dropped)
 	if len(again) > 0 {
-		var n int64
 		a.owedMu.Lock()
 		a.owed = append(a.owed, again...)
 		a.owedMu.Unlock()
-		for _, o := range again {
-			n += o.units
-		}
-		a.returning.Add(-n)
 	}
 }
 

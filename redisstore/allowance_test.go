@@ -319,10 +319,7 @@ func TestLocalAllowanceKill(t *testing.T) {
 	// watchInterval; a poll that times out on a loaded machine waits for
 	// the next): until then an instance may spend what it held (the
 	// documented bound), so wait for it, within a bound, not a fixed time.
-	deadline := time.Now().Add(20 * watchInterval)
-	for held(s) != 0 && time.Now().Before(deadline) {
-		time.Sleep(watchInterval / 10)
-	}
+	waitFor(20*watchInterval, func() bool { return held(s) == 0 })
 	if h := held(s); h != 0 {
 		t.Errorf("the leases hold %d units %v after Redis was lost and restarted", h, 20*watchInterval)
 	}

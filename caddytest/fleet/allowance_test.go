@@ -140,12 +140,10 @@ func TestFleetLocalAllowanceStall(t *testing.T) {
 		// The leases expire (their expiry, then a sweep) and their refunds
 		// land: wait for the books to close, within a bound.
 		var d, s, ret, l, u float64
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		waitFor(5*time.Second, func() bool {
 			d, s, ret, l, u = ev("drawn"), ev("spent"), ev("returned"), ev("lost"), ev("unconfirmed")
-			if d == s+ret+l || time.Now().After(deadline) {
-				break
-			}
-		}
+			return d == s+ret+l
+		})
 		t.Logf("caddy %s: drawn %.0f, spent %.0f, returned %.0f, lost %.0f, unconfirmed %.0f", p.name, d, s, ret, l, u)
 		if d != s+ret+l {
 			t.Errorf("caddy %s: drawn %.0f != spent %.0f + returned %.0f + lost %.0f: units still held, or unaccounted for", p.name, d, s, ret, l)

@@ -471,11 +471,11 @@ func TestSlotsFleetRedisOutage(t *testing.T) {
 		}
 		// The releases follow the responses: poll, within a bound.
 		for _, z := range []string{"slots_out_local", "slots_out_open", "slots_out_closed"} {
-			got := metricSum(t, p, "caddy_rate_limit_concurrent_slots", `zone="`+z+`"`)
-			for deadline := time.Now().Add(2 * time.Second); got != 0 && time.Now().Before(deadline); {
-				time.Sleep(20 * time.Millisecond)
+			var got float64
+			waitFor(2*time.Second, func() bool {
 				got = metricSum(t, p, "caddy_rate_limit_concurrent_slots", `zone="`+z+`"`)
-			}
+				return got == 0
+			})
 			if got != 0 {
 				t.Errorf("%s: concurrent_slots{%s} %v 2 s after every request ended, want 0 (a slot left in memory)", what, z, got)
 			}
