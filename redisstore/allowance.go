@@ -58,7 +58,8 @@ import (
 //
 // Failures: a request whose zones cannot all be decided here goes to Redis
 // and fails as any other (the zones' fail policies apply); after a failed
-// call no batch is drawn until a call succeeds. A lease is
+// call no batch is drawn until a call succeeds, and none before the
+// watch's first successful poll (see allowances.watch). A lease is
 // forgotten, unspent, when the store loses its connection to Redis or the
 // deny cache's watch sees Redis restarted or flushed (its state, and with
 // it the charge, may be gone: spending the lease then could admit more
@@ -146,6 +147,11 @@ type allowances struct {
 	// costs at most the batches in flight when it began (a key's are at
 	// most its maxBatch), not one per failed request.
 	paused atomic.Bool
+	// watch sees Redis restarted or flushed and then forgets the leases;
+	// no batch is drawn before its first successful poll (a restart
+	// before it would go unseen, and a lease drawn before it spent on top
+	// of the restarted Redis's budget).
+	watch *watcher
 
 	units     [5]prometheus.Counter // by event (unitEvents), this store's labels
 	decisions prometheus.Counter
@@ -288,13 +294,14 @@ func (s *Store) allowances() *allowances {
 	if a := s.allow.Load(); a != nil {
 		return a
 	}
-	a := newAllowances(s)
-	s.allow.Store(a)
 	if s.watch == nil {
 		// The watch sees a restart or a flush (the leases' charge gone) even
 		// without a deny cache.
 		s.watch = startWatch(s)
 	}
+	a := newAllowances(s)
+	a.watch = s.watch
+	s.allow.Store(a)
 	return a
 }
 
@@ -394,7 +401,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			p.local = true
 			local++
 			out[i] = l.decision(r, now)
-		} else if !a.paused.Load() {
+		} else if !a.paused.Load() && a.watch.armed.Load() {
 			p.batch = l.batchSize(MaxBatch(r.Limit, cfg.max), r.Cost, cfg.expiry)
 			l.pending += p.batch
 		}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -82,10 +83,14 @@ type watcher struct {
 	last       string     // the previous successful poll's view
 	seen       bool       // last is set
 	failing    bool
-	noInfo     bool              // INFO refused (NOPERM): not asked any more
-	permWarned bool              // a NOPERM on the control keys was logged
-	slotsSig   string            // Cluster: the slot map tags was computed for
-	tags       map[string]string // Cluster: each master's canary tag
+	noInfo     bool // INFO refused (NOPERM): not asked any more
+	permWarned bool // a NOPERM on the control keys was logged
+	// armed is set by the first successful poll: from then on a restart
+	// or a flush is seen (compared with last). The local allowance draws
+	// no batch before it (allowance.go).
+	armed    atomic.Bool
+	slotsSig string            // Cluster: the slot map tags was computed for
+	tags     map[string]string // Cluster: each master's canary tag
 	// Each server's clock as the previous successful poll read it, and as
 	// the poll in progress reads it, by canary tag and run_id.
 	clocks, next map[string]clockMark
@@ -181,6 +186,7 @@ func (w *watcher) once() {
 		}
 	}
 	w.last, w.seen, w.clocks = view, true, w.next
+	w.armed.Store(true)
 	deny.Arm()
 }
 
