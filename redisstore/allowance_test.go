@@ -23,6 +23,10 @@ func allowanceStore(t *testing.T, url, zone string, l algorithms.Limit, expiry t
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
+	// Batches are drawn once the watch has polled Redis successfully.
+	if _, ok := waitFor(5*time.Second, func() bool { return s.allow.Load().watch.armed.Load() }); !ok {
+		t.Fatal("the watch never polled Redis successfully")
+	}
 	return s
 }
 
