@@ -147,15 +147,12 @@ func (s *Store) warm(ctx context.Context) error {
 // to dial took 19ms at the median and up to 82ms, against 5ms on an open
 // connection, and the second worker's first batch always dialed
 // (docs/redis.md, late replies). The pipelines run at once, each holding a
-// connection while it waits for its reply (warmPings PINGs, so that the
-// round trips overlap even when the goroutines start a little apart); it
-// checks the pool's count and tries again (at most warmTries times) when
-// they did not overlap.
+// connection while it waits for its reply; it checks the pool's count and
+// tries again (at most 3 times) when they did not overlap.
 func warmPipelines(ctx context.Context, c *redis.Client) error {
-	const warmPings, warmTries = 32, 8
 	n := max(c.Options().PipelinePoolSize, 1)
 	errs := make([]error, n)
-	for range warmTries {
+	for range 3 {
 		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) >= n {
 			return nil
 		}
@@ -167,9 +164,7 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 				defer wg.Done()
 				<-start
 				_, errs[i] = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for range warmPings {
-						p.Ping(ctx)
-					}
+					p.Ping(ctx)
 					return nil
 				})
 			}()
