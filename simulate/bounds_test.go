@@ -304,3 +304,35 @@ func TestMaxKeys(t *testing.T) {
 		t.Errorf("without --max-keys: %v, stopped %q", err, rep.Stopped)
 	}
 }
+
+// TestDefaultHostOfHTTPSSite: a site with a domain name (automatic HTTPS
+// adds a server redirecting port 80): its requests go to the site, not to
+// the redirect.
+func TestDefaultHostOfHTTPSSite(t *testing.T) {
+	cfg := adapt(t, `{
+	admin off
+}
+example.com {
+	rate_limit {
+		zone api {
+			key {client_ip}
+			events 15
+			window 1m
+		}
+	}
+	respond "ok"
+}`)
+	for _, o := range []simulate.Options{
+		{Traffic: "steady:rate=1000,duration=105ms"},
+		{Traffic: "steady:rate=1000,duration=105ms", Host: "example.com"},
+	} {
+		o.Config = cfg
+		rep, err := simulate.Run(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := zoneCounts(rep, "api"); got != [3]int64{105, 15, 90} {
+			t.Errorf("host %q: zone api %v, want [105 15 90]; notes %q", o.Host, got, rep.Notes)
+		}
+	}
+}

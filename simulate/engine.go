@@ -140,7 +140,11 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 	app := appMod.(*caddyhttp.App)
 	names := make([]string, 0, len(app.Servers))
 	for n := range app.Servers {
-		names = append(names, n)
+		if _, ok := rw.hosts[n]; ok {
+			// A server of the config, not one that automatic HTTPS adds
+			// to redirect to HTTPS (it would only redirect).
+			names = append(names, n)
+		}
 	}
 	slices.Sort(names)
 	for _, n := range names {
