@@ -37,7 +37,9 @@ Parameters (all optional):
                 CSV key that is not an address is)
   path=/ method=GET host=<the site's> cost=<none>
   start=2026-01-01T00:00:00Z   the first instant (RFC 3339)
-The zone defaults (events, window) come from --zone, or the first zone.`
+The zone defaults (events, window) come from --zone, or the first zone.
+Ranges: rate, from, to 0..1000000; size 0..50000000; events, times, keys
+1..50000000; durations 1ms..744h; at most 50000000 requests in all.`
 
 // isPattern reports whether a --traffic value names a pattern.
 func isPattern(spec string) bool {
