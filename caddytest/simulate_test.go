@@ -10,13 +10,17 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -377,4 +381,154 @@ func btoi(b bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// simulateBin is `caddy` (cmd/caddy: stock Caddy plus Sluice) built once
+// for the tests that run `caddy rate-limit simulate` as a user does.
+var (
+	simulateBinOnce sync.Once
+	simulateBinPath string
+	simulateBinErr  error
+)
+
+func simulateBin(t *testing.T) string {
+	t.Helper()
+	simulateBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sluice-simulate-bin-")
+		if err != nil {
+			simulateBinErr = err
+			return
+		}
+		simulateBinPath = filepath.Join(dir, "caddy")
+		out, err := exec.Command("go", "build", "-o", simulateBinPath, "github.com/sluicehq/caddy-sluice/cmd/caddy").CombinedOutput()
+		if err != nil {
+			simulateBinErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if simulateBinErr != nil {
+		t.Fatalf("building caddy: %v", simulateBinErr)
+	}
+	return simulateBinPath
+}
+
+// runSimulate runs `caddy rate-limit simulate` with args, its standard
+// error a pipe, and returns its outputs and exit code.
+func runSimulate(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, simulateBin(t), append([]string{"rate-limit", "simulate"}, args...)...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("caddy rate-limit simulate %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// ipSiteCaddyfile is a site addressed by an IP and a port.
+const ipSiteCaddyfile = `{
+	admin off
+}
+http://127.0.0.1:8080 {
+	rate_limit {
+		zone api {
+			key {client_ip}
+			events 15
+			window 1m
+		}
+	}
+	respond "ok"
+}
+`
+
+// TestSimulateCommandBounds runs the real command (issue 23, items 7 and
+// 8): a CSV without hosts against a site addressed by an IP is decided;
+// an access log whose host is no site's says so, naming it; a line over
+// the bound is malformed, not fatal; a pattern parameter out of range is
+// an error naming it; progress never goes to a standard error that is not
+// a terminal, and goes to one that is.
+func TestSimulateCommandBounds(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cf := write("Caddyfile", ipSiteCaddyfile)
+	var csv strings.Builder
+	for i := range 105 {
+		fmt.Fprintf(&csv, "%.3f,198.51.100.7,/,\n", 1767225600+float64(i)/1000)
+	}
+	report := func(stdout string) simulate.Report {
+		t.Helper()
+		var rep simulate.Report
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+			t.Fatalf("the JSON report: %v\n%s", err, stdout)
+		}
+		return rep
+	}
+
+	out, errOut, code := runSimulate(t, "--config", cf, "--traffic", write("t.csv", csv.String()), "--format", "json")
+	if code != 0 {
+		t.Fatalf("CSV: exit %d\n%s", code, errOut)
+	}
+	if z := report(out).Zones[0]; z.Decided != 105 || z.Allowed != 15 || z.Refused != 90 {
+		t.Errorf("CSV without hosts: decided %d allowed %d refused %d, want 105, 15, 90", z.Decided, z.Allowed, z.Refused)
+	}
+
+	line := func(host, uri string) string {
+		return fmt.Sprintf(`{"level":"info","ts":1767225600.5,"logger":"http.log.access.log0","msg":"handled request","request":{"remote_ip":"192.0.2.1","remote_port":"5123","proto":"HTTP/1.1","method":"GET","host":"%s","uri":"%s","headers":{}},"duration":0.001,"status":200}`, host, uri)
+	}
+	logFile := write("other.log", line("www.example.com", "/a")+"\n"+line("www.example.com", "/"+strings.Repeat("x", 5<<20))+"\n"+line("www.example.com", "/b")+"\n")
+	out, errOut, code = runSimulate(t, "--config", cf, "--traffic", logFile)
+	if code != 0 {
+		t.Fatalf("a log with a 5 MB line: exit %d\n%s", code, errOut)
+	}
+	for _, want := range []string{"2 requests from 3 lines; 1 malformed", "2 of 2 requests were decided by no zone", `"www.example.com"`, `"/a", "/b"`, "--host"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report of a log of another host lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, _ = runSimulate(t, "--config", cf, "--traffic", logFile, "--host", "127.0.0.1", "--format", "json")
+	if z := report(out).Zones[0]; z.Decided != 2 {
+		t.Errorf("--host 127.0.0.1: decided %d, want 2", z.Decided)
+	}
+
+	_, errOut, code = runSimulate(t, "--config", cf, "--traffic", "burst:size=2e18")
+	if code == 0 || !strings.Contains(errOut, "size=2e18 is out of range") {
+		t.Errorf("burst:size=2e18: exit %d, stderr %q; want an error naming size", code, errOut)
+	}
+
+	// A replay of some seconds: no progress on a pipe, progress on a
+	// terminal (script(1) gives the command one).
+	var big strings.Builder
+	for i := range 400_000 {
+		fmt.Fprintf(&big, "%d,198.51.%d.%d,/,\n", 1767225600+i/1000, i/250%250, 1+i%250)
+	}
+	bigCSV := write("big.csv", big.String())
+	out, errOut, code = runSimulate(t, "--config", cf, "--traffic", bigCSV)
+	if code != 0 || !strings.Contains(out, "400000 requests") {
+		t.Fatalf("big CSV: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if strings.Contains(errOut, "\r") || strings.Contains(errOut, "% read") {
+		t.Errorf("progress written to a standard error that is a pipe:\n%q", errOut)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	shell := fmt.Sprintf("%s rate-limit simulate --config %s --traffic %s >/dev/null", simulateBin(t), cf, bigCSV)
+	tty, err := exec.CommandContext(ctx, "script", "-q", "-e", "-c", shell, "/dev/null").CombinedOutput()
+	if err != nil {
+		t.Fatalf("script(1): %v\n%s", err, tty)
+	}
+	if !regexp.MustCompile(`\r\x1b\[K[0-9,]+ lines, [0-9,]+ lines/s, [0-9]+% read, about \S+ left`).Match(tty) {
+		t.Errorf("no progress on a terminal:\n%q", tty)
+	}
 }

@@ -1,7 +1,6 @@
 package simulate
 
 import (
-	"bufio"
 	"bytes"
 	"container/heap"
 	"encoding/json"
@@ -36,6 +35,9 @@ type SourceCounts struct {
 	// Skipped lines that are well formed but not requests (other loggers
 	// of Caddy's log, a CSV header).
 	Skipped int64 `json:"skipped"`
+	// OutOfOrder counts requests earlier than one replayed before them:
+	// each is replayed at the latest instant so far.
+	OutOfOrder int64 `json:"out_of_order"`
 
 	replay time.Duration // the time the replay took (not loading)
 }
@@ -84,13 +86,22 @@ func newAccessLog(r io.Reader) *accessLog {
 // read decodes lines into batches until the end of r or stop.
 func (a *accessLog) read(r io.Reader) {
 	defer close(a.batches)
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	lr := newLineReader(r, maxLogLine)
 	var l logLine
 	batch := make([]parsedLine, 0, logBatch)
-	for sc.Scan() {
-		req, end, st := parseLogLine(sc.Bytes(), &l)
-		batch = append(batch, parsedLine{req, end, st})
+	for {
+		line, tooLong, err := lr.next()
+		if err != nil {
+			if err != io.EOF {
+				a.readErr = err
+			}
+			break
+		}
+		p := parsedLine{status: lineMalformed}
+		if !tooLong {
+			p.r, p.end, p.status = parseLogLine(line, &l)
+		}
+		batch = append(batch, p)
 		if len(batch) == logBatch {
 			select {
 			case a.batches <- batch:
@@ -100,7 +111,6 @@ func (a *accessLog) read(r io.Reader) {
 			batch = make([]parsedLine, 0, logBatch)
 		}
 	}
-	a.readErr = sc.Err()
 	if len(batch) > 0 {
 		select {
 		case a.batches <- batch:

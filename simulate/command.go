@@ -59,8 +59,9 @@ rate_limit store by the simulator's (see docs/simulate.md).
 	f.Bool("compare", false, "Run the traffic through each algorithm for --zone, side by side")
 	f.String("zone", "", "The zone of --compare (and of a pattern's defaults)")
 	f.String("server", "", "The http server (apps.http.servers name) for every request; default: by the request's port")
-	f.String("host", "", "Host of CSV and pattern requests; default: the first host a site matches")
+	f.String("host", "", "Host of every request (replacing an access log's); default: a CSV row's or a log line's own, else the first host a site matches")
 	f.Int("top", 10, "How many keys refused most to list per zone")
+	f.Int64("max-keys", defaultMaxKeys, "Stop the replay when the keys held (the sum of the zones' keys) pass this; 0 for no bound")
 	return c
 }
 
@@ -76,6 +77,10 @@ func runSimulate(cmd *cobra.Command, _ []string) error {
 	server, _ := f.GetString("server")
 	host, _ := f.GetString("host")
 	top, _ := f.GetInt("top")
+	maxKeys, _ := f.GetInt64("max-keys")
+	if maxKeys < 0 {
+		return fmt.Errorf("--max-keys %d: 0 (no bound) or more", maxKeys)
+	}
 	if traffic == "" {
 		return errors.New("--traffic is required: an access log, a CSV, - or a pattern (" + strings.Join(patternNames, ", ") + ")")
 	}
@@ -97,11 +102,26 @@ func runSimulate(cmd *cobra.Command, _ []string) error {
 	debug.SetGCPercent(400)
 	rep, err := Run(Options{
 		Config: cfg, ConfigName: filepath.Base(name), Traffic: traffic, Zone: zone, Compare: compare,
-		Server: server, Host: host, Series: html != "", TopKeys: top,
+		Server: server, Host: host, Series: html != "", TopKeys: top, MaxKeys: maxKeys, Progress: os.Stderr,
 	})
 	if err != nil {
 		return err
 	}
+	if err := writeReport(rep, format, html); err != nil {
+		return err
+	}
+	if rep.Stopped != "" {
+		return errors.New("the replay stopped early: " + rep.Stopped)
+	}
+	return nil
+}
+
+// defaultMaxKeys bounds the keys a replay holds by default: about 1 GB
+// (docs/simulate.md, "Bounds").
+const defaultMaxKeys = 2_000_000
+
+// writeReport writes the report as --format and --html say.
+func writeReport(rep *Report, format, html string) error {
 	if html != "" {
 		out, err := os.Create(html)
 		if err != nil {

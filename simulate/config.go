@@ -50,6 +50,9 @@ type rewritten struct {
 	untouched []string
 	// hasAuth: an authentication handler was replaced by the simulated one.
 	hasAuth bool
+	// hosts lists, per server, the hosts its top-level routes match, in
+	// order (read here: provisioning drops the routes' raw matchers).
+	hosts map[string][]string
 }
 
 // handlers that are safe to run as configured: they neither reach the
@@ -103,17 +106,18 @@ func rewrite(cfgJSON []byte, runID string, ov Overrides) (*rewritten, error) {
 	if st, ok := cfg["storage"].(map[string]any); ok && st["module"] == "file_system" {
 		out["storage"] = st
 	}
-	rw := &rewritten{replaced: map[string]int{}}
+	rw := &rewritten{replaced: map[string]int{}, hosts: map[string][]string{}}
 	zones := map[string]*ZoneConfig{}
 	servers, _ := httpApp["servers"].(map[string]any)
 	if len(servers) == 0 {
 		return nil, fmt.Errorf("the config's http app has no servers: nothing to simulate")
 	}
-	for _, s := range servers {
+	for name, s := range servers {
 		srv, ok := s.(map[string]any)
 		if !ok {
 			continue
 		}
+		rw.hosts[name] = routeHosts(srv)
 		delete(srv, "logs")
 		if err := rw.walk(srv, runID, ov, zones); err != nil {
 			return nil, err
@@ -136,6 +140,27 @@ func rewrite(cfgJSON []byte, runID string, ov Overrides) (*rewritten, error) {
 	}
 	rw.json = b
 	return rw, nil
+}
+
+// routeHosts returns the hosts that a server's top-level routes match (a
+// site's addresses), in order, without duplicates or placeholders.
+func routeHosts(srv map[string]any) []string {
+	var out []string
+	routes, _ := srv["routes"].([]any)
+	for _, rt := range routes {
+		r, _ := rt.(map[string]any)
+		sets, _ := r["match"].([]any)
+		for _, set := range sets {
+			m, _ := set.(map[string]any)
+			hosts, _ := m["host"].([]any)
+			for _, h := range hosts {
+				if h, ok := h.(string); ok && h != "" && !strings.Contains(h, "{") && !slices.Contains(out, h) {
+					out = append(out, h)
+				}
+			}
+		}
+	}
+	return out
 }
 
 func zoneNames(m map[string]*ZoneConfig) []string {

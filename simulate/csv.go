@@ -2,7 +2,6 @@ package simulate
 
 import (
 	"encoding/csv"
-	"errors"
 	"hash/fnv"
 	"io"
 	"net"
@@ -32,6 +31,8 @@ type placement struct {
 	// costUsed: some zone reads its cost from the request; costSeen: the
 	// traffic gave a cost.
 	costUsed, costSeen bool
+	// hostDefaulted: a request without a host was given the default one.
+	hostDefaulted bool
 }
 
 func newPlacement(zones []*ZoneConfig) *placement {
@@ -154,8 +155,12 @@ func keyAddr(key string) netip.Addr {
 	return netip.AddrFrom16(b)
 }
 
-// csvSource reads a CSV of time,key,path,cost (see docs/simulate.md).
+// csvSource reads a CSV of time,key,path,cost (see docs/simulate.md), one
+// row a line: each line, bounded by maxCSVLine, is parsed on its own (a
+// quoted field cannot span lines).
 type csvSource struct {
+	lines   *lineReader
+	line    lineFeed
 	r       *csv.Reader
 	p       *placement
 	host    string
@@ -163,22 +168,35 @@ type csvSource struct {
 	counts  SourceCounts
 	cols    map[string]int
 	started bool
-	last    int64
 }
 
 var csvColumns = []string{"time", "key", "path", "cost", "method", "host"}
 
+// lineFeed is the reader of one line for the csv.Reader; at its end the
+// csv.Reader sees io.EOF, and reads the next line fed to it.
+type lineFeed struct{ b []byte }
+
+func (f *lineFeed) Read(p []byte) (int, error) {
+	if len(f.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, f.b)
+	f.b = f.b[n:]
+	return n, nil
+}
+
 func newCSV(r io.Reader, p *placement, host string) *csvSource {
-	cr := csv.NewReader(r)
+	c := &csvSource{lines: newLineReader(r, maxCSVLine), p: p, host: host, cols: map[string]int{}}
+	cr := csv.NewReader(&c.line)
 	cr.FieldsPerRecord = -1
 	cr.ReuseRecord = true
 	cr.TrimLeadingSpace = true
 	cr.Comment = '#'
-	cols := map[string]int{}
-	for i, c := range csvColumns[:4] {
-		cols[c] = i
+	c.r = cr
+	for i, col := range csvColumns[:4] {
+		c.cols[col] = i
 	}
-	return &csvSource{r: cr, p: p, host: host, cols: cols}
+	return c
 }
 
 func (c *csvSource) Err() error           { return c.err }
@@ -194,19 +212,27 @@ func (c *csvSource) field(rec []string, name string) string {
 
 func (c *csvSource) Next(req *Request) bool {
 	for {
-		rec, err := c.r.Read()
+		line, tooLong, err := c.lines.next()
 		if err == io.EOF {
 			return false
 		}
-		c.counts.Lines++
 		if err != nil {
-			var pe *csv.ParseError
-			if errors.As(err, &pe) {
-				c.counts.Malformed++
-				continue
-			}
 			c.err = err
 			return false
+		}
+		c.counts.Lines++
+		if tooLong {
+			c.counts.Malformed++
+			continue
+		}
+		c.line.b = line
+		rec, err := c.r.Read()
+		if err == io.EOF {
+			continue // an empty line or a comment
+		}
+		if err != nil {
+			c.counts.Malformed++
+			continue
 		}
 		if !c.started {
 			c.started = true
@@ -237,15 +263,17 @@ func (c *csvSource) Next(req *Request) bool {
 		if path == "" {
 			path = "/"
 		}
-		if !strings.HasPrefix(path, "/") {
+		key := c.field(rec, "key")
+		if !strings.HasPrefix(path, "/") || len(key) > maxCSVKey {
 			c.counts.Malformed++
 			continue
 		}
 		*req = Request{Time: t, Method: c.field(rec, "method"), URI: path, Host: c.field(rec, "host")}
 		if req.Host == "" {
 			req.Host = c.host
+			c.p.hostDefaulted = true
 		}
-		c.p.apply(req, c.field(rec, "key"), cost)
+		c.p.apply(req, key, cost)
 		c.counts.Requests++
 		return true
 	}

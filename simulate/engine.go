@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
@@ -72,7 +73,17 @@ type Engine struct {
 	served  int64
 	bad     int64
 	sweepAt int64
+	// late counts requests earlier than the virtual clock (replayed at
+	// its instant); undecided counts requests no zone decided, with a few
+	// of their hosts and paths.
+	late, undecided int64
+	triedHosts      []string
+	triedPaths      []string
 }
+
+// maxTried bounds the hosts and paths of undecided requests kept for the
+// report.
+const maxTried = 5
 
 type simServer struct {
 	name  string
@@ -129,7 +140,11 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 	app := appMod.(*caddyhttp.App)
 	names := make([]string, 0, len(app.Servers))
 	for n := range app.Servers {
-		names = append(names, n)
+		if _, ok := rw.hosts[n]; ok {
+			// A server of the config, not one that automatic HTTPS adds
+			// to redirect to HTTPS (it would only redirect).
+			names = append(names, n)
+		}
 	}
 	slices.Sort(names)
 	for _, n := range names {
@@ -139,13 +154,14 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 				s.ports = append(s.ports, a)
 			}
 		}
-		s.host = firstHost(s.srv.Routes)
-		if s.host == "" {
-			// No site address names a host: a client of the first listener.
-			s.host = "localhost"
-			if len(s.ports) > 0 && s.ports[0].StartPort != 80 && s.ports[0].StartPort != 443 && s.ports[0].StartPort != 0 {
-				s.host += ":" + strconv.FormatUint(uint64(s.ports[0].StartPort), 10)
-			}
+		// The first site's host, else (no site names one) localhost, with
+		// the first listener's port.
+		s.host = "localhost"
+		if hs := rw.hosts[n]; len(hs) > 0 {
+			s.host = hs[0]
+		}
+		if len(s.ports) > 0 && s.ports[0].StartPort != 80 && s.ports[0].StartPort != 443 && s.ports[0].StartPort != 0 {
+			s.host = net.JoinHostPort(s.host, strconv.FormatUint(uint64(s.ports[0].StartPort), 10))
 		}
 		e.servers = append(e.servers, s)
 		if n == opts.Server {
@@ -162,19 +178,21 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 	return e, nil
 }
 
-// firstHost returns the first host a route's matchers name.
-func firstHost(routes caddyhttp.RouteList) string {
-	for _, rt := range routes {
-		for _, set := range rt.MatcherSetsRaw {
-			if raw, ok := set["host"]; ok {
-				var hosts []string
-				if json.Unmarshal(raw, &hosts) == nil && len(hosts) > 0 {
-					return hosts[0]
-				}
+// Sites returns the hosts the servers' sites match (of --server's server
+// when one is chosen), in order.
+func (e *Engine) Sites() []string {
+	var out []string
+	for _, s := range e.servers {
+		if e.fixed != nil && s != e.fixed {
+			continue
+		}
+		for _, h := range e.rw.hosts[s.name] {
+			if !slices.Contains(out, h) {
+				out = append(out, h)
 			}
 		}
 	}
-	return ""
+	return out
 }
 
 // Zones returns the configuration's zones.
@@ -255,6 +273,8 @@ func (e *Engine) Serve(req *Request) bool {
 	}
 	if req.Time > e.run.now {
 		e.run.now = req.Time
+	} else if req.Time < e.run.now {
+		e.late++
 	}
 	e.served++
 	if e.served-e.sweepAt >= sweepEvery {
@@ -264,8 +284,22 @@ func (e *Engine) Serve(req *Request) bool {
 		e.run.mem.Sweep()
 	}
 	e.w.reset()
+	takes := e.run.rec.takes
 	e.serverFor(req).srv.ServeHTTP(&e.w, r)
+	if e.run.rec.takes == takes {
+		e.undecided++
+		path, _, _ := strings.Cut(req.URI, "?")
+		addTried(&e.triedHosts, req.Host)
+		addTried(&e.triedPaths, path)
+	}
 	return true
+}
+
+// addTried adds v to a list of at most maxTried distinct values.
+func addTried(list *[]string, v string) {
+	if len(*list) < maxTried && !slices.Contains(*list, v) {
+		*list = append(*list, v)
+	}
 }
 
 const sweepEvery = 1 << 18

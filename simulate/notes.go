@@ -49,6 +49,45 @@ func notes(rw *rewritten, zones []*ZoneConfig, kind string, pl *placement) []str
 	return out
 }
 
+// notes says what the replay itself met: requests no zone decided, the
+// host given to requests without one when the config has several sites,
+// requests out of time order, and why it stopped early.
+func (res *passResult) notes(o Options, c SourceCounts, sites []string, host string, tr *traffic) []string {
+	var out []string
+	if res.stopped != "" {
+		out = append(out, "stopped early: "+res.stopped)
+	}
+	if res.undecided > 0 {
+		hint := "give --host to replay every request at one of the config's sites (" + strings.Join(sites, ", ") + ")"
+		if len(sites) == 0 {
+			hint = "check the routes and the zones' match"
+		}
+		out = append(out, fmt.Sprintf("%d of %d requests were decided by no zone: they reached no rate_limit handler (no site or route matched them) or no zone's match; hosts tried: %s; paths tried: %s; %s",
+			res.undecided, c.Requests, listTried(res.triedHosts, maxTried), listTried(res.triedPaths, maxTried), hint))
+	}
+	if o.Host == "" && tr.placement.hostDefaulted && len(sites) > 1 {
+		out = append(out, fmt.Sprintf("requests without a host (CSV rows, patterns) went to %s, the first of the config's sites (%s); choose another with --host",
+			host, strings.Join(sites, ", ")))
+	}
+	if c.OutOfOrder > 0 {
+		out = append(out, fmt.Sprintf("%d requests were out of time order (earlier than a request replayed before them): each was replayed at the latest instant so far, as the virtual clock never runs backwards", c.OutOfOrder))
+	}
+	return out
+}
+
+// listTried lists values, saying when there may be more than shown.
+func listTried(vs []string, shown int) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = fmt.Sprintf("%q", v)
+	}
+	s := strings.Join(q, ", ")
+	if len(vs) == shown {
+		s += ", ..."
+	}
+	return s
+}
+
 // unreconstructible says why a placeholder cannot be had from the traffic
 // ("" when it can).
 func unreconstructible(ph, kind string, rw *rewritten, pl *placement) string {

@@ -37,7 +37,9 @@ Parameters (all optional):
                 CSV key that is not an address is)
   path=/ method=GET host=<the site's> cost=<none>
   start=2026-01-01T00:00:00Z   the first instant (RFC 3339)
-The zone defaults (events, window) come from --zone, or the first zone.`
+The zone defaults (events, window) come from --zone, or the first zone.
+Ranges: rate, from, to 0..1000000; size 0..50000000; events, times, keys
+1..50000000; durations 1ms..744h; at most 50000000 requests in all.`
 
 // isPattern reports whether a --traffic value names a pattern.
 func isPattern(spec string) bool {
@@ -65,8 +67,15 @@ type pattern struct {
 	zoneEvents, zoneWinM int64
 }
 
-// maxPatternRequests bounds a pattern's size.
-const maxPatternRequests = 50_000_000
+// Bounds of a pattern: its requests, and each parameter, checked before
+// any arithmetic (docs/simulate.md, "Bounds").
+const (
+	maxPatternRequests = 50_000_000
+	maxPatternRate     = 1_000_000           // rate, from, to: requests a second
+	maxPatternDuration = 31 * 24 * time.Hour // duration, every, spread, period, window
+	minPatternDuration = time.Millisecond    // the virtual clock's unit
+	maxPatternCount    = maxPatternRequests  // size, events, times, keys
+)
 
 // parsePattern parses NAME[:k=v,...]; zone gives the defaults of
 // window-edge.
@@ -104,9 +113,14 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 			err = fmt.Errorf("pattern %s: %s=%q is not a positive duration (such as 30s, 1m)", name, k, v)
 			return 0
 		}
-		return max(1, d.Milliseconds())
+		if d < minPatternDuration || d > maxPatternDuration {
+			err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", name, k, v, minPatternDuration, maxPatternDuration)
+			return 0
+		}
+		return d.Milliseconds()
 	}
-	num := func(k string, def float64) float64 {
+	// num reads a number within [lo, hi]; whole says it counts things.
+	num := func(k string, def, lo, hi float64, whole bool) float64 {
 		if err != nil {
 			return 0
 		}
@@ -115,24 +129,37 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 			return def
 		}
 		f, e := strconv.ParseFloat(v, 64)
-		if e != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
-			err = fmt.Errorf("pattern %s: %s=%q is not a non-negative number", name, k, v)
+		switch {
+		case e != nil || math.IsNaN(f) || math.IsInf(f, 0):
+			err = fmt.Errorf("pattern %s: %s=%q is not a number", name, k, v)
+		case f < lo || f > hi:
+			err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", name, k, v,
+				strconv.FormatFloat(lo, 'f', -1, 64), strconv.FormatFloat(hi, 'f', -1, 64))
+		case whole && f != math.Trunc(f):
+			err = fmt.Errorf("pattern %s: %s=%s is not a whole number", name, k, v)
+		}
+		if err != nil {
 			return 0
 		}
 		return f
 	}
+	count := func(k string, def, lo float64) int64 { return int64(num(k, def, lo, maxPatternCount, true)) }
+	rate := func(k string, def float64) float64 { return num(k, def, 0, maxPatternRate, false) }
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if v, ok := get("start"); ok {
 		t, e := time.Parse(time.RFC3339Nano, v)
 		if e != nil {
 			return nil, fmt.Errorf("pattern %s: start=%q is not an RFC 3339 time", name, v)
 		}
+		if t.Year() < 1970 {
+			return nil, fmt.Errorf("pattern %s: start=%s is out of range (1970 or later)", name, v)
+		}
 		start = t
 	}
 	p.start = start.UnixMilli()
-	p.keys = int64(num("keys", 1))
-	if p.keys < 1 {
-		p.keys = 1
+	p.keys = count("keys", 1, 1)
+	if err != nil {
+		return nil, err
 	}
 	if v, ok := get("key"); ok {
 		p.keyPrefix = v
@@ -156,26 +183,26 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 	}
 	switch name {
 	case "steady":
-		p.rate = num("rate", 10)
+		p.rate = rate("rate", 10)
 		p.duration = dur("duration", time.Minute)
 	case "burst":
-		p.rate = num("rate", 0)
-		p.size = int64(num("size", 100))
+		p.rate = rate("rate", 0)
+		p.size = count("size", 100, 0)
 		p.every = dur("every", time.Minute)
 		p.spread = dur("spread", time.Second)
 		p.duration = dur("duration", 5*time.Minute)
 	case "window-edge":
-		p.events = int64(num("events", float64(max(p.zoneEvents, 1))))
+		p.events = count("events", float64(max(min(p.zoneEvents, maxPatternCount), 1)), 1)
 		win := time.Duration(max(p.zoneWinM, 1000)) * time.Millisecond
 		p.window = dur("window", win)
 		p.spread = dur("spread", max(time.Millisecond, time.Duration(p.window)*time.Millisecond/100))
-		p.times = int64(num("times", 1))
-		if p.spread > p.window {
+		p.times = count("times", 1, 1)
+		if err == nil && p.spread > p.window {
 			return nil, fmt.Errorf("pattern window-edge: spread must not exceed the window")
 		}
 	case "ramp", "sawtooth":
-		p.from = num("from", 1)
-		p.to = num("to", 100)
+		p.from = rate("from", 1)
+		p.to = rate("to", 100)
 		p.duration = dur("duration", time.Minute)
 		if name == "sawtooth" {
 			p.period = dur("period", 10*time.Second)
@@ -192,23 +219,24 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 		}
 	}
 	if n := p.estimate(); n > maxPatternRequests {
-		return nil, fmt.Errorf("pattern %s: about %d requests, more than %d: lower the rate or the duration", name, n, maxPatternRequests)
+		return nil, fmt.Errorf("pattern %s: about %.0f requests, more than %d: lower the rate or the duration", name, n, maxPatternRequests)
 	}
 	return p, nil
 }
 
-// estimate is about how many requests the pattern makes.
-func (p *pattern) estimate() int64 {
+// estimate is about how many requests the pattern makes (in floating
+// point: it cannot overflow).
+func (p *pattern) estimate() float64 {
 	secs := float64(p.duration) / 1000
 	switch p.name {
 	case "steady":
-		return int64(p.rate * secs)
+		return p.rate * secs
 	case "burst":
-		return int64(p.rate*secs) + p.size*(p.duration/p.every+1)
+		return p.rate*secs + float64(p.size)*float64(p.duration/p.every+1)
 	case "window-edge":
-		return 2 * p.events * p.times
+		return 2 * float64(p.events) * float64(p.times)
 	}
-	return int64(max(p.from, p.to) * secs)
+	return max(p.from, p.to) * secs
 }
 
 // patternSource generates a pattern's requests.
@@ -228,6 +256,9 @@ type patternSource struct {
 
 func newPatternSource(p *pattern, pl *placement) *patternSource {
 	s := &patternSource{p: p, pl: pl, t: -1}
+	if _, ok := p.params["host"]; !ok {
+		pl.hostDefaulted = true
+	}
 	switch p.name {
 	case "burst":
 		// Bursts at 0, every, 2·every...; the steady part is merged in.

@@ -31,6 +31,9 @@ type Report struct {
 	Zones []ZoneReport `json:"zones,omitempty"`
 	// Compare: one zone under each algorithm (--compare).
 	Compare *Comparison `json:"compare,omitempty"`
+	// Stopped says why the replay stopped before the end of the traffic
+	// (--max-keys); empty when it read it all.
+	Stopped string `json:"stopped,omitempty"`
 	// Notes say what the simulation could not reconstruct, and what it
 	// replaced in the config.
 	Notes []string `json:"notes,omitempty"`

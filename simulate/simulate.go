@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -39,6 +40,12 @@ type Options struct {
 	TopKeys int
 	// TempDir holds standard input spooled for a second pass.
 	TempDir string
+	// MaxKeys stops the replay when the keys held (the sum of the zones'
+	// distinct keys) pass it; 0 for no bound.
+	MaxKeys int64
+	// Progress shows the replay's progress on this file when it is a
+	// terminal (nil: never).
+	Progress *os.File
 }
 
 // Run runs a simulation and returns its report.
@@ -53,6 +60,7 @@ func Run(o Options) (*Report, error) {
 		return nil, err
 	}
 	zones := probe.Zones()
+	sites := probe.Sites()
 	host := o.Host
 	if host == "" {
 		host = probe.DefaultHost()
@@ -93,10 +101,11 @@ func Run(o Options) (*Report, error) {
 	defer tr.cleanup()
 
 	rep := &Report{Config: o.ConfigName, Traffic: o.Traffic, Source: tr.kind}
-	recs, counts, skippedVariants, err := pass(o, tr, variants, nil)
+	res, err := pass(o, tr, variants, nil, 0)
 	if err != nil {
 		return nil, err
 	}
+	recs, counts, skippedVariants := res.recs, res.counts, res.skipped
 	replayTime := counts.replay
 	if o.Series && counts.Requests > 0 {
 		track := make([]recorderOptions, len(recs))
@@ -109,18 +118,20 @@ func Run(o Options) (*Report, error) {
 				track[i].track[zs.cfg.Name] = zs.topKeys(seriesKeys)
 			}
 		}
-		recs2, c2, _, err := pass(o, tr, variants, track)
+		res2, err := pass(o, tr, variants, track, res.served)
 		if err != nil {
 			return nil, err
 		}
-		replayTime += c2.replay
+		replayTime += res2.counts.replay
 		for i := range recs {
 			if recs[i] != nil {
-				recs[i].merge(recs2[i])
+				recs[i].merge(res2.recs[i])
 			}
 		}
 	}
 	rep.Counts = counts
+	rep.Stopped = res.stopped
+	rep.Notes = append(rep.Notes, res.notes(o, counts, sites, host, tr)...)
 	rep.Notes = append(rep.Notes, notes(rw, zones, tr.kind, tr.placement)...)
 	for _, v := range skippedVariants {
 		rep.Notes = append(rep.Notes, v)
@@ -178,10 +189,26 @@ func zoneList(zones []*ZoneConfig) string {
 	return strings.Join(names, ", ")
 }
 
-// pass replays the traffic once through one engine per variant.
-func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions) ([]*recorder, SourceCounts, []string, error) {
+// passResult is what one pass over the traffic gives.
+type passResult struct {
+	recs    []*recorder
+	counts  SourceCounts
+	skipped []string // --compare variants that could not load
+	// served: requests replayed; stopped: why the replay stopped early.
+	served  int64
+	stopped string
+	// undecided: requests no zone decided, a few of their hosts and
+	// paths.
+	undecided              int64
+	triedHosts, triedPaths []string
+}
+
+// pass replays the traffic once through one engine per variant; limit > 0
+// stops it after that many requests (a second pass stops where the first
+// did).
+func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions, limit int64) (*passResult, error) {
 	engines := make([]*Engine, len(variants))
-	var skipped []string
+	res := &passResult{}
 	defer func() {
 		for _, e := range engines {
 			if e != nil {
@@ -199,50 +226,70 @@ func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions)
 			if len(variants) > 1 {
 				// An algorithm the zone's limit cannot take (sliding_log
 				// above 10,000 events, gcra's unit): say so, compare the rest.
-				skipped = append(skipped, fmt.Sprintf("--compare: %s skipped: %v", v.Algorithm, err))
+				res.skipped = append(res.skipped, fmt.Sprintf("--compare: %s skipped: %v", v.Algorithm, err))
 				continue
 			}
-			return nil, SourceCounts{}, nil, err
+			return nil, err
 		}
 		engines[i] = e
 	}
+	tr.read.Store(0)
 	src, closer, err := tr.open()
 	if err != nil {
-		return nil, SourceCounts{}, nil, err
+		return nil, err
 	}
 	defer closer.Close()
 	if s, ok := src.(interface{ stop() }); ok {
 		defer s.stop()
 	}
+	prog := newProgress(o.Progress, &tr.read, tr.size)
 	var req Request
 	replayStart := time.Now()
-	for src.Next(&req) {
+	for res.stopped == "" && (limit == 0 || res.served < limit) && src.Next(&req) {
+		if o.Host != "" {
+			req.Host = o.Host
+		}
+		res.served++
 		for _, e := range engines {
-			if e != nil {
-				e.Serve(&req)
+			if e == nil {
+				continue
+			}
+			e.Serve(&req)
+			if o.MaxKeys > 0 && e.run.rec.keys > o.MaxKeys && limit == 0 {
+				res.stopped = fmt.Sprintf("the keys held passed --max-keys %d at request %d (%s): the report covers the traffic up to there",
+					o.MaxKeys, res.served, time.UnixMilli(req.Time).UTC().Format(time.RFC3339Nano))
 			}
 		}
+		if prog != nil && res.served%1024 == 0 {
+			c := src.Counts()
+			prog.update(max(c.Lines, c.Requests))
+		}
 	}
+	prog.done()
 	if err := src.Err(); err != nil {
-		return nil, SourceCounts{}, nil, fmt.Errorf("reading the traffic: %w", err)
+		return nil, fmt.Errorf("reading the traffic: %w", err)
 	}
 	counts := src.Counts()
 	counts.replay = time.Since(replayStart)
-	recs := make([]*recorder, len(engines))
+	res.recs = make([]*recorder, len(engines))
 	counted := false
 	for i, e := range engines {
 		if e != nil {
-			recs[i] = e.run.rec
+			res.recs[i] = e.run.rec
 			if !counted {
 				// A request that cannot be built (a malformed URI) is
-				// malformed once, whatever the number of engines.
+				// malformed once, whatever the number of engines; so are
+				// the late and the undecided.
 				counts.Malformed += e.bad
 				counts.Requests -= e.bad
+				counts.OutOfOrder = e.late
+				res.undecided, res.triedHosts, res.triedPaths = e.undecided, e.triedHosts, e.triedPaths
 				counted = true
 			}
 		}
 	}
-	return recs, counts, skipped, nil
+	res.counts = counts
+	return res, nil
 }
 
 // merge takes the per-key series of a second pass.
@@ -261,6 +308,22 @@ type traffic struct {
 	open      func() (Source, io.Closer, error)
 	placement *placement
 	cleanup   func()
+	// read counts the bytes read of a file (or standard input) of size
+	// bytes (0: unknown), for the progress.
+	read atomic.Int64
+	size int64
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 type nopCloser struct{}
@@ -286,7 +349,7 @@ func openTraffic(o Options, zones []*ZoneConfig, zone *ZoneConfig, host string) 
 			in = os.Stdin
 		}
 		if !o.Series {
-			kind, src, err := detect(in, pl, host)
+			kind, src, err := detect(countingReader{in, &tr.read}, pl, host)
 			if err != nil {
 				return nil, err
 			}
@@ -313,15 +376,18 @@ func openTraffic(o Options, zones []*ZoneConfig, zone *ZoneConfig, host string) 
 			return nil, fmt.Errorf("spooling standard input: %w", err)
 		}
 		path = f.Name()
-	} else if _, err := os.Stat(path); err != nil {
+	}
+	if fi, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("--traffic %q: not a file (%v) nor a pattern (%s)", path, err, strings.Join(patternNames, ", "))
+	} else if fi.Mode().IsRegular() {
+		tr.size = fi.Size()
 	}
 	open := func() (Source, io.Closer, error) {
 		f, err := os.Open(path)
 		if err != nil {
 			return nil, nil, err
 		}
-		kind, src, err := detect(f, pl, host)
+		kind, src, err := detect(countingReader{f, &tr.read}, pl, host)
 		if err != nil {
 			f.Close()
 			return nil, nil, err
@@ -415,6 +481,9 @@ func Requests(o Options) ([]Request, SourceCounts, error) {
 	var out []Request
 	var r Request
 	for src.Next(&r) {
+		if o.Host != "" {
+			r.Host = o.Host
+		}
 		out = append(out, r)
 	}
 	return out, src.Counts(), src.Err()

@@ -78,6 +78,9 @@ type recorder struct {
 	started       bool
 	first, last   int64
 	takes         int64
+	// keys counts the keys held in every zone's keys (a key of two zones
+	// twice): what the recorder's memory grows with.
+	keys int64
 }
 
 func newRecorder(zones []*ZoneConfig, o recorderOptions) *recorder {
@@ -138,6 +141,9 @@ func (rc *recorder) record(now int64, reqs []algorithms.Request, out []algorithm
 			zs.vetoed++
 		}
 		k := reqs[i].Key
+		if _, ok := zs.keys[k]; !ok {
+			rc.keys++
+		}
 		if deny {
 			zs.keys[k]++
 			secs := (out[i].RetryAfter.Milliseconds() + 999) / 1000
