@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -81,6 +83,21 @@ type concurrencyZone struct {
 // zone.
 func (z *Zone) isConcurrency() bool {
 	return z.Concurrent != 0 || z.ConcurrentFrom != "" || z.Lease != 0
+}
+
+// UnmarshalJSON reads a zone as Caddy reads a module (an unknown field is
+// an error), noting an explicit "concurrent": 0 so that the check can name
+// concurrent rather than the events a rate zone would need.
+func (z *Zone) UnmarshalJSON(b []byte) error {
+	type plain Zone // without this method
+	if err := caddy.StrictUnmarshalJSON(b, (*plain)(z)); err != nil {
+		return err
+	}
+	var set struct {
+		Concurrent *int64 `json:"concurrent"`
+	}
+	z.concurrentZero = json.Unmarshal(b, &set) == nil && set.Concurrent != nil && *set.Concurrent == 0
+	return nil
 }
 
 // concurrencyLimit compiles a concurrency zone's limit (see Zone.limit),
