@@ -283,4 +283,8 @@ func TestJSONConcurrentZero(t *testing.T) {
 	if err := load(`{"r":{"max_events":5,"window":"1m","concurrent":0}}`); err != nil {
 		t.Fatalf("a rate zone with \"concurrent\": 0: %v", err)
 	}
+	// A zone is still read strictly.
+	if err := load(`{"r":{"max_events":5,"window":"1m","colour":1}}`); err == nil || !strings.Contains(err.Error(), `unknown field "colour"`) {
+		t.Fatalf("an unknown zone field: %v", err)
+	}
 }
