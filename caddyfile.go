@@ -3,8 +3,11 @@ package sluice
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -142,12 +145,14 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // caddy-ratelimit's sweep_interval and disable_metrics are accepted;
 // its distributed and storage are refused with the Sluice equivalent.
 //
-// The parser turns tokens into fields; Provision and Validate check the
-// values. It refuses here only what the fields cannot carry: a count or a
-// duration of 0, which the JSON would read as not set, and a jitter that is
-// not a finite number.
+// The parser turns tokens into fields, refusing what the fields cannot
+// carry (a count or a duration of 0, which the JSON would read as not set,
+// a jitter that is not a finite number); then it runs the checks that
+// Provision and Validate run (checkParsed), so that every value error names
+// its file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
+	at := &fieldPlaces{block: d.Token(), fields: map[string]caddyfile.Token{}}
 	if d.NextArg() {
 		return d.Errf("rate_limit: unexpected argument %q (a matcher goes right after rate_limit; settings go in the block)", d.Val())
 	}
@@ -158,7 +163,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		return true, nil
 	}
-	places := map[string]string{} // where each zone was defined
+	places := map[string]*fieldPlaces{} // where each zone and its fields were written
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
@@ -166,6 +171,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("rate_limit: duplicate %s", field)
 		}
 		seen[field] = true
+		at.fields[field] = d.Token()
 		var v string
 		var err error
 		switch field {
@@ -235,14 +241,70 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
+	return h.checkParsed(at, places)
+}
+
+// checkParsed runs the load-time checks (Zone.compile, Handler.Validate) on
+// the parsed directive, and names in an error the file and line of the
+// field it is about.
+func (h *Handler) checkParsed(at *fieldPlaces, places map[string]*fieldPlaces) error {
+	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
+		z := h.RateLimits[name]
+		c := *z // compile needs the defaults, the adapted JSON leaves them out
+		c.setDefaults()
+		c.ReportOnly = c.ReportOnly || h.ReportOnly
+		_, err := c.compile(name)
+		if err == nil {
+			one := &Handler{ReportOnly: h.ReportOnly, RateLimits: map[string]*Zone{name: z}}
+			if err = one.validateZoneModes(); err != nil {
+				err = errors.Unwrap(err) // named again below
+			}
+		}
+		if err != nil {
+			return places[name].wrap(zoneErr(name, err), err)
+		}
+	}
+	if err := h.Validate(); err != nil {
+		return at.wrap(fmt.Errorf("rate_limit: %w", err), err)
+	}
 	return nil
+}
+
+// fieldPlaces are where a block (a directive, a zone) and each of its
+// fields were first written.
+type fieldPlaces struct {
+	block  caddyfile.Token
+	fields map[string]caddyfile.Token
+}
+
+// fieldAliases are the Caddyfile fields that check errors name by their
+// JSON names.
+var fieldAliases = map[string]string{"max_events": "events", "max_events_from": "events",
+	"window_from": "window", "burst_from": "burst", "cost_default": "cost", "concurrent_from": "concurrent"}
+
+// wrap adds to err the file and line of the field that check, a check's
+// error, is about: the checks name it first ("lease must be ..."). Else
+// the block's.
+func (p *fieldPlaces) wrap(err, check error) error {
+	msg := check.Error()
+	field := msg[:len(msg)-len(strings.TrimLeft(msg, "abcdefghijklmnopqrstuvwxyz0123456789_"))]
+	if a, ok := fieldAliases[field]; ok {
+		field = a
+	}
+	tok, ok := p.fields[field]
+	if !ok {
+		tok = p.block
+	}
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.WrapErr(err)
 }
 
 // parseZoneInto parses `zone <name> { ... }` into h.RateLimits. A zone
 // repeated as it is, as caddy-ratelimit accepts it, is one zone; repeated
 // with other settings, it is two limits for one bucket, refused naming both
-// places (places: where each zone was defined).
-func (h *Handler) parseZoneInto(d *caddyfile.Dispenser, places map[string]string) error {
+// places (places: where each zone and its fields were defined).
+func (h *Handler) parseZoneInto(d *caddyfile.Dispenser, places map[string]*fieldPlaces) error {
 	if !d.NextArg() {
 		return d.Err("rate_limit: zone needs a name")
 	}
@@ -250,18 +312,19 @@ func (h *Handler) parseZoneInto(d *caddyfile.Dispenser, places map[string]string
 	if d.NextArg() {
 		return d.Errf("zone %q: unexpected argument %q", name, d.Val())
 	}
-	place := d.File() + ":" + strconv.Itoa(d.Line())
-	z, err := parseZone(d, name)
+	at := &fieldPlaces{block: d.Token(), fields: map[string]caddyfile.Token{}}
+	z, err := parseZone(d, name, at.fields)
 	if err != nil {
 		return err
 	}
 	if prev, dup := h.RateLimits[name]; dup {
+		first := places[name].block
 		if !sameZone(prev, z) {
-			return fmt.Errorf("zone %q: defined at %s and again, with other settings, at %s; a zone name is one bucket with one limit (rename one of them)", name, places[name], place)
+			return fmt.Errorf("zone %q: defined at %s:%d and again, with other settings, at %s:%d; a zone name is one bucket with one limit (rename one of them)", name, first.File, first.Line, at.block.File, at.block.Line)
 		}
 		return nil
 	}
-	places[name] = place
+	places[name] = at
 	if h.RateLimits == nil {
 		h.RateLimits = map[string]*Zone{}
 	}
@@ -277,8 +340,9 @@ func sameZone(a, b *Zone) bool {
 	return errA == nil && errB == nil && bytes.Equal(ja, jb)
 }
 
-// parseZone parses a zone block; the dispenser is on the zone's name.
-func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
+// parseZone parses a zone block; the dispenser is on the zone's name. at
+// gets where each field was first written.
+func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Token) (*Zone, error) {
 	z := new(Zone)
 	p := zoneParser{d, name}
 	seen := map[string]bool{}
@@ -286,6 +350,9 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 		field := d.Val()
 		if seen[field] && field != "match" {
 			return nil, p.errf("duplicate %s", field)
+		}
+		if !seen[field] {
+			at[field] = d.Token()
 		}
 		seen[field] = true
 		var v string

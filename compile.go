@@ -69,6 +69,9 @@ func (z *zone) setNames() {
 
 // limit compiles the zone's limit, with errors naming the field.
 func (z *Zone) limit() (algorithms.Limit, error) {
+	if z.concurrentZero && z.MaxEvents == 0 {
+		return algorithms.Limit{}, fmt.Errorf("concurrent must be between 1 and %d, got 0", algorithms.MaxConcurrent)
+	}
 	if z.isConcurrency() {
 		return z.concurrencyLimit() // concurrency.go
 	}
@@ -94,6 +97,9 @@ func (z *Zone) limit() (algorithms.Limit, error) {
 		return algorithms.Limit{}, fmt.Errorf("burst must be positive, got %d", z.Burst)
 	}
 	l, err := algorithms.NewLimit(alg, z.MaxEvents, time.Duration(z.Window), z.Burst)
+	if errors.Is(err, algorithms.ErrBurstNotAllowed) {
+		return l, fmt.Errorf("burst: %w", err)
+	}
 	if err != nil {
 		return l, fmt.Errorf("events/window/burst: %w", err)
 	}

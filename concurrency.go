@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -81,6 +83,21 @@ type concurrencyZone struct {
 // zone.
 func (z *Zone) isConcurrency() bool {
 	return z.Concurrent != 0 || z.ConcurrentFrom != "" || z.Lease != 0
+}
+
+// UnmarshalJSON reads a zone as Caddy reads a module (an unknown field is
+// an error), noting an explicit "concurrent": 0 so that the check can name
+// concurrent rather than the events a rate zone would need.
+func (z *Zone) UnmarshalJSON(b []byte) error {
+	type plain Zone // without this method
+	if err := caddy.StrictUnmarshalJSON(b, (*plain)(z)); err != nil {
+		return err
+	}
+	var set struct {
+		Concurrent *int64 `json:"concurrent"`
+	}
+	z.concurrentZero = json.Unmarshal(b, &set) == nil && set.Concurrent != nil && *set.Concurrent == 0
+	return nil
 }
 
 // concurrencyLimit compiles a concurrency zone's limit (see Zone.limit),
@@ -267,15 +284,25 @@ func (h *Handler) releaseSlots(hs *heldSlots) {
 	hs.reqs, hs.zones, hs.store = nil, nil, nil
 }
 
+// slotHeir is a store that can count the slots other stores of the
+// process hold (memstore: a reload that changes its settings makes a new
+// store, and the requests still running hold their slots in the old one).
+type slotHeir interface {
+	InheritSlots(zones []string)
+}
+
 // provisionConcurrency checks that the stores of a handler with
-// concurrency zones can hold slots, and sets up their metrics. Called by
-// Provision once the zones and their metrics exist.
+// concurrency zones can hold slots, sets up their metrics, and has the
+// store inherit the slots held elsewhere in its zones. Called by Provision
+// once the zones and their metrics exist.
 func (h *Handler) provisionConcurrency() error {
+	var names []string
 	for _, z := range h.zones {
 		if z.conc == nil {
 			continue
 		}
 		h.concurrent = true
+		names = append(names, z.name)
 		if _, ok := h.store.(releaser); !ok {
 			return zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
 		}
@@ -285,6 +312,9 @@ func (h *Handler) provisionConcurrency() error {
 	}
 	if _, ok := h.local.(releaser); h.concurrent && h.local != nil && !ok {
 		return fmt.Errorf("concurrent: the fail-local store (%T) cannot hold concurrency slots", h.local)
+	}
+	if heir, ok := h.store.(slotHeir); ok && names != nil {
+		heir.InheritSlots(names)
 	}
 	return nil
 }

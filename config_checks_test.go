@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -94,14 +95,11 @@ func TestConfigChecks(t *testing.T) {
 	}
 }
 
-// TestLoadChecks: a Caddyfile the grammar accepts but whose values break a
-// rule adapts, and is refused at load (as JSON would be) with a message
-// naming the zone, quoted, and the field.
+// TestLoadChecks: what only the whole configuration can tell (one zone
+// name in two directives) adapts, and is refused at load, naming the zone;
+// the values of one directive are refused as it is adapted
+// (TestValueErrorsNameTheLine).
 func TestLoadChecks(t *testing.T) {
-	zone := func(name, body string) string {
-		return site("", "\t\tzone "+name+" {\n"+body+"\n\t\t}")
-	}
-	z1 := func(body string) string { return zone("z1", body) }
 	twoSites := func(a, b string) string {
 		return ":8080 {\n\trate_limit {\n\t\tzone shared {\n" + a + "\n\t\t}\n\t}\n\trespond ok\n}\n" +
 			":8081 {\n\trate_limit {\n\t\tzone shared {\n" + b + "\n\t\t}\n\t}\n\trespond ok\n}\n"
@@ -110,30 +108,16 @@ func TestLoadChecks(t *testing.T) {
 		name, caddyfile string
 		want            []string
 	}{
-		{"no zone", site("", ""), []string{"at least one zone"}},
-		{"bad zone name", zone("\"a\x01b\"", "\t\t\tevents 1\n\t\t\twindow 1s"), []string{`zone "a\x01b"`, "control"}},
-		{"zone name with spaces", zone("\"my zone\"", "\t\t\tevents 1"), []string{`zone "my zone"`, "window is required"}},
-		{"missing events", z1("\t\t\twindow 1m"), []string{`zone "z1"`, "events (max_events) is required"}},
-		{"missing window", z1("\t\t\tevents 5"), []string{`zone "z1"`, "window is required"}},
-		{"sub-millisecond window", z1("\t\t\tevents 5\n\t\t\twindow 10us"), []string{`zone "z1"`, "window must be at least 1ms"}},
-		{"too wide", z1("\t\t\tevents 5\n\t\t\twindow 1000000h\n\t\t\tburst 100000000"), []string{`zone "z1"`, "2^53"}},
-		{"unknown algorithm", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\talgorithm leaky"), []string{`zone "z1"`, "algorithm", `"leaky"`}},
-		{"ipv4 prefix too big", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tipv4_prefix 33"), []string{`zone "z1"`, "ipv4_prefix must be between 0 and 32"}},
-		{"ipv6 prefix too big", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tipv6_prefix 129"), []string{`zone "z1"`, "ipv6_prefix must be between 0 and 128"}},
-		{"burst with a window algorithm", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tburst 9\n\t\t\talgorithm sliding_log"), []string{`zone "z1"`, "burst is not allowed"}},
-		{"sliding log too large", z1("\t\t\tevents 1000000\n\t\t\twindow 1m\n\t\t\talgorithm sliding_log"), []string{`zone "z1"`, "sliding_log"}},
-		{"static cost 0", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tcost 0"), []string{`zone "z1"`, "cost must be a positive integer"}},
-		{"unknown fail policy", z1("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\tfail sometimes"), []string{`zone "z1"`, "fail", `"sometimes"`, "(known: open, closed, local)"}},
-		{"bad key", z1("\t\t\tkey {unclosed\n\t\t\tevents 5\n\t\t\twindow 1m"), []string{`zone "z1"`, "key"}},
-		{"bad headers", site("", zoneZ+"\t\theaders loud"), []string{"headers", `"loud"`, "(known: legacy, draft, both, off)"}},
-		{"bad response status", site("", zoneZ+"\t\tresponse {\n\t\t\tstatus 200\n\t\t}"), []string{"response", "status must be between 400 and 599"}},
-		{"response problem with a body", site("", zoneZ+"\t\tresponse problem {\n\t\t\tbody x\n\t\t}"), []string{"response", "problem", "not body"}},
 		// One name in two directives: one bucket, so one limit; the error
 		// names both limits.
 		{"same zone, two limits", twoSites("\t\t\tevents 5\n\t\t\twindow 1m", "\t\t\tevents 50\n\t\t\twindow 1m"),
 			[]string{`zone "shared"`, "events 5 window 1m0s", "events 50 window 1m0s", "another rate_limit handler"}},
 		{"same zone, two stores", twoSites("\t\t\tevents 5\n\t\t\twindow 1m", "\t\t\tevents 5\n\t\t\twindow 1m\n\t\t}\n\t\tstore memory {\n\t\t\tmax_keys 7"),
 			[]string{`zone "shared"`, "store"}},
+		// The directive's sweep_interval beside the global option's store:
+		// the store is known once the option is applied.
+		{"sweep_interval with global store", site("\trate_limit {\n\t\tstore memory {\n\t\t\tmax_keys 1000\n\t\t}\n\t}\n", zoneZ+"\t\tsweep_interval 2m"),
+			[]string{"sweep_interval", "store memory { sweep_interval"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -184,5 +168,123 @@ func TestHugeJitterIsBounded(t *testing.T) {
 				t.Fatalf("jitter 1.5: Retry-After %d, above 10 s + 150%%", s)
 			}
 		}
+	}
+}
+
+// TestValueErrorsNameTheLine (issue 23, item 9): every value the grammar
+// reads but a rule refuses is refused when the Caddyfile is adapted, naming
+// the zone, the field and the file:line of the field (the line marked
+// #here; the zone's line where the error is about a field not written).
+// One case per rule of a zone, and the directive's own.
+func TestValueErrorsNameTheLine(t *testing.T) {
+	zone := func(body string) string { return site("", "\t\tzone z1 {\n"+body+"\n\t\t} #zone") }
+	rate := func(extra string) string { return zone("\t\t\tevents 5\n\t\t\twindow 1m\n" + extra) }
+	conc := func(extra string) string { return zone("\t\t\tconcurrent 5\n" + extra) }
+	cases := []struct {
+		name, caddyfile string
+		want            []string
+	}{
+		// The cases the issue lists.
+		{"count 99", rate("\t\t\tcount 99 #here"), []string{`zone "z1"`, "count", `"99"`}},
+		{"count 6xx", rate("\t\t\tcount 401 6xx #here"), []string{`zone "z1"`, "count", `"6xx"`}},
+		{"lease 1ns", conc("\t\t\tlease 1ns #here"), []string{`zone "z1"`, "lease"}},
+		{"concurrent 1000001", zone("\t\t\tconcurrent 1000001 #here"), []string{`zone "z1"`, "concurrent must be between 1 and 1000000"}},
+		{"delay_after above the capacity", rate("\t\t\tdelay 1s\n\t\t\tdelay_after 6 #here"), []string{`zone "z1"`, "delay_after", "capacity 5"}},
+		// The other rules of a rate zone.
+		{"count reversed range", rate("\t\t\tcount 599-500 #here"), []string{`zone "z1"`, "count"}},
+		{"window 1500us", zone("\t\t\tevents 5\n\t\t\twindow 1500us #here"), []string{`zone "z1"`, "window", "whole number of milliseconds"}},
+		{"window 10us", zone("\t\t\tevents 5\n\t\t\twindow 10us #here"), []string{`zone "z1"`, "window must be at least 1ms"}},
+		{"missing window", zone("\t\t\tevents 5"), []string{`zone "z1"`, "window is required"}},
+		{"missing events", zone("\t\t\twindow 1m"), []string{`zone "z1"`, "events (max_events) is required"}},
+		{"too wide", zone("\t\t\tevents 5 #here\n\t\t\twindow 1000000h\n\t\t\tburst 100000000"), []string{`zone "z1"`, "2^53"}},
+		{"unknown algorithm", rate("\t\t\talgorithm leaky #here"), []string{`zone "z1"`, "algorithm", `"leaky"`}},
+		{"burst with a window algorithm", rate("\t\t\tburst 9 #here\n\t\t\talgorithm sliding_log"), []string{`zone "z1"`, "burst is not allowed"}},
+		{"sliding log too large", zone("\t\t\tevents 1000000 #here\n\t\t\twindow 1m\n\t\t\talgorithm sliding_log"), []string{`zone "z1"`, "sliding_log"}},
+		{"cost 0", rate("\t\t\tcost 0 #here"), []string{`zone "z1"`, "cost must be a positive integer"}},
+		{"cost above the capacity", rate("\t\t\tcost 6 #here"), []string{`zone "z1"`, "cost 6 exceeds the zone's capacity 5"}},
+		{"cost default above the capacity", rate("\t\t\tcost {cost} 6 #here"), []string{`zone "z1"`, "cost_default 6 exceeds"}},
+		{"ipv4_prefix 33", rate("\t\t\tipv4_prefix 33 #here"), []string{`zone "z1"`, "ipv4_prefix must be between 0 and 32"}},
+		{"ipv4_prefix -1", rate("\t\t\tipv4_prefix -1 #here"), []string{`zone "z1"`, "ipv4_prefix"}},
+		{"ipv6_prefix 129", rate("\t\t\tipv6_prefix 129 #here"), []string{`zone "z1"`, "ipv6_prefix must be between 0 and 128"}},
+		{"unknown fail policy", rate("\t\t\tfail sometimes #here"), []string{`zone "z1"`, "fail", `"sometimes"`}},
+		{"bad key", rate("\t\t\tkey {unclosed #here"), []string{`zone "z1"`, "key"}},
+		{"unknown on_exceed", rate("\t\t\ton_exceed drop #here"), []string{`zone "z1"`, "on_exceed", `"drop"`}},
+		{"report_only and on_exceed pass", rate("\t\t\treport_only #here\n\t\t\ton_exceed pass"), []string{`zone "z1"`, "report_only and on_exceed pass"}},
+		{"penalty 1ns", rate("\t\t\tpenalty 1ns #here"), []string{`zone "z1"`, "penalty must be at least 1ms"}},
+		{"penalty 1500us", rate("\t\t\tpenalty 1500us #here"), []string{`zone "z1"`, "penalty", "whole number of milliseconds"}},
+		{"delay 1ns", rate("\t\t\tdelay 1ns #here"), []string{`zone "z1"`, "delay must be at least 1ms"}},
+		{"delay on a window algorithm", rate("\t\t\talgorithm sliding_window\n\t\t\tdelay 1s #here"), []string{`zone "z1"`, "delay"}},
+		{"delay_after without delay", rate("\t\t\tdelay_after 2 #here"), []string{`zone "z1"`, "delay_after needs delay"}},
+		{"local_allowance with count", rate("\t\t\tcount 401\n\t\t\tlocal_allowance #here"), []string{`zone "z1"`, "local_allowance", "count"}},
+		{"events placeholder, burst_from on sliding_window", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\talgorithm sliding_window\n\t\t\tburst {plan_burst} 3 #here"), []string{`zone "z1"`, "burst"}},
+		// The rules of a concurrency zone.
+		{"lease 25h", conc("\t\t\tlease 25h #here"), []string{`zone "z1"`, "lease must be between"}},
+		{"lease 1500us", conc("\t\t\tlease 1500us #here"), []string{`zone "z1"`, "lease", "whole number of milliseconds"}},
+		{"lease without concurrent", rate("\t\t\tlease 1m #here"), []string{`zone "z1"`, "lease applies only to a concurrency zone"}},
+		{"concurrent with events", zone("\t\t\tconcurrent 5\n\t\t\tevents 5 #here"), []string{`zone "z1"`, "events (max_events) does not apply to a concurrency zone"}},
+		{"concurrent with count", conc("\t\t\tcount 5xx #here"), []string{`zone "z1"`, "count does not apply"}},
+		{"concurrent with penalty", conc("\t\t\tpenalty 1m #here"), []string{`zone "z1"`, "penalty does not apply"}},
+		{"concurrent with delay", conc("\t\t\tdelay 1s #here"), []string{`zone "z1"`, "delay does not apply"}},
+		// A zone's name.
+		{"zone name with spaces", site("", "\t\tzone \"my zone\" { #here\n\t\t\tevents 1\n\t\t}"), []string{`zone "my zone"`, "window is required"}},
+		{"bad zone name", site("", "\t\tzone \"a\x01b\" { #here\n\t\t\tevents 1\n\t\t\twindow 1s\n\t\t}"), []string{`zone "a\x01b"`, "control"}},
+		// The directive's own values.
+		{"no zone", site("", "\t\tjitter 0.1"), []string{"at least one zone"}},
+		{"bad headers", site("", zoneZ+"\t\theaders loud #here"), []string{"headers", `"loud"`}},
+		{"sweep_interval 1ns", site("", zoneZ+"\t\tsweep_interval 1ns #here"), []string{"sweep_interval", "at least 1s"}},
+		{"sweep_interval beside a store", site("", zoneZ+"\t\tstore memory\n\t\tsweep_interval 2m #here"), []string{"sweep_interval", "store memory { sweep_interval"}},
+		{"bad response status", site("", zoneZ+"\t\tresponse { #here\n\t\t\tstatus 200\n\t\t}"), []string{"response", "status must be between 400 and 599"}},
+		{"response problem with a body", site("", zoneZ+"\t\tresponse problem { #here\n\t\t\tbody x\n\t\t}"), []string{"response", "problem", "not body"}},
+		{"store memory sweep_interval 1ns", site("", zoneZ+"\t\tstore memory {\n\t\t\tsweep_interval 1ns #here\n\t\t}"), []string{"store memory", "sweep_interval", "at least 1s"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mark := "#here"
+			if !strings.Contains(c.caddyfile, mark) {
+				mark = "#zone" // the zone's closing line: the error names its opening line
+				if !strings.Contains(c.caddyfile, mark) {
+					mark = "rate_limit {"
+				}
+			}
+			line := 1 + strings.Count(c.caddyfile[:strings.Index(c.caddyfile, mark)], "\n")
+			if mark == "#zone" {
+				line = 1 + strings.Count(c.caddyfile[:strings.Index(c.caddyfile, "zone z1 {")], "\n")
+			}
+			_, err := adapt(t, c.caddyfile)
+			if err == nil {
+				t.Fatalf("adapted without error, want the error at Caddyfile:%d:\n%s", line, c.caddyfile)
+			}
+			want := append(c.want, fmt.Sprintf(", at Caddyfile:%d", line))
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestJSONConcurrentZero (issue 23, item 9): a JSON zone with
+// "concurrent": 0 is refused naming concurrent, not events; a rate zone
+// that writes "concurrent": 0 beside its rate loads as it did.
+func TestJSONConcurrentZero(t *testing.T) {
+	load := func(zones string) error {
+		js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[{"handler":"rate_limit","rate_limits":` + zones + `}]}]}}}}}`
+		var cfg caddy.Config
+		if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		return caddy.Validate(&cfg)
+	}
+	err := load(`{"c":{"key":"{http.request.header.X-User}","concurrent":0}}`)
+	if err == nil || !strings.Contains(err.Error(), `zone "c"`) || !strings.Contains(err.Error(), "concurrent must be between 1 and 1000000, got 0") {
+		t.Fatalf("error %v, want it to name zone \"c\" and concurrent", err)
+	}
+	if err := load(`{"r":{"max_events":5,"window":"1m","concurrent":0}}`); err != nil {
+		t.Fatalf("a rate zone with \"concurrent\": 0: %v", err)
+	}
+	// A zone is still read strictly.
+	if err := load(`{"r":{"max_events":5,"window":"1m","colour":1}}`); err == nil || !strings.Contains(err.Error(), `unknown field "colour"`) {
+		t.Fatalf("an unknown zone field: %v", err)
 	}
 }

@@ -142,6 +142,10 @@ type Zone struct {
 	// allowance"). token_bucket and gcra only, with store redis. Default:
 	// off.
 	LocalAllowance *LocalAllowance `json:"local_allowance,omitempty"`
+
+	// concurrentZero: the JSON wrote "concurrent": 0, which reads as not
+	// set (UnmarshalJSON, concurrency.go).
+	concurrentZero bool
 }
 
 // LocalAllowance is a zone's local allowance (Zone.LocalAllowance).

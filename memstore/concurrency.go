@@ -31,49 +31,60 @@ func (sh *shard) took(k mapKey, r *algorithms.Request) {
 	sh.leases[k] = append(sh.leases[k], r.Lease)
 }
 
-// release gives back the slot of lease in k, if k holds it. The caller
-// holds sh.mu.
-func (sh *shard) release(k mapKey, lease uint64, now int64) {
+// release gives back the slot of lease in k, if k holds it, and reports
+// whether it did. The caller holds sh.mu.
+func (sh *shard) release(k mapKey, lease uint64, now int64) bool {
 	ids := sh.leases[k]
 	i := slices.Index(ids, lease)
 	if i < 0 {
-		return // reset, or never admitted
+		return false // reset, or never admitted
 	}
 	ids[i] = ids[len(ids)-1]
 	ids = ids[:len(ids)-1]
 	sh.leases[k] = ids
 	e, ok := sh.m[k]
 	if !ok || e.alg() != algorithms.Concurrency {
-		return
+		return true
 	}
 	e.debt = int64(len(ids))
 	if len(ids) == 0 {
 		e.fullAt = now // forgettable, as algorithms.Step says of an empty key
 	}
 	sh.m[k] = e
+	return true
 }
 
 // Release gives back the slots that Take granted to the concurrency zones
-// of reqs (their Lease); requests of other zones are ignored. A lease the
-// store does not hold (its key was reset, or the request was refused) is
-// ignored too. It never fails and never blocks but on a shard's lock.
+// of reqs (their Lease), here and in the store's heirs (handover.go);
+// requests of other zones are ignored. A lease the store does not hold
+// (its key was reset, or the request was refused) is ignored too. It never
+// fails and never blocks but on a shard's lock.
 func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
 			continue
 		}
-		id, known := s.zones.lookup(r.Zone)
-		if !known {
-			continue
+		s.releaseLease(r.Zone, r.Key, r.Lease)
+		if s.heirs.Load() != nil {
+			s.forwardRelease(r.Zone, r.Key, r.Lease)
 		}
-		k := mapKey{zone: id, key: r.Key}
-		sh := s.shardOf(&k)
-		sh.mu.Lock()
-		sh.release(k, r.Lease, s.now())
-		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// releaseLease gives back the slot of lease in key of zone, and reports
+// whether the store held it.
+func (s *Store) releaseLease(zone string, key algorithms.Key, lease uint64) bool {
+	id, known := s.zones.lookup(zone)
+	if !known {
+		return false
+	}
+	k := mapKey{zone: id, key: key}
+	sh := s.shardOf(&k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.release(k, lease, s.now())
 }
 
 // InUse returns the slots in use of key in a concurrency zone (for tests

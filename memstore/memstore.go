@@ -58,6 +58,10 @@ type Store struct {
 	stop     chan struct{}
 	done     chan struct{}
 	once     sync.Once
+	// heirs are the stores that inherited slots of this one (handover.go);
+	// nil: none. Replaced whole under heirsMu.
+	heirs   atomic.Pointer[[]heir]
+	heirsMu sync.Mutex
 }
 
 type shard struct {
@@ -286,6 +290,9 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 		sh.took(k, r)
 	}
 	sh.mu.Unlock()
+	if d.Allowed && r.Lease != 0 && s.heirs.Load() != nil {
+		s.forwardTook(r.Zone, r.Key, r.Lease)
+	}
 	d.At = now
 	*out = d
 }
@@ -344,6 +351,13 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	}
 	for _, i := range locked {
 		s.shards[i].mu.Unlock()
+	}
+	if allowed && s.heirs.Load() != nil {
+		for i := range reqs {
+			if r := &reqs[i]; out[i].Allowed && r.Lease != 0 && r.Limit.Algorithm == algorithms.Concurrency {
+				s.forwardTook(r.Zone, r.Key, r.Lease)
+			}
+		}
 	}
 	return nil
 }

@@ -163,6 +163,9 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("store memory: sweep_interval must be a positive duration, got %q", val)
 			}
 			m.SweepInterval = caddy.Duration(dur)
+			if err := m.Validate(); err != nil {
+				return d.WrapErr(err) // named at its line, as JSON is at load
+			}
 		default:
 			return d.Errf("store memory: unknown option %q (known: max_keys, sweep_interval)", field)
 		}

@@ -146,8 +146,8 @@ func (k *leaseKeeper) run() {
 	k.start.Do(func() { go k.work() })
 }
 
-// close stops the worker (queued operations are dropped: their leases
-// expire).
+// close stops the worker, once it has sent up to a batch of the releases
+// queued (the others, and failed ones, are left to their leases' expiry).
 func (k *leaseKeeper) close() {
 	k.closed.Do(func() {
 		close(k.stop)
@@ -286,6 +286,16 @@ func (k *leaseKeeper) work() {
 		batch = batch[:0]
 		select {
 		case <-k.stop:
+			// The releases queued until now are sent (a store closes once
+			// its requests have released their slots: Store.Destruct).
+			for len(batch) < leaseBatch && len(k.ops) > 0 {
+				if op := <-k.ops; !op.renew {
+					batch = append(batch, op)
+				}
+			}
+			if len(batch) > 0 {
+				k.send(batch, nil)
+			}
 			return
 		case op := <-k.ops:
 			batch = append(batch, op)

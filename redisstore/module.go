@@ -297,13 +297,27 @@ func (r *Redis) validate() error {
 // Validate checks the configuration.
 func (r *Redis) Validate() error { return r.validate() }
 
-// Cleanup releases this configuration's hold on the shared client.
+// Cleanup releases this configuration's hold on the shared client. When it
+// is the last hold and requests still hold slots of the store (a reload
+// that changed the store's settings lets the old configuration's requests
+// finish), the store is kept, renewing and then releasing their leases,
+// until they have ended.
 func (r *Redis) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
-	_, err := pool.Delete(r.poolKey)
+	key := r.poolKey
 	r.poolKey = ""
+	if n, _ := pool.References(key); n == 1 && r.store.Leases() > 0 {
+		go func(s *Store) {
+			for s.Leases() > 0 {
+				time.Sleep(leaseTick)
+			}
+			_, _ = pool.Delete(key)
+		}(r.store)
+		return nil
+	}
+	_, err := pool.Delete(key)
 	return err
 }
 
