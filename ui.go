@@ -79,16 +79,23 @@ type zoneActivityJSON struct {
 	Refused           int64 `json:"refused"`
 	Vetoed            int64 `json:"vetoed"`
 	ReportOnlyRefused int64 `json:"report_only_refused"`
-	// Recent are the zone's last refusals, newest first, as tokens.
+	// Recent are the keys the zone refused last (up to 32), as tokens,
+	// each once, refused most recently first.
 	Recent []recentJSON `json:"recent"`
 }
 
 type recentJSON struct {
-	Token        string `json:"token"`
+	Token string `json:"token"`
+	// Count: the key's refusals since it was remembered.
+	Count int64 `json:"count"`
+	// At, AtMs, RetryAfterMs: its last refusal.
 	At           string `json:"at"`
 	AtMs         int64  `json:"at_ms"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
-	ReportOnly   bool   `json:"report_only,omitempty"`
+	// ReportOnly: a report-only zone's would-be refusal; Passed: a
+	// refusal forwarded by on_exceed pass.
+	ReportOnly bool `json:"report_only,omitempty"`
+	Passed     bool `json:"passed,omitempty"`
 }
 
 // serveActivity answers GET /rate_limit/activity for the zones of the
@@ -112,8 +119,8 @@ func serveActivity(w http.ResponseWriter, r *http.Request) error {
 		}
 		for _, rf := range a.last() {
 			zj.Recent = append(zj.Recent, recentJSON{
-				Token: rf.token.String(), At: time.UnixMilli(rf.at).UTC().Format(time.RFC3339Nano), AtMs: rf.at,
-				RetryAfterMs: rf.retryMs, ReportOnly: rf.reportOnly,
+				Token: rf.token.String(), Count: rf.count, At: time.UnixMilli(rf.at).UTC().Format(time.RFC3339Nano), AtMs: rf.at,
+				RetryAfterMs: rf.retryMs, ReportOnly: rf.reportOnly, Passed: rf.passed,
 			})
 		}
 		out.Zones = append(out.Zones, zj)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -340,4 +341,92 @@ func failPage(t *testing.T, ctx context.Context, ce *consoleErrors, name string,
 	}
 	screenshot(t, sctx, name)
 	t.Fatal(err)
+}
+
+// TestLiveUIRowsInBrowser: 57 refusals of one key show as one row with its
+// count (not one row per refusal), a concurrency zone's limit as its slots,
+// and a refusal forwarded by on_exceed pass as passed, not report-only.
+func TestLiveUIRowsInBrowser(t *testing.T) {
+	tc := newTester(t)
+	zl, zc, zp := zoneName("rows_login"), zoneName("rows_export"), zoneName("rows_soft")
+	load(t, tc, config("", `
+:@A@ {
+	rate_limit {
+		zone @ZL@ {
+			match {
+				path /login
+			}
+			key {http.request.header.X-User}
+			events 2
+			window 1h
+		}
+		zone @ZC@ {
+			match {
+				path /export
+			}
+			key {client_ip}
+			concurrent 3
+		}
+		zone @ZP@ {
+			match {
+				path /soft
+			}
+			key {client_ip}
+			events 1
+			window 1h
+			on_exceed pass
+		}
+	}
+	respond "ok"
+}
+:@B@ {
+	reverse_proxy localhost:@ADMIN@ {
+		header_up Host localhost:@ADMIN@
+		header_up Origin http://localhost:@ADMIN@
+	}
+}`, "ZL", zl, "ZC", zc, "ZP", zp))
+	c := loopbackClient(1)
+	for range 59 { // 2 allowed, 57 refused
+		get(t, c, siteA+"/login", "X-User: alice")
+	}
+	for range 3 { // 2 allowed, 1 refused
+		get(t, c, siteA+"/login", "X-User: bob")
+	}
+	get(t, c, siteA+"/export")
+	for range 2 { // 1 allowed, 1 passed
+		get(t, c, siteA+"/soft")
+	}
+
+	ctx, ce := browser(t)
+	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.WaitVisible(`#recent tr[data-zone="`+zp+`"]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-rows-failed.png", err)
+	}
+	screenshot(t, ctx, "live-ui-rows.png")
+	counts := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zl+`"]')].map(r => r.querySelector("td.count")?.textContent ?? "no count")`)
+	slices.Sort(counts) // bob's and alice's last refusals may share a millisecond
+	if strings.Join(counts, ",") != "1,57" {
+		t.Errorf("zone %s: rows of refusal counts %v, want two rows, 1 (bob) and 57 (alice)", zl, counts)
+	}
+	tokens := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zl+`"]')].map(r => r.dataset.token)`)
+	if len(tokens) == 2 && tokens[0] == tokens[1] {
+		t.Errorf("zone %s: the same token on two rows: %v", zl, tokens)
+	}
+	passed := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zp+`"]')].map(r => r.querySelector("td.zone")?.textContent ?? r.cells[1].textContent)`)
+	if len(passed) != 1 || passed[0] != zp+" (passed)" {
+		t.Errorf("on_exceed pass zone's rows %q, want one %q", passed, zp+" (passed)")
+	}
+	limit := eval[string](t, ctx, `document.querySelector('#zones tr[data-zone="`+zc+`"] td.limit')?.textContent ?? document.querySelector('#zones tr[data-zone="`+zc+`"] td:nth-child(3)').textContent`)
+	if limit != "3 in flight" {
+		t.Errorf("concurrency zone's limit shown as %q, want %q", limit, "3 in flight")
+	}
+	soft := eval[string](t, ctx, `document.querySelector('#zones tr[data-zone="`+zp+`"] td').textContent`)
+	if soft != zp+" (on_exceed pass)" {
+		t.Errorf("on_exceed pass zone shown as %q, want %q", soft, zp+" (on_exceed pass)")
+	}
+	ce.check(t)
 }

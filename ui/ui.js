@@ -31,6 +31,7 @@
   }
 
   function limitText(z) {
+    if (z.algorithm === "concurrency") return z.concurrent + " in flight";
     let s = z.events + " / " + z.window;
     if (z.burst) s += ", burst " + z.burst;
     return s;
@@ -76,9 +77,9 @@
         if (h.length > history) h.shift();
       }
       tbody.append(el("tr", { "data-zone": z.name },
-        el("td", {}, el("strong", {}, z.name), z.report_only ? " (report only)" : "", z.enabled ? "" : " (off)"),
+        el("td", {}, el("strong", {}, z.name), z.report_only ? " (report only)" : "", z.on_exceed === "pass" ? " (on_exceed pass)" : "", z.enabled ? "" : " (off)"),
         el("td", {}, z.algorithm),
-        el("td", {}, limitText(z)),
+        el("td", { class: "limit" }, limitText(z)),
         el("td", { class: "token" }, z.key.join(" ")),
         storeCell(z.store || {}),
         el("td", { class: "num allowed" }, ar.toFixed(1)),
@@ -100,14 +101,15 @@
       const age = Math.max(0, Math.round((act.now_ms - r.at_ms) / 1000));
       rb.append(el("tr", { "data-zone": r.zone, "data-token": r.token },
         el("td", { title: r.at }, age + "s ago"),
-        el("td", {}, r.zone + (r.report_only ? " (report only)" : "")),
+        el("td", { class: "zone" }, r.zone + (r.passed ? " (passed)" : r.report_only ? " (report only)" : "")),
         el("td", { class: "token" }, r.token),
+        el("td", { class: "num count" }, r.count),
         el("td", { class: "num" }, Math.ceil(r.retry_after_ms / 1000) + "s"),
         el("td", {},
           el("button", { class: "peek", onclick: () => peek(r.zone, r.token) }, "peek"), " ",
           el("button", { class: "reset danger", onclick: () => reset(r.zone, r.token) }, "reset…"))));
     }
-    if (!rows.length) rb.append(el("tr", {}, el("td", { colspan: 5, class: "empty" }, "no refusal yet")));
+    if (!rows.length) rb.append(el("tr", {}, el("td", { colspan: 6, class: "empty" }, "no refusal yet")));
     $("#recent tbody").replaceWith(rb);
     last = { now: act.now_ms, byName };
   }
