@@ -10,8 +10,8 @@ import (
 	"github.com/sluicehq/caddy-sluice/identity"
 )
 
-// Zone activity for the live page (GET /rate_limit/ui, through GET
-// /rate_limit/activity): per zone name, process-wide, counters of the
+// Zone activity for the live page (rate_limit_ui, through its activity
+// JSON, also GET /rate_limit/activity on the admin API): per zone name, process-wide, counters of the
 // decisions and the keys refused last, as tokens (never raw keys), each
 // once with its count. Counters only
 // grow (across config reloads too); the page computes rates from their

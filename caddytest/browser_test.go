@@ -1,7 +1,7 @@
 package caddytest_test
 
-// The HTML report of `caddy rate-limit simulate` and the admin API's live
-// page (GET /rate_limit/ui), opened in a real headless Chromium (Debian's
+// The HTML report of `caddy rate-limit simulate` and the live page (the
+// rate_limit_ui directive), opened in a real headless Chromium (Debian's
 // package, installed by scripts/test-deps.sh), driven with chromedp.
 // Screenshots go to $SLUICE_SCREENSHOTS, default bin/screenshots in the
 // repository, for a person to look at.
@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,10 +198,10 @@ func TestSimulateReportInBrowser(t *testing.T) {
 	ce.check(t)
 }
 
-// TestLiveUIInBrowser opens GET /rate_limit/ui through a site that proxies
-// the admin endpoint (as docs/simulate.md shows), waits for a refusal to
-// show, checks the zones' charts, and resets the refused key through the
-// page's confirmation: the admin API is called and the key is full again.
+// TestLiveUIInBrowser opens the live page a site serves (rate_limit_ui),
+// waits for a refusal to show, checks the zones' charts, and resets the
+// refused key through the page's confirmation: the same-origin DELETE is
+// answered and the key is full again.
 func TestLiveUIInBrowser(t *testing.T) {
 	tc := newTester(t)
 	zl, za := zoneName("ui_login"), zoneName("ui_api")
@@ -227,10 +228,7 @@ func TestLiveUIInBrowser(t *testing.T) {
 	respond "ok"
 }
 :@B@ {
-	reverse_proxy localhost:@ADMIN@ {
-		header_up Host localhost:@ADMIN@
-		header_up Origin http://localhost:@ADMIN@
-	}
+	rate_limit_ui /sluice/*
 }`, "ZL", zl, "ZA", za)
 	load(t, tc, cf)
 	c := loopbackClient(1)
@@ -259,7 +257,7 @@ func TestLiveUIInBrowser(t *testing.T) {
 	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
 	defer cancelW()
 	if err := chromedp.Do(wctx,
-		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.Navigate(siteB+"/sluice/"),
 		chromedp.WaitVisible(`#recent tr[data-zone="`+zl+`"]`),
 		// Two polls give the charts their first points.
 		chromedp.WaitVisible(`#zones svg.spark[data-points="2"]`),
@@ -380,10 +378,7 @@ func TestLiveUIRowsInBrowser(t *testing.T) {
 	respond "ok"
 }
 :@B@ {
-	reverse_proxy localhost:@ADMIN@ {
-		header_up Host localhost:@ADMIN@
-		header_up Origin http://localhost:@ADMIN@
-	}
+	rate_limit_ui /sluice/*
 }`, "ZL", zl, "ZC", zc, "ZP", zp))
 	c := loopbackClient(1)
 	for range 59 { // 2 allowed, 57 refused
@@ -401,7 +396,7 @@ func TestLiveUIRowsInBrowser(t *testing.T) {
 	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
 	defer cancelW()
 	if err := chromedp.Do(wctx,
-		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.Navigate(siteB+"/sluice/"),
 		chromedp.WaitVisible(`#recent tr[data-zone="`+zp+`"]`),
 	); err != nil {
 		failPage(t, ctx, ce, "live-ui-rows-failed.png", err)
@@ -429,4 +424,105 @@ func TestLiveUIRowsInBrowser(t *testing.T) {
 		t.Errorf("on_exceed pass zone shown as %q, want %q", soft, zp+" (on_exceed pass)")
 	}
 	ce.check(t)
+}
+
+// TestLiveUICrossSiteInBrowser: a page on another site (127.0.0.1, while
+// the live page is on localhost) tries to reset a refused key through
+// rate_limit_ui with a form POST, fetches (DELETE with CORS, POST no-cors)
+// and an <img>. The live page's site answers every CORS preflight with
+// "anything goes" (a permissive CORS setup, as API sites often have), so
+// the browser does send the DELETE: the same-origin check alone refuses
+// it. The site has no authentication here, so nothing else stands in the
+// way (TestLiveUIDirective checks basic_auth). The key is still refused
+// after.
+func TestLiveUICrossSiteInBrowser(t *testing.T) {
+	tc := newTester(t)
+	zl := zoneName("xsite_login")
+	target := "http://localhost:" + strconv.Itoa(portB) + "/sluice/zones/" + zl + "/keys/alice"
+	attack := `<!DOCTYPE html><title>attack</title>
+<iframe name="sink"></iframe>
+<form id="f" method="POST" action="` + target + `" target="sink"><input name="x" value="1"></form>
+<script>
+const target = "` + target + `";
+const out = {};
+const waits = [
+  new Promise((ok) => { const i = new Image(); i.onload = i.onerror = () => { out.img = "sent"; ok(); }; i.src = target + "?img"; }),
+  new Promise((ok) => { document.querySelector("iframe").onload = () => { out.form = "sent"; ok(); }; document.getElementById("f").submit(); }),
+];
+for (const [name, opts] of [["delete", { method: "DELETE" }], ["post_nocors", { method: "POST", mode: "no-cors" }]]) {
+  waits.push(fetch(target, opts).then((r) => { out[name] = String(r.status); }, (e) => { out[name] = "failed: " + e.message; }));
+}
+Promise.all(waits).then(() => { document.body.dataset.done = JSON.stringify(out); });
+</script>`
+	load(t, tc, config("", `
+:@A@ {
+	rate_limit {
+		zone @ZL@ {
+			match {
+				path /login
+			}
+			key {http.request.header.X-User}
+			events 2
+			window 1h
+		}
+	}
+	handle /attack {
+		header Content-Type "text/html; charset=utf-8"
+		respond `+"`"+attack+"`"+`
+	}
+	respond "ok"
+}
+:@B@ {
+	header Access-Control-Allow-Origin *
+	header Access-Control-Allow-Methods *
+	@preflight method OPTIONS
+	handle @preflight {
+		respond 204
+	}
+	rate_limit_ui /sluice/*
+}`, "ZL", zl))
+	c := loopbackClient(1)
+	for range 4 {
+		get(t, c, siteA+"/login", "X-User: alice")
+	}
+	exhausted := func(when string) {
+		t.Helper()
+		r := get(t, c, adminURL+"/rate_limit/zones/"+zl+"/keys/alice")
+		var p struct {
+			Found     bool  `json:"found"`
+			Remaining int64 `json:"remaining"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+			t.Fatalf("peek: %v: %s", err, r.body)
+		}
+		if !p.Found || p.Remaining != 0 {
+			t.Fatalf("%s: found %v remaining %d, want the key still exhausted", when, p.Found, p.Remaining)
+		}
+	}
+	exhausted("before")
+
+	ctx, ce := browser(t)
+	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate("http://127.0.0.1:"+strconv.Itoa(portA)+"/attack"),
+		chromedp.WaitVisible(`body[data-done]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-xsite-failed.png", err)
+	}
+	var out map[string]string
+	if err := json.Unmarshal([]byte(eval[string](t, ctx, `document.body.dataset.done`)), &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the other site's attempts: %v", out)
+	if out["form"] != "sent" || out["img"] != "sent" {
+		t.Errorf("the form or the image was not sent: %v", out)
+	}
+	// The DELETE got past the browser (the permissive preflight) and was
+	// answered by the directive's check: 403.
+	if out["delete"] != "403" {
+		t.Errorf("the cross-site DELETE: %q, want 403 from the same-origin check", out["delete"])
+	}
+	exhausted("after the other site's attempts")
+	screenshot(t, ctx, "live-ui-xsite.png")
 }

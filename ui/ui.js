@@ -1,8 +1,9 @@
-// Sluice live page: polls the admin API's JSON (same origin) and draws the
-// zones, their decisions per second and the keys refused recently.
+// Sluice live page (the rate_limit_ui directive): polls the JSON beside it
+// (same origin) and draws the zones, their decisions per second and the
+// keys refused recently.
 "use strict";
 (function () {
-  const base = location.pathname.replace(/\/ui$/, "/"); // "/rate_limit/"
+  const base = location.pathname.replace(/\/ui$/, "/"); // the page is at <base> or <base>ui
   const pollMs = 2000;
   const history = 30; // samples kept per zone (one a poll)
   const hist = new Map(); // zone → [{t, allowed, refused}]
@@ -152,7 +153,7 @@
     } catch (e) {
       const s = $("#status");
       s.className = "error";
-      s.textContent = "admin API: " + e.message;
+      s.textContent = "error: " + e.message;
     }
   }
   poll();
