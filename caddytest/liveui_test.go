@@ -1,8 +1,8 @@
 package caddytest_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +11,34 @@ import (
 // operatorHash is bcrypt (cost 4) of "right", for basic_auth in front of the
 // live page.
 const operatorHash = "$2a$04$xxYDoGSASAtMnSGV1SP7nOJt7YYEVvhJ9nWL0nugD7EUeXb6CjTdy"
+
+// uiLoginZone is a zone of two logins an hour per X-User, for the live
+// page's tests (zone name @ZL@).
+const uiLoginZone = `		zone @ZL@ {
+			match {
+				path /login
+			}
+			key {http.request.header.X-User}
+			events 2
+			window 1h
+		}
+`
+
+// expectExhausted checks a peek's answer (the admin API's or
+// rate_limit_ui's): the key holds state and has nothing left.
+func expectExhausted(t *testing.T, r result, when string) {
+	t.Helper()
+	var p struct {
+		Found     bool  `json:"found"`
+		Remaining int64 `json:"remaining"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &p); r.code != 200 || err != nil {
+		t.Fatalf("%s: peek: %d %s", when, r.code, r.body)
+	}
+	if !p.Found || p.Remaining != 0 {
+		t.Fatalf("%s: found %v remaining %d, want the key still exhausted", when, p.Found, p.Remaining)
+	}
+}
 
 // TestLiveUIDirective: the rate_limit_ui directive serves the live page and
 // its JSON under the site route where it is placed (behind the site's
@@ -22,15 +50,7 @@ func TestLiveUIDirective(t *testing.T) {
 	load(t, newTester(t), config("", `
 :@A@ {
 	rate_limit {
-		zone @ZL@ {
-			match {
-				path /login
-			}
-			key {http.request.header.X-User}
-			events 2
-			window 1h
-		}
-	}
+`+uiLoginZone+`	}
 	basic_auth /sluice/* {
 		operator @HASH@
 	}
@@ -47,43 +67,12 @@ func TestLiveUIDirective(t *testing.T) {
 	for range 4 {
 		get(t, c, siteA+"/login", "X-User: alice")
 	}
-	send := func(method, url string, headers ...string) result {
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("operator:right"))
+	send := func(method, url string, fields ...string) result {
 		t.Helper()
-		req, err := http.NewRequest(method, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.SetBasicAuth("operator", "right")
-		for _, h := range headers {
-			name, value, _ := strings.Cut(h, ":")
-			req.Header.Set(name, strings.TrimSpace(value))
-		}
-		resp, err := doRetry(t, c, req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, url, err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return result{code: resp.StatusCode, header: resp.Header, body: string(b)}
+		return sendFields(t, c, method, url, append([]string{"Authorization", auth}, fields...)...)
 	}
 	key := siteA + "/sluice/zones/" + zl + "/keys/alice"
-	exhausted := func(when string) {
-		t.Helper()
-		r := send("GET", key)
-		var p struct {
-			Found     bool  `json:"found"`
-			Remaining int64 `json:"remaining"`
-		}
-		if err := json.Unmarshal([]byte(r.body), &p); r.code != 200 || err != nil {
-			t.Fatalf("%s: peek through the directive: %d %s", when, r.code, r.body)
-		}
-		if !p.Found || p.Remaining != 0 {
-			t.Fatalf("%s: found %v remaining %d, want the key still exhausted", when, p.Found, p.Remaining)
-		}
-	}
 
 	if r := get(t, c, siteA+"/sluice/"); r.code != http.StatusUnauthorized {
 		t.Errorf("the page without credentials: %d, want 401 from the site's basic_auth", r.code)
@@ -111,15 +100,15 @@ func TestLiveUIDirective(t *testing.T) {
 	if r := send("GET", siteA+"/sluice/zones/no_such_zone"); r.code != 404 || !strings.Contains(r.body, `"error"`) {
 		t.Errorf("an unknown zone: %d %s, want 404 with a JSON error", r.code, r.body)
 	}
-	exhausted("before")
+	expectExhausted(t, send("GET", key), "before")
 
 	// Cross-origin resets, as a browser would send them from another site.
 	for _, h := range [][]string{
-		{"Sec-Fetch-Site: cross-site", "Origin: http://127.0.0.1:1"},
-		{"Sec-Fetch-Site: same-site", "Origin: " + siteB},
-		{"Origin: http://evil.example"}, // a browser without Sec-Fetch-Site
-		{"Origin: null"},                // a sandboxed frame or a redirect
-		{"Sec-Fetch-Site: cross-site"},  // no Origin
+		{"Sec-Fetch-Site", "cross-site", "Origin", "http://127.0.0.1:1"},
+		{"Sec-Fetch-Site", "same-site", "Origin", siteB},
+		{"Origin", "http://evil.example"}, // a browser without Sec-Fetch-Site
+		{"Origin", "null"},                // a sandboxed frame or a redirect
+		{"Sec-Fetch-Site", "cross-site"},  // no Origin
 	} {
 		if r := send("DELETE", key, h...); r.code != http.StatusForbidden || !strings.Contains(r.body, "same-origin") {
 			t.Errorf("DELETE with %q: %d %s, want 403 naming same-origin", h, r.code, r.body)
@@ -128,10 +117,10 @@ func TestLiveUIDirective(t *testing.T) {
 			t.Errorf("POST with %q: %d, want 403", h, r.code)
 		}
 	}
-	exhausted("after the cross-origin resets")
+	expectExhausted(t, send("GET", key), "after the cross-origin resets")
 
 	// The page's own reset: same-origin.
-	r := send("DELETE", key, "Sec-Fetch-Site: same-origin", "Origin: "+siteA)
+	r := send("DELETE", key, "Sec-Fetch-Site", "same-origin", "Origin", siteA)
 	if r.code != 200 || !strings.Contains(r.body, `"deleted":1`) {
 		t.Fatalf("same-origin reset: %d %s", r.code, r.body)
 	}
