@@ -33,7 +33,9 @@ func init() {
 //	GET    /rate_limit/zones/<zone>/tokens/<token>      the same, by the token logs show
 //	DELETE /rate_limit/zones/<zone>/tokens/<token>
 //	GET    /rate_limit/activity                         decision counters and recent refusals (ui.go)
-//	GET    /rate_limit/ui                               the live page (ui.go)
+//
+// The live page is served by a site, not here: the rate_limit_ui directive
+// (uihandler.go), which answers the same JSON under its own path.
 //
 // <key> is the raw key value, URL-escaped: what the zone's key renders for
 // the client (an IP address, an API key). It is derived exactly as a
@@ -318,10 +320,20 @@ const adminUsage = "expected /rate_limit/zones, /rate_limit/zones/<zone>, /rate_
 
 // serveAdmin routes an admin API request.
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
-	if h := uiHandler(r.URL.Path); h != nil {
-		return h(w, r) // the live page and its JSON (ui.go)
+	rest := strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix)
+	if rest == "ui" || rest == "ui.js" {
+		return apiErr(http.StatusNotFound, "the live page is served by a site of yours: place the rate_limit_ui directive there, behind its authentication (docs/reference.md)")
 	}
-	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), adminPrefix+"zones")
+	return serveRateLimit(w, r, rest)
+}
+
+// serveRateLimit answers a request for the JSON at rest, a path relative
+// to /rate_limit/ (escaped): for the admin API and for rate_limit_ui.
+func serveRateLimit(w http.ResponseWriter, r *http.Request, rest string) error {
+	if rest == "activity" {
+		return serveActivity(w, r) // ui.go
+	}
+	rest, ok := strings.CutPrefix(rest, "zones")
 	if !ok {
 		return apiErr(http.StatusBadRequest, "malformed path: %s", adminUsage)
 	}
@@ -502,12 +514,18 @@ func resetKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
+	return writeJSONStatus(w, http.StatusOK, v)
+}
+
+func writeJSONStatus(w http.ResponseWriter, status int, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return errors.New("encoding the answer: " + err.Error())
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
 	_, err = w.Write(append(b, '\n'))
 	return err
 }

@@ -1,6 +1,8 @@
 package sluice
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -8,9 +10,10 @@ import (
 	"github.com/sluicehq/caddy-sluice/identity"
 )
 
-// Zone activity for the live page (GET /rate_limit/ui, through GET
-// /rate_limit/activity): per zone name, process-wide, counters of the
-// decisions and the last refusals as tokens (never raw keys). Counters only
+// Zone activity for the live page (rate_limit_ui, through its activity
+// JSON, also GET /rate_limit/activity on the admin API): per zone name, process-wide, counters of the
+// decisions and the keys refused last, as tokens (never raw keys), each
+// once with its count. Counters only
 // grow (across config reloads too); the page computes rates from their
 // differences. They count what the Prometheus metrics count, and like
 // them are off for a handler with disable_metrics (so the simulator, which
@@ -18,24 +21,28 @@ import (
 // map lookup and an atomic add per zone decided, and a short lock per
 // refusal.
 
-// recentRefusals is how many refusals a zone remembers.
-const recentRefusals = 32
+// recentKeys is how many refused keys a zone remembers.
+const recentKeys = 32
 
 type zoneActivity struct {
 	allowed, refused, vetoed, reportOnly atomic.Int64
 
-	mu     sync.Mutex
-	recent [recentRefusals]refusal // a ring, next is the oldest
-	next   int
-	n      int
+	mu   sync.Mutex
+	keys [recentKeys]refusedKey // the first n are in use, in no order
+	n    int
 }
 
-// refusal is one remembered refusal (or would-be refusal, report-only).
-type refusal struct {
+// refusedKey is a key refused recently: its refusals since it was
+// remembered and the last one's details. A key refused again is updated in
+// place; a new key replaces the one refused longest ago once the table is
+// full.
+type refusedKey struct {
 	token      identity.Token
-	at         int64 // Unix ms
+	count      int64
+	at         int64 // Unix ms of the last refusal
 	retryMs    int64
-	reportOnly bool
+	reportOnly bool // a would-be refusal of a report-only zone
+	passed     bool // a refusal forwarded by on_exceed pass
 }
 
 // activity maps zone names to their activity: an immutable snapshot read
@@ -99,25 +106,39 @@ func recordActivity(s *scratch, refused bool) {
 		if now == 0 {
 			now = time.Now().UnixMilli()
 		}
-		a.remember(refusal{token: identity.Token(s.reqs[i].Key), at: now, retryMs: s.decs[i].RetryAfter.Milliseconds(), reportOnly: s.reqs[i].ReportOnly})
+		a.remember(identity.Token(s.reqs[i].Key), now, s.decs[i].RetryAfter.Milliseconds(), s.reqs[i].ReportOnly && !z.pass, z.pass)
 	}
 }
 
-func (a *zoneActivity) remember(r refusal) {
-	a.mu.Lock()
-	a.recent[a.next] = r
-	a.next = (a.next + 1) % recentRefusals
-	a.n = min(a.n+1, recentRefusals)
-	a.mu.Unlock()
-}
-
-// last returns the remembered refusals, newest first.
-func (a *zoneActivity) last() []refusal {
+// remember records a refusal of tok.
+func (a *zoneActivity) remember(tok identity.Token, at, retryMs int64, reportOnly, passed bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]refusal, 0, a.n)
-	for i := 1; i <= a.n; i++ {
-		out = append(out, a.recent[(a.next-i+recentRefusals)%recentRefusals])
+	i, oldest := 0, 0
+	for ; i < a.n && a.keys[i].token != tok; i++ {
+		if a.keys[i].at < a.keys[oldest].at {
+			oldest = i
+		}
 	}
+	switch {
+	case i < a.n: // known: counted again
+	case a.n < recentKeys:
+		a.n++
+		a.keys[i] = refusedKey{token: tok}
+	default:
+		i = oldest
+		a.keys[i] = refusedKey{token: tok}
+	}
+	k := &a.keys[i]
+	k.count++
+	k.at, k.retryMs, k.reportOnly, k.passed = at, retryMs, reportOnly, passed
+}
+
+// last returns the remembered keys, refused most recently first.
+func (a *zoneActivity) last() []refusedKey {
+	a.mu.Lock()
+	out := slices.Clone(a.keys[:a.n])
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y refusedKey) int { return cmp.Compare(y.at, x.at) })
 	return out
 }

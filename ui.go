@@ -7,16 +7,13 @@ import (
 	"time"
 )
 
-// The live page: GET /rate_limit/ui on the admin endpoint, a small HTML
-// page and its script (embedded: no external asset, nothing fetched but the
-// admin API's own JSON), polling GET /rate_limit/zones (limits, store and
-// breaker state) and GET /rate_limit/activity (decision counters and the
-// refusals of each zone, as tokens). Its peek and reset buttons call the
-// admin API's key endpoints, after a confirmation. The admin endpoint's
-// own rules apply to every one of these requests (its Host and Origin
-// checks; it refuses no-cors requests, so the page loads its script as a
-// module, which browsers fetch in cors mode); docs/simulate.md says how to
-// open the page in a browser.
+// The live page, served by the rate_limit_ui directive (uihandler.go): a
+// small HTML page and its script (embedded: no external asset, nothing
+// fetched but the JSON beside it), polling zones (limits, store and breaker
+// state) and activity (decision counters and the keys each zone refused
+// last, as tokens). Its peek and reset buttons call the zones/<zone>/tokens/
+// <token> endpoint beside it, after a confirmation. The admin API answers
+// the same JSON under /rate_limit/ for curl and scripts.
 
 //go:embed ui/ui.html
 var uiHTML []byte
@@ -26,20 +23,6 @@ var uiJS []byte
 
 // uiCSP: the page runs only its own script and talks only to its origin.
 const uiCSP = "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-
-// uiHandler returns the live page's handler of an admin API path (served
-// under the module's /rate_limit/ route), or nil.
-func uiHandler(path string) func(http.ResponseWriter, *http.Request) error {
-	switch path {
-	case adminPrefix + "ui":
-		return serveUIPage
-	case adminPrefix + "ui.js":
-		return serveUIScript
-	case adminPrefix + "activity":
-		return serveActivity
-	}
-	return nil
-}
 
 func serveStatic(w http.ResponseWriter, r *http.Request, ctype string, body []byte) error {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -79,20 +62,27 @@ type zoneActivityJSON struct {
 	Refused           int64 `json:"refused"`
 	Vetoed            int64 `json:"vetoed"`
 	ReportOnlyRefused int64 `json:"report_only_refused"`
-	// Recent are the zone's last refusals, newest first, as tokens.
+	// Recent are the keys the zone refused last (up to 32), as tokens,
+	// each once, refused most recently first.
 	Recent []recentJSON `json:"recent"`
 }
 
 type recentJSON struct {
-	Token        string `json:"token"`
+	Token string `json:"token"`
+	// Count: the key's refusals since it was remembered.
+	Count int64 `json:"count"`
+	// At, AtMs, RetryAfterMs: its last refusal.
 	At           string `json:"at"`
 	AtMs         int64  `json:"at_ms"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
-	ReportOnly   bool   `json:"report_only,omitempty"`
+	// ReportOnly: a report-only zone's would-be refusal; Passed: a
+	// refusal forwarded by on_exceed pass.
+	ReportOnly bool `json:"report_only,omitempty"`
+	Passed     bool `json:"passed,omitempty"`
 }
 
-// serveActivity answers GET /rate_limit/activity for the zones of the
-// active configuration.
+// serveActivity answers GET activity (/rate_limit/activity on the admin
+// API) for the zones of the active configuration.
 func serveActivity(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return methodNotAllowed(w, http.MethodGet)
@@ -112,8 +102,8 @@ func serveActivity(w http.ResponseWriter, r *http.Request) error {
 		}
 		for _, rf := range a.last() {
 			zj.Recent = append(zj.Recent, recentJSON{
-				Token: rf.token.String(), At: time.UnixMilli(rf.at).UTC().Format(time.RFC3339Nano), AtMs: rf.at,
-				RetryAfterMs: rf.retryMs, ReportOnly: rf.reportOnly,
+				Token: rf.token.String(), Count: rf.count, At: time.UnixMilli(rf.at).UTC().Format(time.RFC3339Nano), AtMs: rf.at,
+				RetryAfterMs: rf.retryMs, ReportOnly: rf.reportOnly, Passed: rf.passed,
 			})
 		}
 		out.Zones = append(out.Zones, zj)

@@ -1,7 +1,7 @@
 package caddytest_test
 
-// The HTML report of `caddy rate-limit simulate` and the admin API's live
-// page (GET /rate_limit/ui), opened in a real headless Chromium (Debian's
+// The HTML report of `caddy rate-limit simulate` and the live page (the
+// rate_limit_ui directive), opened in a real headless Chromium (Debian's
 // package, installed by scripts/test-deps.sh), driven with chromedp.
 // Screenshots go to $SLUICE_SCREENSHOTS, default bin/screenshots in the
 // repository, for a person to look at.
@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -196,25 +198,17 @@ func TestSimulateReportInBrowser(t *testing.T) {
 	ce.check(t)
 }
 
-// TestLiveUIInBrowser opens GET /rate_limit/ui through a site that proxies
-// the admin endpoint (as docs/simulate.md shows), waits for a refusal to
-// show, checks the zones' charts, and resets the refused key through the
-// page's confirmation: the admin API is called and the key is full again.
+// TestLiveUIInBrowser opens the live page a site serves (rate_limit_ui),
+// waits for a refusal to show, checks the zones' charts, and resets the
+// refused key through the page's confirmation: the same-origin DELETE is
+// answered and the key is full again.
 func TestLiveUIInBrowser(t *testing.T) {
 	tc := newTester(t)
 	zl, za := zoneName("ui_login"), zoneName("ui_api")
 	cf := config("", `
 :@A@ {
 	rate_limit {
-		zone @ZL@ {
-			match {
-				path /login
-			}
-			key {http.request.header.X-User}
-			events 2
-			window 1h
-		}
-		zone @ZA@ {
+`+uiLoginZone+`		zone @ZA@ {
 			match {
 				path /api/*
 			}
@@ -226,10 +220,7 @@ func TestLiveUIInBrowser(t *testing.T) {
 	respond "ok"
 }
 :@B@ {
-	reverse_proxy localhost:@ADMIN@ {
-		header_up Host localhost:@ADMIN@
-		header_up Origin http://localhost:@ADMIN@
-	}
+	rate_limit_ui /sluice/*
 }`, "ZL", zl, "ZA", za)
 	load(t, tc, cf)
 	c := loopbackClient(1)
@@ -239,26 +230,14 @@ func TestLiveUIInBrowser(t *testing.T) {
 	for range 5 {
 		get(t, c, siteA+"/api/x")
 	}
-	peek := func() (bool, int64) {
-		r := get(t, c, adminURL+"/rate_limit/zones/"+zl+"/keys/alice")
-		var p struct {
-			Found     bool  `json:"found"`
-			Remaining int64 `json:"remaining"`
-		}
-		if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-			t.Fatalf("peek: %v: %s", err, r.body)
-		}
-		return p.Found, p.Remaining
-	}
-	if found, rem := peek(); !found || rem != 0 {
-		t.Fatalf("before the reset: found %v remaining %d, want the key exhausted", found, rem)
-	}
+	peek := adminURL + "/rate_limit/zones/" + zl + "/keys/alice"
+	expectExhausted(t, get(t, c, peek), "before the reset")
 
 	ctx, ce := browser(t)
 	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
 	defer cancelW()
 	if err := chromedp.Do(wctx,
-		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.Navigate(siteB+"/sluice/"),
 		chromedp.WaitVisible(`#recent tr[data-zone="`+zl+`"]`),
 		// Two polls give the charts their first points.
 		chromedp.WaitVisible(`#zones svg.spark[data-points="2"]`),
@@ -294,9 +273,7 @@ func TestLiveUIInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	if found, rem := peek(); !found || rem != 0 {
-		t.Fatalf("after cancel: found %v remaining %d, want the key still exhausted", found, rem)
-	}
+	expectExhausted(t, get(t, c, peek), "after cancel")
 	if err := chromedp.Do(ctx, chromedp.Click(row), chromedp.WaitVisible("#confirm")); err != nil {
 		t.Fatal(err)
 	}
@@ -309,8 +286,8 @@ func TestLiveUIInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reset through the page: %v (detail %q)", err, detail)
 	}
-	if found, _ := peek(); found {
-		t.Errorf("after the reset: the key still holds state (page said %q)", detail)
+	if r := get(t, c, peek); !strings.Contains(r.body, `"found":false`) {
+		t.Errorf("after the reset: the key still holds state: %s (page said %q)", r.body, detail)
 	}
 	if r := get(t, c, siteA+"/login", "X-User: alice"); r.code != http.StatusOK {
 		t.Errorf("after the reset: POST /login answered %d, want 200", r.code)
@@ -340,4 +317,161 @@ func failPage(t *testing.T, ctx context.Context, ce *consoleErrors, name string,
 	}
 	screenshot(t, sctx, name)
 	t.Fatal(err)
+}
+
+// TestLiveUIRowsInBrowser: 57 refusals of one key show as one row with its
+// count (not one row per refusal), a concurrency zone's limit as its slots,
+// and a refusal forwarded by on_exceed pass as passed, not report-only.
+func TestLiveUIRowsInBrowser(t *testing.T) {
+	tc := newTester(t)
+	zl, zc, zp := zoneName("rows_login"), zoneName("rows_export"), zoneName("rows_soft")
+	load(t, tc, config("", `
+:@A@ {
+	rate_limit {
+`+uiLoginZone+`		zone @ZC@ {
+			match {
+				path /export
+			}
+			key {client_ip}
+			concurrent 3
+		}
+		zone @ZP@ {
+			match {
+				path /soft
+			}
+			key {client_ip}
+			events 1
+			window 1h
+			on_exceed pass
+		}
+	}
+	respond "ok"
+}
+:@B@ {
+	rate_limit_ui /sluice/*
+}`, "ZL", zl, "ZC", zc, "ZP", zp))
+	c := loopbackClient(1)
+	for range 59 { // 2 allowed, 57 refused
+		get(t, c, siteA+"/login", "X-User: alice")
+	}
+	for range 3 { // 2 allowed, 1 refused
+		get(t, c, siteA+"/login", "X-User: bob")
+	}
+	get(t, c, siteA+"/export")
+	for range 2 { // 1 allowed, 1 passed
+		get(t, c, siteA+"/soft")
+	}
+
+	ctx, ce := browser(t)
+	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate(siteB+"/sluice/"),
+		chromedp.WaitVisible(`#recent tr[data-zone="`+zp+`"]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-rows-failed.png", err)
+	}
+	screenshot(t, ctx, "live-ui-rows.png")
+	counts := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zl+`"]')].map(r => r.querySelector("td.count")?.textContent ?? "no count")`)
+	slices.Sort(counts) // bob's and alice's last refusals may share a millisecond
+	if strings.Join(counts, ",") != "1,57" {
+		t.Errorf("zone %s: rows of refusal counts %v, want two rows, 1 (bob) and 57 (alice)", zl, counts)
+	}
+	tokens := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zl+`"]')].map(r => r.dataset.token)`)
+	if len(tokens) == 2 && tokens[0] == tokens[1] {
+		t.Errorf("zone %s: the same token on two rows: %v", zl, tokens)
+	}
+	passed := eval[[]string](t, ctx, `[...document.querySelectorAll('#recent tr[data-zone="`+zp+`"]')].map(r => r.querySelector("td.zone")?.textContent ?? r.cells[1].textContent)`)
+	if len(passed) != 1 || passed[0] != zp+" (passed)" {
+		t.Errorf("on_exceed pass zone's rows %q, want one %q", passed, zp+" (passed)")
+	}
+	limit := eval[string](t, ctx, `document.querySelector('#zones tr[data-zone="`+zc+`"] td.limit')?.textContent ?? document.querySelector('#zones tr[data-zone="`+zc+`"] td:nth-child(3)').textContent`)
+	if limit != "3 in flight" {
+		t.Errorf("concurrency zone's limit shown as %q, want %q", limit, "3 in flight")
+	}
+	soft := eval[string](t, ctx, `document.querySelector('#zones tr[data-zone="`+zp+`"] td').textContent`)
+	if soft != zp+" (on_exceed pass)" {
+		t.Errorf("on_exceed pass zone shown as %q, want %q", soft, zp+" (on_exceed pass)")
+	}
+	ce.check(t)
+}
+
+// TestLiveUICrossSiteInBrowser: a page on another site (127.0.0.1, while
+// the live page is on localhost) tries to reset a refused key through
+// rate_limit_ui with a form POST, fetches (DELETE with CORS, POST no-cors)
+// and an <img>. The live page's site answers every CORS preflight with
+// "anything goes" (a permissive CORS setup, as API sites often have), so
+// the browser does send the DELETE: the same-origin check alone refuses
+// it. The site has no authentication here, so nothing else stands in the
+// way (TestLiveUIDirective checks basic_auth). The key is still refused
+// after.
+func TestLiveUICrossSiteInBrowser(t *testing.T) {
+	tc := newTester(t)
+	zl := zoneName("xsite_login")
+	target := "http://localhost:" + strconv.Itoa(portB) + "/sluice/zones/" + zl + "/keys/alice"
+	attack := `<!DOCTYPE html><title>attack</title>
+<iframe name="sink"></iframe>
+<form id="f" method="POST" action="` + target + `" target="sink"><input name="x" value="1"></form>
+<script>
+const target = "` + target + `";
+const out = {};
+const waits = [
+  new Promise((ok) => { const i = new Image(); i.onload = i.onerror = () => { out.img = "sent"; ok(); }; i.src = target + "?img"; }),
+  new Promise((ok) => { document.querySelector("iframe").onload = () => { out.form = "sent"; ok(); }; document.getElementById("f").submit(); }),
+];
+for (const [name, opts] of [["delete", { method: "DELETE" }], ["post_nocors", { method: "POST", mode: "no-cors" }]]) {
+  waits.push(fetch(target, opts).then((r) => { out[name] = String(r.status); }, (e) => { out[name] = "failed: " + e.message; }));
+}
+Promise.all(waits).then(() => { document.body.dataset.done = JSON.stringify(out); });
+</script>`
+	load(t, tc, config("", `
+:@A@ {
+	rate_limit {
+`+uiLoginZone+`	}
+	handle /attack {
+		header Content-Type "text/html; charset=utf-8"
+		respond `+"`"+attack+"`"+`
+	}
+	respond "ok"
+}
+:@B@ {
+	header Access-Control-Allow-Origin *
+	header Access-Control-Allow-Methods *
+	@preflight method OPTIONS
+	handle @preflight {
+		respond 204
+	}
+	rate_limit_ui /sluice/*
+}`, "ZL", zl))
+	c := loopbackClient(1)
+	for range 4 {
+		get(t, c, siteA+"/login", "X-User: alice")
+	}
+	peek := adminURL + "/rate_limit/zones/" + zl + "/keys/alice"
+	expectExhausted(t, get(t, c, peek), "before")
+
+	ctx, ce := browser(t)
+	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate("http://127.0.0.1:"+strconv.Itoa(portA)+"/attack"),
+		chromedp.WaitVisible(`body[data-done]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-xsite-failed.png", err)
+	}
+	var out map[string]string
+	if err := json.Unmarshal([]byte(eval[string](t, ctx, `document.body.dataset.done`)), &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the other site's attempts: %v", out)
+	if out["form"] != "sent" || out["img"] != "sent" {
+		t.Errorf("the form or the image was not sent: %v", out)
+	}
+	// The DELETE got past the browser (the permissive preflight) and was
+	// answered by the directive's check: 403.
+	if out["delete"] != "403" {
+		t.Errorf("the cross-site DELETE: %q, want 403 from the same-origin check", out["delete"])
+	}
+	expectExhausted(t, get(t, c, peek), "after the other site's attempts")
+	screenshot(t, ctx, "live-ui-xsite.png")
 }

@@ -1,8 +1,9 @@
-// Sluice live page: polls the admin API's JSON (same origin) and draws the
-// zones, their decisions per second and the keys refused recently.
+// Sluice live page (the rate_limit_ui directive): polls the JSON beside it
+// (same origin) and draws the zones, their decisions per second and the
+// keys refused recently.
 "use strict";
 (function () {
-  const base = location.pathname.replace(/\/ui$/, "/"); // "/rate_limit/"
+  const base = location.pathname.replace(/\/ui$/, "/"); // the page is at <base> or <base>ui
   const pollMs = 2000;
   const history = 30; // samples kept per zone (one a poll)
   const hist = new Map(); // zone → [{t, allowed, refused}]
@@ -31,6 +32,7 @@
   }
 
   function limitText(z) {
+    if (z.algorithm === "concurrency") return z.concurrent + " in flight";
     let s = z.events + " / " + z.window;
     if (z.burst) s += ", burst " + z.burst;
     return s;
@@ -76,9 +78,9 @@
         if (h.length > history) h.shift();
       }
       tbody.append(el("tr", { "data-zone": z.name },
-        el("td", {}, el("strong", {}, z.name), z.report_only ? " (report only)" : "", z.enabled ? "" : " (off)"),
+        el("td", {}, el("strong", {}, z.name), z.report_only ? " (report only)" : "", z.on_exceed === "pass" ? " (on_exceed pass)" : "", z.enabled ? "" : " (off)"),
         el("td", {}, z.algorithm),
-        el("td", {}, limitText(z)),
+        el("td", { class: "limit" }, limitText(z)),
         el("td", { class: "token" }, z.key.join(" ")),
         storeCell(z.store || {}),
         el("td", { class: "num allowed" }, ar.toFixed(1)),
@@ -100,14 +102,15 @@
       const age = Math.max(0, Math.round((act.now_ms - r.at_ms) / 1000));
       rb.append(el("tr", { "data-zone": r.zone, "data-token": r.token },
         el("td", { title: r.at }, age + "s ago"),
-        el("td", {}, r.zone + (r.report_only ? " (report only)" : "")),
+        el("td", { class: "zone" }, r.zone + (r.passed ? " (passed)" : r.report_only ? " (report only)" : "")),
         el("td", { class: "token" }, r.token),
+        el("td", { class: "num count" }, r.count),
         el("td", { class: "num" }, Math.ceil(r.retry_after_ms / 1000) + "s"),
         el("td", {},
           el("button", { class: "peek", onclick: () => peek(r.zone, r.token) }, "peek"), " ",
           el("button", { class: "reset danger", onclick: () => reset(r.zone, r.token) }, "reset…"))));
     }
-    if (!rows.length) rb.append(el("tr", {}, el("td", { colspan: 5, class: "empty" }, "no refusal yet")));
+    if (!rows.length) rb.append(el("tr", {}, el("td", { colspan: 6, class: "empty" }, "no refusal yet")));
     $("#recent tbody").replaceWith(rb);
     last = { now: act.now_ms, byName };
   }
@@ -150,7 +153,7 @@
     } catch (e) {
       const s = $("#status");
       s.className = "error";
-      s.textContent = "admin API: " + e.message;
+      s.textContent = "error: " + e.message;
     }
   }
   poll();
