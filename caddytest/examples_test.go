@@ -921,46 +921,24 @@ func TestExamplesStandIn(t *testing.T) {
 	}
 	c := loopbackClient(2)
 	defer c.CloseIdleConnections()
-	send := func(t *testing.T, method, path, body string, headers ...string) result {
-		t.Helper()
-		req, err := http.NewRequest(method, siteA+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, h := range headers {
-			name, value, _ := strings.Cut(h, ":")
-			req.Header.Set(name, strings.TrimSpace(value))
-		}
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return result{code: resp.StatusCode, header: resp.Header, body: string(b)}
-	}
 	for _, tc := range []struct {
 		file    string
 		zones   []string
 		method  string
 		path    string
-		body    string
 		headers []string
 		code    int
 		want    string
 	}{
-		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", "", []string{"X-Login-User: alice", "X-Password: guess"}, 401, `{"error":"invalid credentials"}`},
-		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", "", []string{"X-Login-User: alice", "X-Password: right"}, 200, `{"ok":true}`},
-		{"webhooks.Caddyfile", []string{"webhook_sender", "webhook_total"}, "POST", "/webhooks/push", "{}", []string{"X-Webhook-Sender: github"}, 200, "delivered after 0 ms: POST /webhooks/push"},
-		{"search.Caddyfile", []string{"api"}, "GET", "/search?q=caddy", "", []string{"X-Api-Key: k_1"}, 200, "the stand-in API: GET /search?q=caddy"},
-		{"plans.Caddyfile", []string{"plan_minute", "plan_day"}, "GET", "/v1/items", "", []string{"X-Api-Key: k_free_3f9a1c0e"}, 200, "the stand-in API: GET /v1/items"},
-		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", "", []string{"Authorization: Bearer acme:42"}, 200, "the stand-in API: GET /v1/items"},
-		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", "", nil, 401, ""},
-		{"rollout.Caddyfile", []string{"api_now", "api_next"}, "GET", "/v1/items", "", nil, 200, "the stand-in API: GET /v1/items"},
-		{"exports.Caddyfile", []string{"exports", "exports_rate"}, "GET", "/exports/orders.csv", "", []string{"X-Account: acme"}, 200, "date,account,amount\n2026-12-01,acme,9.99\n"},
+		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", []string{"X-Login-User: alice", "X-Password: guess"}, 401, `{"error":"invalid credentials"}`},
+		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", []string{"X-Login-User: alice", "X-Password: right"}, 200, `{"ok":true}`},
+		{"webhooks.Caddyfile", []string{"webhook_sender", "webhook_total"}, "POST", "/webhooks/push", []string{"X-Webhook-Sender: github"}, 200, "delivered after 0 ms: POST /webhooks/push"},
+		{"search.Caddyfile", []string{"api"}, "GET", "/search?q=caddy", []string{"X-Api-Key: k_1"}, 200, "the stand-in API: GET /search?q=caddy"},
+		{"plans.Caddyfile", []string{"plan_minute", "plan_day"}, "GET", "/v1/items", []string{"X-Api-Key: k_free_3f9a1c0e"}, 200, "the stand-in API: GET /v1/items"},
+		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", []string{"Authorization: Bearer acme:42"}, 200, "the stand-in API: GET /v1/items"},
+		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", nil, 401, ""},
+		{"rollout.Caddyfile", []string{"api_now", "api_next"}, "GET", "/v1/items", nil, 200, "the stand-in API: GET /v1/items"},
+		{"exports.Caddyfile", []string{"exports", "exports_rate"}, "GET", "/exports/orders.csv", []string{"X-Account: acme"}, 200, "date,account,amount\n2026-12-01,acme,9.99\n"},
 	} {
 		// A subtest each: load fails the test it is given once that test
 		// has failed.
@@ -970,7 +948,7 @@ func TestExamplesStandIn(t *testing.T) {
 				renames[z] = zoneName(z)
 			}
 			loadExample(t, tc.file, nil, renames)
-			r := send(t, tc.method, tc.path, tc.body, tc.headers...)
+			r := do(t, c, tc.method, siteA+tc.path, tc.headers...)
 			if r.code != tc.code || r.body != tc.want {
 				t.Errorf("%s %s %q: %d %q, want the stand-in's %d %q", tc.method, tc.path, tc.headers, r.code, r.body, tc.code, tc.want)
 			}
