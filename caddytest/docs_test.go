@@ -398,8 +398,8 @@ func TestDocsModules(t *testing.T) {
 // Caddyfile.example are the project's and bin/caddy (also first in PATH as
 // caddy) is cmd/caddy built once, and compares what each command prints
 // with the block, after normaliseConsole and allowing what consoleLine
-// allows. At the end of the last line
-// before a block (its own line, or the paragraph's last):
+// allows. At the end of the last line before a block (its own line, or
+// the paragraph's last):
 //
 //	<!-- console: caddy <file> -->  a `caddy run --config <file>` is started
 //	                                first (the command the text tells the
