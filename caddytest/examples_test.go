@@ -699,6 +699,17 @@ func TestExampleCluster(t *testing.T) {
 		}
 	}
 
+	// Without SLUICE_APP_UPSTREAM (set by t.Setenv above, which restores
+	// it), the example's stand-in answers.
+	os.Unsetenv("SLUICE_APP_UPSTREAM")
+	loadExample(t, "cluster.Caddyfile",
+		map[string]string{"SLUICE_REDIS_CLUSTER": strings.Join(cl.Addrs(), " ")},
+		map[string]string{"login": login, "api": api, "pages": pages})
+	r = expect(t, get(t, c, siteA+"/api/items", "X-Api-Key: standin-"+nonce), 200, "api, the stand-in upstream")
+	if want := "the stand-in application: GET /api/items"; r.body != want {
+		t.Errorf("api, the stand-in upstream: body %q, want %q", r.body, want)
+	}
+
 	// The cluster goes away.
 	for _, node := range cl.Nodes {
 		node.Stop()
@@ -896,4 +907,52 @@ func TestExampleExports(t *testing.T) {
 	took := time.Since(start) + 2*time.Second // the first exports' time, too
 	expectBetween(t, passed, 27, 27+refilled(0.5, took), fmt.Sprintf("quick exports after 3 ran and 2 were refused (in %v): passed", took))
 	waitInUse(t, exports, "acme-"+nonce, 0, 2*time.Second)
+}
+
+// TestExamplesStandIn loads each example with none of its SLUICE_*_UPSTREAM
+// variables set and sends the request its header shows: the stand-in site
+// of the file answers it, through the example's limits (issue 23, item 12).
+// cluster.Caddyfile, which needs a Redis Cluster, is checked the same way
+// in TestExampleCluster.
+func TestExamplesStandIn(t *testing.T) {
+	for _, v := range []string{"SLUICE_LOGIN_UPSTREAM", "SLUICE_WEBHOOK_UPSTREAM", "SLUICE_API_UPSTREAM", "SLUICE_AUTH_UPSTREAM", "SLUICE_EXPORTS_UPSTREAM", "SLUICE_APP_UPSTREAM"} {
+		t.Setenv(v, "") // restored after the test
+		os.Unsetenv(v)
+	}
+	c := loopbackClient(2)
+	defer c.CloseIdleConnections()
+	for _, tc := range []struct {
+		file    string
+		zones   []string
+		method  string
+		path    string
+		headers []string
+		code    int
+		want    string
+	}{
+		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", []string{"X-Login-User: alice", "X-Password: guess"}, 401, `{"error":"invalid credentials"}`},
+		{"login.Caddyfile", []string{"login_account", "login_ip"}, "POST", "/login", []string{"X-Login-User: alice", "X-Password: right"}, 200, `{"ok":true}`},
+		{"webhooks.Caddyfile", []string{"webhook_sender", "webhook_total"}, "POST", "/webhooks/push", []string{"X-Webhook-Sender: github"}, 200, "delivered after 0 ms: POST /webhooks/push"},
+		{"search.Caddyfile", []string{"api"}, "GET", "/search?q=caddy", []string{"X-Api-Key: k_1"}, 200, "the stand-in API: GET /search?q=caddy"},
+		{"plans.Caddyfile", []string{"plan_minute", "plan_day"}, "GET", "/v1/items", []string{"X-Api-Key: k_free_3f9a1c0e"}, 200, "the stand-in API: GET /v1/items"},
+		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", []string{"Authorization: Bearer acme:42"}, 200, "the stand-in API: GET /v1/items"},
+		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", nil, 401, ""},
+		{"rollout.Caddyfile", []string{"api_now", "api_next"}, "GET", "/v1/items", nil, 200, "the stand-in API: GET /v1/items"},
+		{"exports.Caddyfile", []string{"exports", "exports_rate"}, "GET", "/exports/orders.csv", []string{"X-Account: acme"}, 200, "date,account,amount\n2026-12-01,acme,9.99\n"},
+	} {
+		// A subtest each: load fails the test it is given once that test
+		// has failed.
+		t.Run(tc.file, func(t *testing.T) {
+			renames := map[string]string{}
+			for _, z := range tc.zones {
+				renames[z] = zoneName(z)
+			}
+			loadExample(t, tc.file, nil, renames)
+			r := do(t, c, tc.method, siteA+tc.path, tc.headers...)
+			if r.code != tc.code || r.body != tc.want {
+				t.Errorf("%s %s %q: %d %q, want the stand-in's %d %q", tc.method, tc.path, tc.headers, r.code, r.body, tc.code, tc.want)
+			}
+			closeIdle(c)
+		})
+	}
 }

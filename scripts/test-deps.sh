@@ -10,9 +10,22 @@
 # - Chromium: the browser tests (caddytest/browser_test.go) open the
 #   simulator's HTML report and the admin API's live page in headless
 #   Chromium; ensure-chromium.sh installs Debian's package the same way.
+# - curl and jq: caddytest/docs_test.go runs the manual's console blocks,
+#   which use them; installed the same way.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 bash "$here/ensure-redis.sh" </dev/null
 bash "$here/ensure-chromium.sh" </dev/null
+
+for b in curl jq; do
+	command -v "$b" >/dev/null 2>&1 && continue
+	if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+		echo "test-deps: missing $b (the manual's console blocks use it); install it and run this again" >&2
+		exit 1
+	fi
+	echo "test-deps: missing $b; installing it with apt-get" >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$b" >/dev/null ||
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$b" >/dev/null; }
+done
