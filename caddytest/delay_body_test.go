@@ -78,15 +78,19 @@ func (s *stalledBody) Read(p []byte) (int, error) {
 type dribbledBody struct {
 	b     []byte
 	piece int
+	left  int // of the current piece
 }
 
 func (d *dribbledBody) Read(p []byte) (int, error) {
 	if len(d.b) == 0 {
 		return 0, io.EOF
 	}
-	time.Sleep(100 * time.Millisecond)
-	n := copy(p[:min(len(p), d.piece)], d.b)
-	d.b = d.b[n:]
+	if d.left == 0 {
+		time.Sleep(100 * time.Millisecond)
+		d.left = d.piece
+	}
+	n := copy(p[:min(len(p), d.left)], d.b)
+	d.b, d.left = d.b[n:], d.left-n
 	return n, nil
 }
 
