@@ -249,3 +249,60 @@ http://localhost:@A@ {
 		}
 	}
 }
+
+// A waiter whose body (chunked) is over request_body's max_size: reading it ahead
+// meets the limit, which is no client leaving: the request keeps its turn
+// and the next handler meets the limit in its turn (413), as it would
+// without the wait.
+func TestDelayBodyTooLarge(t *testing.T) {
+	app := newBodyApp(t)
+	zone := zoneName("body_large")
+	load(t, newTester(t), config("", `
+http://localhost:@A@ {
+	route {
+		request_body {
+			max_size 1KB
+		}
+		rate_limit {
+			zone @ZONE@ {
+				key {http.request.header.X-User}
+				events 5
+				window 1s
+				burst 1
+				delay 2s
+			}
+		}
+		reverse_proxy @APP@
+	}
+}`, "ZONE", zone, "APP", app.Listener.Addr().String()))
+	c := loopbackClient(4)
+	defer c.CloseIdleConnections()
+	user := "large-" + nonce
+	post := func(size int) int {
+		// Chunked: with a Content-Length over max_size, request_body
+		// refuses the request before the limiter.
+		req, _ := http.NewRequest(http.MethodPost, siteA+"/", io.NopCloser(bytes.NewReader(make([]byte, size))))
+		req.ContentLength = -1
+		req.Header.Set("X-User", user)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	abandoned := scrapeMetric(t, "caddy_rate_limit_delay_abandoned_total", `zone="`+zone+`"`)
+	if code := post(100); code != 200 {
+		t.Fatalf("the first, within max_size: %d", code)
+	}
+	t0 := time.Now()
+	if code := post(4000); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a waiter over max_size: %d, want 413", code)
+	}
+	if took := time.Since(t0); took < 150*time.Millisecond {
+		t.Errorf("a waiter over max_size was answered after %v, before its turn (200 ms)", took)
+	}
+	if got := scrapeMetric(t, "caddy_rate_limit_delay_abandoned_total", `zone="`+zone+`"`) - abandoned; got != 0 {
+		t.Errorf("the abandoned counter counted %v, want 0", got)
+	}
+}
