@@ -110,21 +110,7 @@ func TestDelayBodyClientLeaves(t *testing.T) {
 	zone := zoneName("body_leave")
 	load(t, newTester(t), config(`	servers {
 		protocols h1 h2c
-	}`, `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			events 1
-			window 1s
-			burst 1
-			delay 5s
-		}
-	}
-	reverse_proxy @APP@ {
-		header_up X-Delay-Ms {http.rate_limit.delay}
-	}
-}`, "ZONE", zone, "APP", app.Listener.Addr().String()))
+	}`, turnsSite, "ZONE", zone, "APP", app.Listener.Addr().String()))
 
 	h1 := loopbackClient(8)
 	defer h1.CloseIdleConnections()
