@@ -30,9 +30,10 @@ import (
 // and nothing is reserved for a request that will not wait. A request
 // that need not wait gives its place back at once.
 //
-// A waiting request whose client goes away (its context ends: the client
-// closed the connection, or the server is shutting down and gave up on it)
-// stops waiting at once and gives every charge of the request back, its
+// A waiting request whose client goes away (the client closed the
+// connection or reset the stream, which clientgone.go notices even before
+// the request's body is read; or the server is shutting down and gave up
+// on it) stops waiting at once and gives every charge of the request back, its
 // reservation included: for the delay zones exactly, as if it had never
 // come (algorithms/delay.go); the requests already waiting keep their
 // turns. Its handler returns a 499 error (Caddy's status for a client that
@@ -156,8 +157,8 @@ func (h *Handler) waiterOf(s *scratch) *waiter {
 	return w
 }
 
-// await waits for the request's turn. If its context ends first (the
-// client went away), it gives every charge back and returns a 499 error;
+// await waits for the request's turn. If its client went away meanwhile
+// (clientgone.go), it gives every charge back and returns a 499 error;
 // the request's post-response step (after.go) then only gives its
 // concurrency slots back (no status is known: its count zones, whose
 // charges the waiter gave back, are not settled).
@@ -174,11 +175,14 @@ func (h *Handler) await(r *http.Request, w *waiter) error {
 		t.Stop()
 		timerPool.Put(t)
 	}()
+	c := watchClient(r) // net/http alone misses a client leaving before its body is read
 	select {
 	case <-t.C:
+	case <-c.done():
+	}
+	if !c.stop() {
 		markDelay(r, w.delay)
 		return nil
-	case <-r.Context().Done():
 	}
 	_ = w.store.Refund(r.Context(), w.refunds) // the stores give back whatever the context
 	if m := w.zone.metrics; m != nil {

@@ -235,14 +235,9 @@ http://localhost:@A@ {
 	}
 }
 
-// A client that goes away while its request waits: the server stops
-// waiting at once (the gauge drops, the abandoned counter counts it), the
-// request never reaches the application, and its reservation is given
-// back (the next request's turn is within 1 s, not after 5).
-func TestDelayClientDisconnect(t *testing.T) {
-	app := newArrivalLog(t)
-	zone := zoneName("disconnect")
-	load(t, newTester(t), config("", `
+// turnsSite is a site whose requests of one X-User wait their turns a
+// second apart (up to 5 s), then go to the application @APP@.
+const turnsSite = `
 http://localhost:@A@ {
 	rate_limit {
 		zone @ZONE@ {
@@ -256,7 +251,16 @@ http://localhost:@A@ {
 	reverse_proxy @APP@ {
 		header_up X-Delay-Ms {http.rate_limit.delay}
 	}
-}`, "ZONE", zone, "APP", app.Listener.Addr().String()))
+}`
+
+// A client that goes away while its request waits: the server stops
+// waiting at once (the gauge drops, the abandoned counter counts it), the
+// request never reaches the application, and its reservation is given
+// back (the next request's turn is within 1 s, not after 5).
+func TestDelayClientDisconnect(t *testing.T) {
+	app := newArrivalLog(t)
+	zone := zoneName("disconnect")
+	load(t, newTester(t), config("", turnsSite, "ZONE", zone, "APP", app.Listener.Addr().String()))
 	c := loopbackClient(4)
 	user := "X-User: gone-" + nonce
 	expect(t, get(t, c, siteA+"/", user), 200, "the first")
