@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,29 +84,33 @@ func (h *Handler) awaitCharges(r *http.Request, s *scratch) error {
 	}
 	done := r.Context().Done()
 	t := timerPool.Get().(*time.Timer)
-	h.settled.waiters.Add(1)
+	settled := h.settled.join()
 	defer func() {
-		h.settled.waiters.Add(-1)
+		h.settled.leave(settled)
 		t.Stop()
 		timerPool.Put(t)
 	}()
 	end := time.Now().Add(h.settleWait)
-	settled := h.settled.next()
 	for pause := settlePollFirst; ; pause = min(2*pause, settlePollMax) {
 		left := time.Until(end)
 		if left <= 0 {
 			return nil
 		}
 		t.Reset(min(pause, left))
+		woken := false
 		select {
 		case <-t.C:
 		case <-settled:
 			t.Stop()
+			woken = true
 		case <-done:
 			return caddyhttp.Error(statusClientClosed, errChargesAbandoned)
 		}
-		settled = h.settled.next() // before the call: a settlement during it wakes the next pause
-		if err := s.store.Take(r.Context(), s.reqs, s.decs); err != nil {
+		err := s.store.Take(r.Context(), s.reqs, s.decs)
+		if woken {
+			h.settled.pass(settled) // the next waiter's turn
+		}
+		if err != nil {
 			if r.Context().Err() != nil {
 				return caddyhttp.Error(statusClientClosed, errChargesAbandoned)
 			}
@@ -119,32 +124,68 @@ func (h *Handler) awaitCharges(r *http.Request, s *scratch) error {
 
 // settleSignal wakes a handler's requests waiting for charges in flight
 // when one of its requests settles its charges (in this process: another
-// instance's are seen at the next pause). Free while nobody waits.
+// instance's are seen at the next pause), oldest first: a settlement wakes
+// the oldest waiter, which, once it has asked the store, wakes the next.
+// Free while nobody waits.
 type settleSignal struct {
 	waiters atomic.Int64
 	mu      sync.Mutex
-	ch      chan struct{} // closed by the next settlement; nil: none yet
+	queue   []chan struct{} // the waiters' wake-ups, oldest first; each holds one
 }
 
-// next returns a channel closed by the next settlement.
-func (b *settleSignal) next() <-chan struct{} {
+// join queues a waiter and returns its wake-up.
+func (b *settleSignal) join() chan struct{} {
+	ch := make(chan struct{}, 1)
+	b.mu.Lock()
+	b.queue = append(b.queue, ch)
+	b.mu.Unlock()
+	b.waiters.Add(1)
+	return ch
+}
+
+// leave removes the waiter of ch, handing a wake-up it did not take to the
+// next.
+func (b *settleSignal) leave(ch chan struct{}) {
+	b.waiters.Add(-1)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.ch == nil {
-		b.ch = make(chan struct{})
+	i := slices.Index(b.queue, ch)
+	if i < 0 {
+		return
 	}
-	return b.ch
+	b.queue = slices.Delete(b.queue, i, i+1)
+	select {
+	case <-ch:
+		b.wake(i)
+	default:
+	}
 }
 
-// notify wakes the waiters, if any. Nil: none.
+// pass wakes the waiter after ch's, which has had its turn.
+func (b *settleSignal) pass(ch chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i := slices.Index(b.queue, ch); i >= 0 {
+		b.wake(i + 1)
+	}
+}
+
+// notify wakes the oldest waiter, if any. Nil: none.
 func (b *settleSignal) notify() {
 	if b == nil || b.waiters.Load() == 0 {
 		return
 	}
 	b.mu.Lock()
-	if b.ch != nil {
-		close(b.ch)
-		b.ch = nil
-	}
+	b.wake(0)
 	b.mu.Unlock()
+}
+
+// wake wakes the i-th waiter, if there is one. The caller holds b.mu.
+func (b *settleSignal) wake(i int) {
+	if i < len(b.queue) {
+		select {
+		case b.queue[i] <- struct{}{}:
+		default: // woken already
+		}
+	}
 }
