@@ -34,3 +34,11 @@ func (s refundWaiting) Refund(_ context.Context, refunds []algorithms.Refund) er
 	refundAndWait(s.t, s.Store, refunds)
 	return nil
 }
+
+// The same on a Redis Cluster: the counter KEYS[i]:f shares its state
+// key's hash tag, so its slot.
+func TestInFlightCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newClusterStore(t, c.Addrs(), testTimeout)
+	vectortest.InFlight(t, refundWaiting{s, t}, func() algorithms.Key { return freshKey(t) })
+}
