@@ -87,8 +87,8 @@ http://localhost:@A@ {
 	}
 	app.delay = 0
 	// Four at a time: a charge is taken before the response, so more
-	// logins of one account in flight at once than its capacity (5) would
-	// be refused, whatever their passwords.
+	// logins of one account in flight at once than its capacity (5) wait
+	// for the charges in flight (TestCountInFlightWaits).
 	out, _ = burstDo(t, c, http.MethodPost, siteA+"/login", 1000, 4, "X-User: "+owner, "X-Password: right")
 	if ok, refused := countBurst(t, out, "1,000 right-password logins"); ok != 1000 || refused != 0 {
 		t.Fatalf("1,000 right-password logins: %d passed, %d refused; want all", ok, refused)
