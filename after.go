@@ -36,7 +36,11 @@ import (
 //   - else, once the next handlers return: an error's status (a
 //     caddyhttp.HandlerError's, 500 for any other error), whatever the
 //     site's handle_errors routes then write (basic_auth's 401 is a 401);
-//     500 if they panicked (abort included); 200 if they wrote nothing.
+//     500 if they panicked (abort included); 200 if they wrote nothing;
+//   - unknown (counted by every zone: the charge stays) if the client left
+//     before it was known, or when it is the 499 Caddy writes for a
+//     client gone; counted by no zone when a later rate_limit handler
+//     refuses the request (markRefusal).
 //
 // Then, once the next handlers have returned (on every exit: an error, a
 // panic, the client gone, a stream's end), ServeHTTP's deferred done

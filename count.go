@@ -15,9 +15,10 @@ import (
 // the request is charged before it runs, in the one store call with the
 // request's other zones (so a spent budget refuses it atomically: N
 // concurrent guesses cannot all pass a check and be charged afterwards),
-// and the charge is given back when the response's status is not one the
-// zone counts; never the reverse (nothing is charged after the response).
-// A refused request is not forwarded, so it has no status to count.
+// and the charge is given back when the response's status is known and
+// not one the zone counts; never the reverse (nothing is charged after the
+// response). A refused request is not forwarded, so it has no status to
+// count. Until then the charge is in flight (inflight.go).
 //
 // The give-back is a part of the post-response step (after.go): it runs
 // as soon as the status is known (a streamed response's first write),
