@@ -9,21 +9,6 @@ import (
 	"time"
 )
 
-// countLoginSite is a site of one count zone keyed on the account (events
-// 5, count 401) in front of a login application.
-const countLoginSite = `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			events 5
-			window 1h
-			count 401
-		}
-	}
-	reverse_proxy @APP@
-}`
-
 // Charges in flight: right-password logins of one account, more at once
 // than its budget (5), all pass: a request refused only because of charges
 // still in flight waits for them, and they come back (200 is not counted).
