@@ -36,7 +36,11 @@ import (
 //   - else, once the next handlers return: an error's status (a
 //     caddyhttp.HandlerError's, 500 for any other error), whatever the
 //     site's handle_errors routes then write (basic_auth's 401 is a 401);
-//     500 if they panicked (abort included); 200 if they wrote nothing.
+//     500 if they panicked (abort included); 200 if they wrote nothing;
+//   - unknown (counted by every zone: the charge stays) if the client left
+//     before it was known, or when it is the 499 Caddy writes for a
+//     client gone; counted by no zone when a later rate_limit handler
+//     refuses the request (markRefusal).
 //
 // Then, once the next handlers have returned (on every exit: an error, a
 // panic, the client gone, a stream's end), ServeHTTP's deferred done
@@ -83,7 +87,10 @@ func (h *Handler) newAfter() *after {
 func (a *after) wantsStatus() bool { return a != nil && len(a.settle.refunds) > 0 }
 
 // statusKnown is called once, with the response's status.
-func (a *after) statusKnown(status int) { a.settle.statusKnown(status) }
+func (a *after) statusKnown(status int) {
+	a.settle.statusKnown(status)
+	a.h.settled.notify()
+}
 
 // done is called once, on every exit of an allowed request, after its
 // status (if it wanted one) is known: it gives the concurrency slots back
@@ -100,19 +107,23 @@ func (a *after) done() {
 // a.done).
 func (h *Handler) serveAfter(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, a *after) (err error) {
 	sw := statusWriterPool.Get().(*statusWriter)
-	sw.ResponseWriter, sw.hook, sw.known = w, a, false
+	sw.ResponseWriter, sw.hook, sw.known, sw.refused = w, a, false, false
 	returned := false
 	defer func() {
 		if !sw.known {
 			status := http.StatusOK
 			switch {
+			case r.Context().Err() != nil:
+				// The client left (or the server gave up on it) before
+				// the status was known: whatever the next handlers made
+				// of that (reverse_proxy: 499), the request was forwarded.
+				status = statusUnknown
 			case !returned: // a panic, passed on
 				status = http.StatusInternalServerError
 			case err != nil:
 				status = errorStatus(err)
 			}
-			sw.known = true
-			a.statusKnown(status)
+			sw.settle(status)
 		}
 		sw.ResponseWriter, sw.hook = nil, nil
 		statusWriterPool.Put(sw)
@@ -137,6 +148,9 @@ type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	hook  *after
 	known bool
+	// refused: a later rate_limit handler refuses the request (markRefusal):
+	// its response is counted by no zone.
+	refused bool
 }
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
@@ -144,7 +158,30 @@ var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 func (w *statusWriter) settle(status int) {
 	if !w.known {
 		w.known = true
+		switch {
+		case w.refused:
+			status = statusRefusal
+		case status == statusClientClosed:
+			// Written for a client that left (reverse_proxy does):
+			// the status is unknown.
+			status = statusUnknown
+		}
 		w.hook.statusKnown(status)
+	}
+}
+
+// markRefusal tells the count zones of earlier rate_limit handlers, whose
+// status writers w wraps, that the response is a refusal of this one's.
+func markRefusal(w http.ResponseWriter) {
+	for {
+		if sw, ok := w.(*statusWriter); ok {
+			sw.refused = true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
 	}
 }
 

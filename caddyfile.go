@@ -111,6 +111,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        on_exceed as above
 //	    }
 //	    max_waiting <n>
+//	    settle_wait <duration>
 //	    store memory {
 //	        max_keys       <n>
 //	        sweep_interval <duration>
@@ -221,6 +222,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("rate_limit: max_waiting must be a positive integer, got %q", v)
 			}
 			h.MaxWaiting = n
+		case "settle_wait":
+			if v, err = arg(field); err != nil {
+				break
+			}
+			dur, perr := caddy.ParseDuration(v)
+			if perr != nil {
+				return d.Errf("rate_limit: settle_wait must be a duration (0: no waiting), got %q", v)
+			}
+			sw := caddy.Duration(dur)
+			h.SettleWait = &sw
 		case "sweep_interval":
 			if v, err = arg(field); err != nil {
 				break
@@ -235,7 +246,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "storage":
 			return d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting)", field)
+			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting, settle_wait)", field)
 		}
 		if err != nil {
 			return err

@@ -15,9 +15,10 @@ import (
 // the request is charged before it runs, in the one store call with the
 // request's other zones (so a spent budget refuses it atomically: N
 // concurrent guesses cannot all pass a check and be charged afterwards),
-// and the charge is given back when the response's status is not one the
-// zone counts; never the reverse (nothing is charged after the response).
-// A refused request is not forwarded, so it has no status to count.
+// and the charge is given back when the response's status is known and
+// not one the zone counts; never the reverse (nothing is charged after the
+// response). A refused request is not forwarded, so it has no status to
+// count. Until then the charge is in flight (inflight.go).
 //
 // The give-back is a part of the post-response step (after.go): it runs
 // as soon as the status is known (a streamed response's first write),
@@ -110,6 +111,8 @@ func (h *Handler) provisionOutcomes() error {
 	if h.MaxWaiting > 0 {
 		h.room.max = int64(h.MaxWaiting)
 	}
+	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
+	h.settled = new(settleSignal)
 	for _, z := range h.zones {
 		if z.limit.Delay > 0 {
 			if !canRefund {
@@ -163,32 +166,36 @@ func (h *Handler) settleCounts(s *scratch, a *after) *after {
 		st := &a.settle
 		st.store = rf
 		r := &s.reqs[i]
-		st.refunds = append(st.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At})
+		st.refunds = append(st.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At, InFlight: r.InFlight})
 		st.counts = append(st.counts, z.counts)
 		st.zones = append(st.zones, z)
 	}
 	return a
 }
 
-// statusKnown gives back the charges of the zones that do not count
-// status, in one store call.
+// The statuses statusKnown takes besides the response's own.
+const (
+	// statusRefusal: the response is a rate_limit handler's own refusal (a
+	// later directive's): no zone counts it.
+	statusRefusal = 0
+	// statusUnknown: the client left before the status was known: every
+	// zone counts it (the request was forwarded; its charge stays).
+	statusUnknown = -1
+)
+
+// statusKnown settles the charges, in one store call: those of the zones
+// that do not count status are given back, the others kept.
 func (st *settlement) statusKnown(status int) {
-	n := 0
 	for i := range st.refunds {
-		if st.counts[i].has(status) {
-			continue
-		}
-		if m := st.zones[i].metrics; m != nil {
+		r := &st.refunds[i]
+		r.Keep = status == statusUnknown || st.counts[i].has(status)
+		if m := st.zones[i].metrics; m != nil && !r.Keep {
 			m.refunded.Inc()
 		}
-		st.refunds[n] = st.refunds[i]
-		n++
 	}
-	if n > 0 {
-		// The store never fails a refund (a lost one is the store's to
-		// count); the request's context may be gone with its client.
-		_ = st.store.Refund(context.Background(), st.refunds[:n])
-	}
+	// The store never fails a refund (a lost one is the store's to count);
+	// the request's context may be gone with its client.
+	_ = st.store.Refund(context.Background(), st.refunds)
 }
 
 // reset empties the settlement, keeping its slices for the next request.

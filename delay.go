@@ -96,15 +96,24 @@ type waitingRoom struct {
 //
 // (One compare-and-swap per request of a directive with a delay zone.)
 func (h *Handler) enterWaitingRoom(s *scratch) {
-	for n := h.room.n.Load(); n < h.room.max; n = h.room.n.Load() {
-		if h.room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
-			s.slot = &h.room.n
-			return
-		}
+	if h.room.enter() {
+		s.slot = &h.room.n
+		return
 	}
 	for i := range s.reqs {
 		s.reqs[i].NoDelay = true
 	}
+}
+
+// enter takes a place in the room, if one is free; the place goes back
+// with n.Add(-1).
+func (room *waitingRoom) enter() bool {
+	for n := room.n.Load(); n < room.max; n = room.n.Load() {
+		if room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
+			return true
+		}
+	}
+	return false
 }
 
 // waiter is an allowed request's wait for its turn: how long, the zone
@@ -149,7 +158,7 @@ func (h *Handler) waiterOf(s *scratch) *waiter {
 		// concurrency zone's slot is released, not refunded.
 		if s.decs[i].Allowed && s.zones[i].conc == nil {
 			r := &s.reqs[i]
-			w.refunds = append(w.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At})
+			w.refunds = append(w.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At, InFlight: r.InFlight})
 			w.zones = append(w.zones, s.zones[i])
 		}
 	}

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -183,7 +184,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		// A concurrency zone's slot is never refunded: it is released
 		// (after.go), the waiter's departure included.
 		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass,
-			Refundable: z.conc == nil && (z.counts != nil || h.delaying), Lease: z.lease()})
+			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease()})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -199,6 +200,11 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 	err := h.store.Take(r.Context(), s.reqs, s.decs)
 	if h.storeStats != nil {
 		h.storeStats.observe(start)
+	}
+	if err == nil && h.settleWait > 0 && h.counting && waitsForCharges(s) {
+		if err = h.awaitCharges(r, s); errors.Is(err, errChargesAbandoned) {
+			return verdict{}, pass, err
+		}
 	}
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -88,6 +88,13 @@ type Handler struct {
 	// decided as if it could not: refused. At least 1. Default: 1000.
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
+	// SettleWait bounds how long a request refused only because of its
+	// keys' charges in flight (zones with count, still waiting for their
+	// statuses) waits for them to settle before it is refused; it holds a
+	// place in the waiting room (max_waiting) meanwhile. 0: no waiting.
+	// At most 1m. Default: 1s.
+	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
+
 	zones       []*zone
 	concurrent  bool // a zone is a concurrency zone (concurrency.go)
 	store       Store
@@ -109,7 +116,11 @@ type Handler struct {
 	// within room.
 	delaying bool
 	room     *waitingRoom
-	releases []func() // the local allowances' registrations (provisionAllowances)
+	// settleWait: the longest a request waits for charges in flight
+	// (inflight.go); 0: none.
+	settleWait time.Duration
+	settled    *settleSignal
+	releases   []func() // the local allowances' registrations (provisionAllowances)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -297,6 +308,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.MaxWaiting < 0 {
 		return fmt.Errorf("max_waiting must be at least 1, got %d", h.MaxWaiting)
+	}
+	if _, err := settleWaitOf(h.SettleWait); err != nil {
+		return err
 	}
 	return h.Response.validate()
 }

@@ -171,6 +171,7 @@ func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
 // the headerSet's two), and renders the body into a pooled buffer.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	markRefusal(w)
 	status, msg := h.resp.status, msgExceeded
 	if unavailable {
 		status, msg = http.StatusServiceUnavailable, msgUnavailable

@@ -265,6 +265,11 @@ type Request struct {
 	// room is full): a zone with a Delay decides as without one, its
 	// reservations kept (delay.go).
 	NoDelay bool
+	// InFlight marks a charge that stays in flight until the response's
+	// status settles it (a zone that counts only some statuses): the
+	// store counts it in the key's charges in flight until a Refund with
+	// InFlight set (inflight.go). Implies Refundable.
+	InFlight bool
 	// Lease identifies, in a concurrency zone, the slot this request takes
 	// (never 0): the store records it when it admits the request, renews
 	// it while the request runs (Redis) and removes it when the request
@@ -293,6 +298,10 @@ type Decision struct {
 	// long it must wait for its turn (its slot is reserved: delay.go); 0:
 	// now.
 	Delay time.Duration
+	// InFlight is, for a refusal of an InFlight request, that the key's
+	// charges in flight, given back, would admit it (inflight.go): it
+	// started no penalty, and the same request may pass once they settle.
+	InFlight bool
 }
 
 // State is one key's stored state. Alg says which algorithm wrote it; a

@@ -41,25 +41,32 @@ package algorithms
 // allocates, except for the sliding log (a new Log header, and its
 // entries' growth).
 func Step(st State, fresh bool, l Limit, now, cost int64) (d Decision, next State, fullAt int64) {
-	return stepAll(st, fresh, l, now, cost, true)
+	return stepAll(st, fresh, l, now, cost, true, 0)
 }
 
 // StepRequest is Step for r (its Limit and Cost), honouring r.NoDelay: a
 // request that may not wait for its turn (delay.go).
 func StepRequest(st State, fresh bool, r *Request, now int64) (d Decision, next State, fullAt int64) {
-	return stepAll(st, fresh, r.Limit, now, r.Cost, !r.NoDelay)
+	return stepAll(st, fresh, r.Limit, now, r.Cost, !r.NoDelay, 0)
 }
 
-// stepAll is Step, the penalty and the algorithm's step with its waiting.
-func stepAll(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (d Decision, next State, fullAt int64) {
+// stepAll is Step, the penalty and the algorithm's step with its waiting;
+// pending is the key's units charged in flight (inflight.go).
+func stepAll(st State, fresh bool, l Limit, now, cost int64, mayWait bool, pending int64) (d Decision, next State, fullAt int64) {
 	if l.Penalty <= 0 {
-		return step(st, fresh, l, now, cost, mayWait)
+		d, next, fullAt = step(st, fresh, l, now, cost, mayWait)
+		d.InFlight = Settles(&d, l, cost, pending)
+		return d, next, fullAt
 	}
 	if !fresh && st.Penalized != 0 && now < st.Penalized+l.Penalty {
 		return inPenalty(st, fresh, l, now, cost, mayWait)
 	}
 	d, next, fullAt = step(st, fresh, l, now, cost, mayWait)
 	if d.Allowed || cost == 0 {
+		return d, next, fullAt
+	}
+	if Settles(&d, l, cost, pending) {
+		d.InFlight = true // no penalty: the charges in flight may come back
 		return d, next, fullAt
 	}
 	// Refused: the penalty starts.

@@ -43,6 +43,11 @@ type Refund struct {
 	// At is the instant of the charge: its Decision's At (Unix ms, the
 	// store's clock); 0 when unknown (taken as a charge made just now).
 	At int64
+	// InFlight settles a charge taken in flight (Request.InFlight): the
+	// store takes it off the key's charges in flight. Keep then leaves the
+	// charge as it is (its status counts, or is unknown): nothing is given
+	// back.
+	InFlight, Keep bool
 }
 
 // GiveBack runs one refund of cost, charged at at (0: unknown), on a key's

@@ -39,6 +39,21 @@ func newLoginApp(t *testing.T, delay time.Duration) *loginApp {
 	return a
 }
 
+// countLoginSite is a site of one count zone keyed on the account (events
+// 5, count 401) in front of a login application.
+const countLoginSite = `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			events 5
+			window 1h
+			count 401
+		}
+	}
+	reverse_proxy @APP@
+}`
+
 func (a *loginApp) saw(user string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -54,18 +69,7 @@ func (a *loginApp) saw(user string) int {
 func TestCountConcurrentLoginsMemory(t *testing.T) {
 	app := newLoginApp(t, 50*time.Millisecond)
 	zone := zoneName("count_login")
-	load(t, newTester(t), config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			events 5
-			window 1h
-			count 401
-		}
-	}
-	reverse_proxy @APP@
-}`, "ZONE", zone, "APP", app.Listener.Addr().String()))
+	load(t, newTester(t), config("", countLoginSite, "ZONE", zone, "APP", app.Listener.Addr().String()))
 	c := loopbackClient(64)
 	victim, owner := "victim-"+nonce, "owner-"+nonce
 	out, _ := burstDo(t, c, http.MethodPost, siteA+"/login", 50, 50, "X-User: "+victim, "X-Password: wrong")
@@ -87,8 +91,8 @@ http://localhost:@A@ {
 	}
 	app.delay = 0
 	// Four at a time: a charge is taken before the response, so more
-	// logins of one account in flight at once than its capacity (5) would
-	// be refused, whatever their passwords.
+	// logins of one account in flight at once than its capacity (5) wait
+	// for the charges in flight (TestCountInFlightWaits).
 	out, _ = burstDo(t, c, http.MethodPost, siteA+"/login", 1000, 4, "X-User: "+owner, "X-Password: right")
 	if ok, refused := countBurst(t, out, "1,000 right-password logins"); ok != 1000 || refused != 0 {
 		t.Fatalf("1,000 right-password logins: %d passed, %d refused; want all", ok, refused)

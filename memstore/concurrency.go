@@ -22,6 +22,12 @@ import (
 // took records the lease of request r, just admitted and counted in k's
 // entry, when r is of a concurrency zone. The caller holds sh.mu.
 func (sh *shard) took(k mapKey, r *algorithms.Request) {
+	if r.InFlight {
+		if sh.pending == nil {
+			sh.pending = make(map[mapKey]int64)
+		}
+		sh.pending[k] += r.Cost
+	}
 	if r.Limit.Algorithm != algorithms.Concurrency {
 		return
 	}

@@ -78,7 +78,12 @@ type shard struct {
 	// leases holds the lease ids of the shard's concurrency keys (entries
 	// of Alg Concurrency, whose debt is their count: concurrency.go); nil
 	// until the shard's first.
-	leases    map[mapKey][]uint64
+	leases map[mapKey][]uint64
+	// pending holds the units of a key charged in flight (Request.InFlight,
+	// algorithms/inflight.go) until their Refund settles them; kept apart
+	// from the key's state, which a sweep or a reset may drop meanwhile;
+	// nil until the shard's first.
+	pending   map[mapKey]int64
 	lastSweep int64   // Unix ms of the last sweep done to make room
 	_         [8]byte // keep neighbouring shards' locks off one cache line
 }
@@ -284,7 +289,7 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	sh.mu.Lock()
 	now := s.now()
 	st, ok := sh.get(k)
-	d, next, fullAt := algorithms.StepRequest(st, !ok, r, now)
+	d, next, fullAt := algorithms.StepPending(st, !ok, r, now, sh.pending[k])
 	if d.Allowed || algorithms.StartsPenalty(st, !ok, next) {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
 		sh.took(k, r)
@@ -322,7 +327,7 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	for i := range reqs {
 		sh := &s.shards[idx[i]]
 		st, ok := sh.get(keys[i])
-		d, next, full := algorithms.StepRequest(st, !ok, &reqs[i], now)
+		d, next, full := algorithms.StepPending(st, !ok, &reqs[i], now, sh.pending[keys[i]])
 		d.At = now
 		out[i] = d
 		pend = append(pend, next)

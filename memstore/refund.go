@@ -8,7 +8,8 @@ import (
 
 // Refund gives back charges that Take made (algorithms.GiveBack: a zone that
 // counts only some response statuses refunds the others), each under its
-// shard's lock, at once. A charge whose key has been forgotten since (swept
+// shard's lock, at once, and settles those taken in flight (a Keep refund
+// only settles). A charge whose key has been forgotten since (swept
 // back to full, reset, or displaced) has nothing to give back. It never
 // fails.
 func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
@@ -21,7 +22,10 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 		k := mapKey{zone: id, key: r.Key}
 		sh := s.shardOf(&k)
 		sh.mu.Lock()
-		if st, ok := sh.get(k); ok {
+		if r.InFlight {
+			sh.settle(k, r.Cost)
+		}
+		if st, ok := sh.get(k); ok && !r.Keep {
 			now := s.now()
 			if next, fullAt, ok := algorithms.GiveBack(st, false, r.Limit, now, r.Cost, r.At); ok {
 				sh.set(k, &next, fullAt)
@@ -35,4 +39,16 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 // Refund implements the store's refund (see Store.Refund).
 func (m *Memory) Refund(ctx context.Context, refunds []algorithms.Refund) error {
 	return m.store.Refund(ctx, refunds)
+}
+
+// settle takes cost off k's units charged in flight. The caller holds
+// sh.mu.
+func (sh *shard) settle(k mapKey, cost int64) {
+	if n, ok := sh.pending[k]; ok {
+		if n -= cost; n > 0 {
+			sh.pending[k] = n
+		} else {
+			delete(sh.pending, k)
+		}
+	}
 }

@@ -98,7 +98,10 @@ func luaLibrary() (name, code string) {
 //	   take for a report-only zone, 3 take whose charge may be refunded
 //	   (Request.Refundable: the reply then carries the time of the
 //	   decision), 4 the same for a report-only zone, 5 renew a concurrency
-//	   zone's lease (nothing for a rate zone)
+//	   zone's lease (nothing for a rate zone), 6 take whose charge stays
+//	   in flight until settled (Request.InFlight; refundable too), 7 the
+//	   same for a report-only zone, 8 refund a charge taken in flight, 9
+//	   settle one and keep it (Refund.Keep)
 //	7  the zone's options: "0" for none, else fields of a letter and digits
 //	   (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a delay of
 //	   3000 ms, "a2" delay_after 2, "n1" this request may not wait); "0"
@@ -145,6 +148,8 @@ var (
 	modeTake, modeRefund, modeReportOnly     any = "0", "1", "2"
 	modeRefundable, modeReportOnlyRefundable any = "3", "4"
 	modeRenew                                any = "5"
+	modeInFlight, modeReportOnlyInFlight     any = "6", "7"
+	modeRefundInFlight, modeSettleInFlight   any = "8", "9"
 	unknownInstant                           any = "0"
 )
 
@@ -160,8 +165,14 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 			opts = h[5]
 		}
 		switch {
+		case refund && r.InFlight:
+			mode = modeRefundInFlight
 		case refund:
 			mode = modeRefund
+		case r.ReportOnly && r.InFlight:
+			mode = modeReportOnlyInFlight
+		case r.InFlight:
+			mode = modeInFlight
 		case r.ReportOnly && r.Refundable:
 			mode = modeReportOnlyRefundable
 		case r.ReportOnly:
@@ -181,7 +192,14 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 	for i := range refunds {
 		r := &refunds[i]
 		h := a.head(r.Limit)
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, modeRefund, h[4], r.At)
+		mode := modeRefund
+		switch {
+		case r.Keep:
+			mode = modeSettleInFlight
+		case r.InFlight:
+			mode = modeRefundInFlight
+		}
+		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, h[4], r.At)
 	}
 	return args
 }

@@ -486,11 +486,13 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 }
 
 // zoneDecision is one zone's decision from its four numbers in the
-// script's reply: allowed (1/0), remaining, retry-after and reset-after
+// script's reply: allowed (1/0; 2: refused, resting on charges in flight),
+// remaining, retry-after and reset-after
 // in ms. An admission's retry-after is its wait (lua/take.lua: delay).
 func zoneDecision(r *algorithms.Request, n [4]int64) algorithms.Decision {
 	d := algorithms.Decision{
 		Allowed:    n[0] == 1,
+		InFlight:   n[0] == 2, // refused, resting on charges in flight
 		Limit:      r.Limit.Capacity(),
 		Remaining:  n[1],
 		ResetAfter: time.Duration(n[3]) * time.Millisecond,

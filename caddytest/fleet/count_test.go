@@ -66,25 +66,9 @@ func peekKey(t *testing.T, p *caddyProc, zone, key string) map[string]any {
 // time, one per process) all pass and leave its zone untouched (refunds
 // are pipelined, not waited for: the check polls for the last ones).
 func TestCountFleetConcurrentLogins(t *testing.T) {
-	r := redistest.Start(t)
 	app := newLoginUpstream(t, 50*time.Millisecond)
 	zone := "count_fleet"
-	routes := fmt.Sprintf(`rate_limit {
-	zone %s {
-		key {http.request.header.X-User}
-		events 5
-		window 1h
-		count 401
-	}
-	store redis %s {
-		timeout 250ms
-	}
-}
-reverse_proxy %s`, zone, r.URL(), app.Listener.Addr().String())
-	procs := make([]*caddyProc, 3)
-	for i := range procs {
-		procs[i] = startCaddy(t, fmt.Sprintf("count-%d", i), "", routes)
-	}
+	procs := countFleet(t, "count", zone, app)
 	client := newClient(60)
 	defer client.CloseIdleConnections()
 

@@ -105,15 +105,15 @@ respond "ok"`, zone, strings.ReplaceAll(store, "\n", "\n\t"))
 	}
 }
 
-// burst sends n concurrent GET path requests for user, request i to
-// process i%len(procs), released together.
-func burst(t testing.TB, client *http.Client, procs []*caddyProc, path string, n int, user string) []result {
+// burst sends n concurrent GET path requests for user (and the further
+// headers), request i to process i%len(procs), released together.
+func burst(t testing.TB, client *http.Client, procs []*caddyProc, path string, n int, user string, headers ...string) []result {
 	t.Helper()
 	out := make([]result, n)
 	var ready, wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range n {
-		req, err := newGet(procs[i%len(procs)].url(path), "X-User: "+user)
+		req, err := newGet(procs[i%len(procs)].url(path), append([]string{"X-User: " + user}, headers...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

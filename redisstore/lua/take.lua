@@ -12,7 +12,18 @@
 -- '0' for a take). The modes: 0 take, 1 refund, 2 take for a report-only
 -- zone, 3 take whose charge may be refunded (a zone counting only some
 -- response statuses, a request that may wait), 4 the same for a
--- report-only zone, 5 renew a concurrency zone's lease.
+-- report-only zone, 5 renew a concurrency zone's lease, 6 take whose charge
+-- stays in flight until its status settles it (a zone counting only some
+-- statuses: refundable too), 7 the same for a report-only zone, 8 refund a
+-- charge taken in flight, 9 settle one and keep it.
+--
+-- Charges in flight (algorithms/inflight.go): KEYS[i] .. ':f' counts the
+-- units of zone i's key charged by modes 6 and 7 and not yet settled by 8
+-- or 9 (its TTL, inflightTTL, refreshed by every charge, bounds what a lost
+-- settlement leaves). A take in mode 6 or 7 that the algorithm refuses,
+-- but that those units would admit (remaining + in flight >= cost, within
+-- the capacity, outside a penalty), reports allowed 2 and starts no
+-- penalty.
 --
 -- A concurrency zone (algorithm id 5, lua/concurrency.lua) has its lease
 -- id where the others have their cost (a string, never converted: ids
@@ -81,6 +92,14 @@ end
 -- zone has.
 local vals, resets, raws, fulls, ots = {}, {}, {}, {}, {}
 
+local inflightTTL = 300000 -- ms
+
+-- settle takes cost off the units of key charged in flight.
+local function settle(key, cost)
+  local fk = key .. ':f'
+  if call('DECRBY', fk, cost) <= 0 then call('DEL', fk) end
+end
+
 local function take(keys, argv, base)
   if not byte then bind() end
   local n = #keys
@@ -121,9 +140,14 @@ local function take(keys, argv, base)
     if mode == '5' then
       if alg == 5 then concurrency_renew(raw, events, w, capacity, cost) end
       if i < n then resets[i] = false end
-    elseif mode == '1' then
+    elseif mode == '1' or mode == '8' or mode == '9' then
       local at = tonum(argv[b + 8]) or 0
-      reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
+      if mode ~= '1' and alg ~= 5 then settle(keys[i], cost) end
+      if mode == '9' then
+        reset = false -- kept: nothing to give back
+      else
+        reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
+      end
       if reset then
         if pen ~= 0 then val = penalized(pen, val) end
         if val then
@@ -135,9 +159,11 @@ local function take(keys, argv, base)
       reset = 0
       if i < n then resets[i] = false end
     else
-      if mode == '3' or mode == '4' then wantnow = true end
+      if mode == '3' or mode == '4' or mode == '6' or mode == '7' then wantnow = true end
       local p = 0
       if ot then p = ot.p end
+      local pending = 0
+      if mode == '6' or mode == '7' then pending = tonum(call('GET', keys[i] .. ':f')) or 0 end
       if p > 0 and pen ~= 0 and now < pen + p then
         -- in its penalty: refused, nothing written
         local e = pen + p
@@ -152,7 +178,9 @@ local function take(keys, argv, base)
         allowed, rem = 0, 0
       else
         allowed, rem, retry, reset, val = step(raw, events, w, capacity, cost, ot)
-        if allowed == 0 and p > 0 then
+        if allowed == 0 and pending > 0 and cost > 0 and cost <= capacity and rem + pending >= cost then
+          allowed = 2 -- refused, resting on charges in flight: no penalty
+        elseif allowed == 0 and p > 0 then
           -- the penalty starts, whatever the other zones decide
           rem = 0
           if retry < p then retry = p end
@@ -162,7 +190,7 @@ local function take(keys, argv, base)
         end
       end
       -- a report-only zone never vetoes
-      if allowed == 0 and mode ~= '2' and mode ~= '4' then all = false end
+      if allowed ~= 1 and mode ~= '2' and mode ~= '4' and mode ~= '7' then all = false end
       if i < n then
         vals[i], resets[i], raws[i], fulls[i], ots[i] = val, reset, raw, full, ot
       else
@@ -198,6 +226,17 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
+  -- the charges taken in flight, if every zone allowed
+  if all then
+    for i = 1, n do
+      local mode = argv[base + 8 * i - 2]
+      if (mode == '6' or mode == '7') and out[4 * i - 3] == 1 then
+        local fk = keys[i] .. ':f'
+        call('INCRBY', fk, argv[base + 8 * i - 3])
+        call('PEXPIRE', fk, inflightTTL)
+      end
+    end
+  end
   -- the concurrency zones' leases, if every zone allowed (a take's, not a
   -- refund's or a renewal's, whose zones report allowed)
   if all and conc then
