@@ -82,7 +82,9 @@ func (h *Handler) awaitCharges(r *http.Request, s *scratch) error {
 		}
 		s.slot = &h.room.n // given back with the scratch
 	}
-	done := r.Context().Done()
+	c := watchClient(r) // net/http alone misses a client leaving before its body is read
+	defer c.stop()
+	done := c.done()
 	t := timerPool.Get().(*time.Timer)
 	settled := h.settled.join()
 	defer func() {
