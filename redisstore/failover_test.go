@@ -1,0 +1,176 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// What a failover may cost in exactness (docs/redis.md, "Failover"): the
+// decisions the new master never saw. The tests below count them per key:
+// paced load on a few keys with a budget never reached (a token bucket that
+// refills one token in days), then lost = admitted − spent, where spent is
+// what the new master's state says (limit − remaining). A key with limit L
+// is admitted at most L + lost.
+
+const (
+	lossKeys      = 4                     // keys under load
+	lossPerKey    = 2                     // goroutines per key
+	lossPace      = 10 * time.Millisecond // between two decisions of one goroutine
+	lossBudget    = 100_000               // a key's limit: never reached
+	lossInFlight  = lossPerKey            // decisions of a key in flight at any instant
+	sentinelBound = 10                    // lost per key, manual failover, healthy link: docs/redis.md
+)
+
+// lossLoad is paced decisions on lossKeys keys, counting what was admitted.
+type lossLoad struct {
+	s        *Store
+	reqs     []algorithms.Request
+	admitted [lossKeys]atomic.Int64
+	failed   atomic.Int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startLossLoad(t *testing.T, s *Store) *lossLoad {
+	t.Helper()
+	l := &lossLoad{s: s, stop: make(chan struct{})}
+	lim := limit(t, lossBudget, 10_000*time.Hour, 0)
+	for range lossKeys {
+		l.reqs = append(l.reqs, algorithms.Request{Zone: "loss", Key: freshKey(t), Limit: lim, Cost: 1})
+	}
+	for k := range lossKeys {
+		for range lossPerKey {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				tick := time.NewTicker(lossPace)
+				defer tick.Stop()
+				out := make([]algorithms.Decision, 1)
+				for {
+					select {
+					case <-l.stop:
+						return
+					case <-tick.C:
+					}
+					err := s.Take(context.Background(), l.reqs[k:k+1], out)
+					switch {
+					case err != nil:
+						l.failed.Add(1)
+					case out[0].Allowed:
+						l.admitted[k].Add(1)
+					}
+				}
+			}()
+		}
+	}
+	t.Cleanup(l.end)
+	return l
+}
+
+// end stops the load and waits for it (idempotent).
+func (l *lossLoad) end() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+func (l *lossLoad) snapshot() (n [lossKeys]int64) {
+	for k := range n {
+		n[k] = l.admitted[k].Load()
+	}
+	return n
+}
+
+// decidedSince waits (bounded) until every key has had n more decisions
+// admitted than in from.
+func (l *lossLoad) decidedSince(t *testing.T, from [lossKeys]int64, n int64, within time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for k := 0; k < lossKeys; {
+		if l.admitted[k].Load() >= from[k]+n {
+			k++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: key %d had %d decisions admitted in %v, want %d (%d failed in all)",
+				what, k, l.admitted[k].Load()-from[k], within, n, l.failed.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lost stops the load and returns, per key, the decisions admitted that the
+// master's state does not count: one more Take per key reads it.
+func (l *lossLoad) lost(t *testing.T) (lost [lossKeys]int64) {
+	t.Helper()
+	l.end()
+	for k := range lossKeys {
+		var out []algorithms.Decision
+		for attempt := 0; ; attempt++ {
+			o := make([]algorithms.Decision, 1)
+			err := l.s.Take(context.Background(), l.reqs[k:k+1], o)
+			if err == nil {
+				out = o
+				break
+			}
+			if attempt == 100 {
+				t.Fatalf("reading key %d after the failover: %v", k, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		spent := lossBudget - out[0].Remaining
+		lost[k] = l.admitted[k].Load() + 1 - spent
+	}
+	return lost
+}
+
+// sentinelStore provisions a store on ss the way Caddy does, with the
+// default decision timeout.
+func sentinelStore(t *testing.T, ss *redistest.SentinelSet) *Redis {
+	t.Helper()
+	m := &Redis{URL: "redis+sentinel://" + ss.SentinelAddr + "?master_name=" + ss.MasterName, Timeout: caddy.Duration(DefaultTimeout)}
+	if err := m.Provision(caddyContext(t)); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Cleanup() })
+	return m
+}
+
+// TestSentinelManualFailoverLoss: SENTINEL FAILOVER under load, on a healthy
+// link (every write replicated before the promotion): decisions stop reaching
+// the old master when the replica is promoted, so a key loses at most
+// sentinelBound decisions (the old master, still a master until it is
+// reconfigured, answers those sent to it after the promotion; the new one
+// never sees them).
+func TestSentinelManualFailoverLoss(t *testing.T) {
+	ss := redistest.StartSentinel(t)
+	m := sentinelStore(t, ss)
+	load := startLossLoad(t, m.Store())
+	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the failover")
+
+	oldMaster := ss.Master
+	ss.Failover(t)
+	if ss.Master == oldMaster {
+		t.Fatal("Failover did not swap the master")
+	}
+	load.decidedSince(t, load.snapshot(), 20, 10*time.Second, "after the failover")
+
+	lost := load.lost(t)
+	t.Logf("admitted per key %v, lost per key %v (bound %d), %d failed", load.snapshot(), lost, sentinelBound, load.failed.Load())
+	for k, n := range lost {
+		if n > sentinelBound {
+			t.Errorf("key %d: %d decisions admitted that the new master never saw, want ≤ %d", k, n, sentinelBound)
+		}
+	}
+}
