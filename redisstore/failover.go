@@ -341,31 +341,34 @@ func (g *promotionGuard) pollRole(fe *fence) {
 func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	g.mu.Lock()
 	fe := g.fence
+	if fe != nil && (fe.old != addr || time.Since(fe.since) >= fenceLife) {
+		fe = nil
+	}
+	wait := fe != nil && fe.closed
 	g.mu.Unlock()
-	if fe != nil && fe.old == addr && time.Since(fe.since) < fenceLife {
-		g.mu.Lock()
-		wait := fe.closed
-		g.mu.Unlock()
-		if wait {
-			select {
-			case <-fe.done:
-			case <-ctx.Done():
-				return nil, errPromotion
-			}
+	if wait {
+		select {
+		case <-fe.done:
+		case <-ctx.Done():
+			return nil, errPromotion
 		}
-		if isDone(fe.done) && fe.promoted {
-			addr = fe.next
-		}
+	}
+	if fe != nil && isDone(fe.done) && fe.promoted {
+		addr = fe.next
 	}
 	c, err := g.netDial(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	g.mu.Lock()
-	if g.stopped && g.started {
+	// The old master's connections may have been closed while this one
+	// was being dialled: it must not outlive them.
+	left := g.fence != nil && g.fence.closed && g.fence.old == addr && time.Since(g.fence.since) < fenceLife &&
+		!(isDone(g.fence.done) && !g.fence.promoted)
+	if left || g.stopped && g.started {
 		g.mu.Unlock()
 		_ = c.Close()
-		return nil, net.ErrClosed
+		return nil, errPromotion
 	}
 	t := &trackedConn{Conn: c, g: g}
 	g.conns[t] = addr

@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,12 +41,17 @@ type lossLoad struct {
 	wg       sync.WaitGroup
 }
 
-func startLossLoad(t *testing.T, s *Store) *lossLoad {
+// startLossLoad starts the load on keys that keep accepts (by the key's
+// name in Redis; nil: any).
+func startLossLoad(t *testing.T, s *Store, keep func(string) bool) *lossLoad {
 	t.Helper()
 	l := &lossLoad{s: s, stop: make(chan struct{})}
 	lim := limit(t, lossBudget, 10_000*time.Hour, 0)
-	for range lossKeys {
-		l.reqs = append(l.reqs, algorithms.Request{Zone: "loss", Key: freshKey(t), Limit: lim, Cost: 1})
+	for len(l.reqs) < lossKeys {
+		r := algorithms.Request{Zone: "loss", Key: freshKey(t), Limit: lim, Cost: 1}
+		if keep == nil || keep(s.Key(r.Zone, r.Key)) {
+			l.reqs = append(l.reqs, r)
+		}
 	}
 	for k := range lossKeys {
 		for range lossPerKey {
@@ -156,7 +163,7 @@ func sentinelStore(t *testing.T, ss *redistest.SentinelSet) *Redis {
 func TestSentinelManualFailoverLoss(t *testing.T) {
 	ss := redistest.StartSentinel(t)
 	m := sentinelStore(t, ss)
-	load := startLossLoad(t, m.Store())
+	load := startLossLoad(t, m.Store(), nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the failover")
 
 	oldMaster := ss.Master
@@ -186,7 +193,7 @@ func TestSentinelManualFailoverLoss(t *testing.T) {
 func TestSentinelKillLaggingLoss(t *testing.T) {
 	ss := redistest.StartSentinel(t)
 	m := sentinelStore(t, ss)
-	load := startLossLoad(t, m.Store())
+	load := startLossLoad(t, m.Store(), nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the lag")
 
 	oldMaster, replica := ss.Master, ss.Replica
@@ -216,4 +223,93 @@ func sub(a, b [lossKeys]int64) (d [lossKeys]int64) {
 		d[k] = a[k] - b[k]
 	}
 	return d
+}
+
+// TestClusterTakeoverLaggingLoss: a Cluster replica that lags (CLIENT PAUSE
+// WRITE) takes its master's slots over (CLUSTER FAILOVER TAKEOVER) while
+// the master still runs, under load on keys of that master. A key loses at
+// most what the old master acknowledged from the start of the lag until it
+// learned of the takeover (and turned replica: it answers MOVED then), plus
+// what was in flight; the client follows MOVED to the new master.
+func TestClusterTakeoverLaggingLoss(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	master := c.Nodes[0]
+	replica := startClusterReplica(t, master)
+	s := newClusterStore(t, c.Addrs(), DefaultTimeout)
+	load := startLossLoad(t, s, func(key string) bool { return c.NodeForKey(t, key) == master })
+	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the lag")
+
+	replica.Do(t, "CLIENT", "PAUSE", "20000", "WRITE")
+	atPause := load.snapshot()
+	load.decidedSince(t, atPause, 20, 10*time.Second, "during the lag")
+	replica.Do(t, "CLUSTER", "FAILOVER", "TAKEOVER")
+	replica.Do(t, "CLIENT", "UNPAUSE")
+	deadline := time.Now().Add(10 * time.Second)
+	for master.Info(t, "replication")["role"] != "slave" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old master %s did not turn replica within 10 s of the takeover; CLUSTER NODES on the replica:\n%v\non the master:\n%v\nreplica log:\n%s\nmaster log:\n%s",
+				master.Addr, replica.Do(t, "CLUSTER", "NODES"), master.Do(t, "CLUSTER", "NODES"), replica.LogTail(), master.LogTail())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	atDemoted := load.snapshot()
+
+	load.decidedSince(t, atDemoted, 20, 20*time.Second, "after the takeover")
+	lost := load.lost(t)
+	t.Logf("admitted per key from the lag to the demotion %v, lost per key %v, %d failed", sub(atDemoted, atPause), lost, load.failed.Load())
+	for k, n := range lost {
+		if bound := atDemoted[k] - atPause[k] + lossInFlight; n > bound {
+			t.Errorf("key %d: %d decisions admitted that the new master never saw, want ≤ %d (admitted from the lag to the demotion, and in flight)", k, n, bound)
+		}
+	}
+}
+
+// startClusterReplica starts a Cluster node, joins it to master's cluster
+// as master's replica, and waits until it has acknowledged master's writes
+// and knows the cluster's nodes and epoch (a takeover must beat the
+// master's epoch).
+func startClusterReplica(t *testing.T, master *redistest.Server) *redistest.Server {
+	t.Helper()
+	bus := redistest.FreePort(t)
+	r := redistest.Start(t, "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000", fmt.Sprintf("cluster-port %d", bus))
+	r.BusPort = bus
+	master.Do(t, "CLUSTER", "MEET", "127.0.0.1", r.Port, bus)
+	id, _ := master.Do(t, "CLUSTER", "MYID").(string)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := r.DoErr("CLUSTER", "REPLICATE", id) // fails until r knows master
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CLUSTER REPLICATE %s on %s: %v", id, r.Addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		info := r.Info(t, "replication")
+		mine, theirs := clusterInfo(t, r), clusterInfo(t, master)
+		if info["master_link_status"] == "up" && mine["cluster_current_epoch"] == theirs["cluster_current_epoch"] &&
+			mine["cluster_known_nodes"] == theirs["cluster_known_nodes"] {
+			if n, err := master.DoErr("WAIT", 1, 1000); err == nil && n == int64(1) {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica %s is not in sync with %s: %v", r.Addr, master.Addr, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func clusterInfo(t *testing.T, n *redistest.Server) map[string]string {
+	t.Helper()
+	s, _ := n.Do(t, "CLUSTER", "INFO").(string)
+	m := map[string]string{}
+	for line := range strings.Lines(s) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
 }
