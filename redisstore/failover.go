@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,7 +26,7 @@ import (
 // The guard subscribes to every sentinel's failover events. When one selects
 // a replica of this master (+selected-slave), the guard polls that replica's
 // ROLE; when the replica is being promoted (+failover-state-wait-promotion)
-// or answers ROLE master, the connections to the old master are closed and
+// or answers ROLE master, the connections to the old master are retired and
 // a dial to it (go-redis dials the address the sentinels give) waits, within
 // the decision's deadline, for the promotion and then connects to the new
 // master instead. A failover that aborts before the promotion lets the old
@@ -52,9 +53,9 @@ type promotionGuard struct {
 type fence struct {
 	old, next string
 	since     time.Time
-	// closed (under the guard's mu) when the old master's connections
-	// were closed: dials to it wait for done.
-	closed bool
+	// left (under the guard's mu) once the old master's connections are
+	// retired: dials to it wait for done.
+	left bool
 	// done is closed when the failover is decided: promoted (dials to old
 	// go to next) or aborted (they go to old).
 	done     chan struct{}
@@ -220,7 +221,7 @@ func (g *promotionGuard) event(channel, payload string) {
 	case "+selected-slave", "+failover-state-send-slaveof-noone":
 		g.watch(master, replica)
 	case "+failover-state-wait-promotion", "+promoted-slave":
-		g.closeOld(g.watch(master, replica))
+		g.leaveOld(g.watch(master, replica))
 	default: // an abort
 		g.mu.Lock()
 		fe := g.fence
@@ -252,30 +253,28 @@ func (g *promotionGuard) watch(master, replica string) *fence {
 	return fe
 }
 
-// closeOld closes the connections to fe's old master: from now on a dial
+// leaveOld retires the connections to fe's old master: from now on a dial
 // to it waits for the promotion.
-func (g *promotionGuard) closeOld(fe *fence) {
+func (g *promotionGuard) leaveOld(fe *fence) {
 	if fe == nil {
 		return
 	}
 	g.mu.Lock()
-	if g.fence != fe || fe.closed || (isDone(fe.done) && !fe.promoted) {
+	if g.fence != fe || fe.left || (isDone(fe.done) && !fe.promoted) {
 		g.mu.Unlock()
 		return
 	}
-	fe.closed = true
-	var old []*trackedConn
+	fe.left = true
+	n := 0
 	for c, addr := range g.conns {
 		if addr == fe.old {
-			old = append(old, c)
+			c.retired.Store(true)
+			n++
 		}
 	}
 	g.mu.Unlock()
-	for _, c := range old {
-		_ = c.Close() // an in-flight decision on it fails: its outcome is unknown
-	}
 	g.logger.Info("redis sentinel failover: the old master is left as its replica is promoted",
-		zap.String("master", fe.old), zap.String("promoted", fe.next), zap.Int("connections_closed", len(old)))
+		zap.String("master", fe.old), zap.String("promoted", fe.next), zap.Int("connections_retired", n))
 }
 
 // decideLocked ends fe's wait: promoted or not.
@@ -312,7 +311,7 @@ func (g *promotionGuard) pollRole(fe *fence) {
 		role, err := c.Do(ctx, "ROLE").Slice()
 		cancel()
 		if err == nil && len(role) > 0 && role[0] == "master" {
-			g.closeOld(fe)
+			g.leaveOld(fe)
 			g.mu.Lock()
 			g.decideLocked(fe, true)
 			g.mu.Unlock()
@@ -344,7 +343,7 @@ func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Co
 	if fe != nil && (fe.old != addr || time.Since(fe.since) >= fenceLife) {
 		fe = nil
 	}
-	wait := fe != nil && fe.closed
+	wait := fe != nil && fe.left
 	g.mu.Unlock()
 	if wait {
 		select {
@@ -363,7 +362,7 @@ func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Co
 	g.mu.Lock()
 	// The old master's connections may have been closed while this one
 	// was being dialled: it must not outlive them.
-	left := g.fence != nil && g.fence.closed && g.fence.old == addr && time.Since(g.fence.since) < fenceLife &&
+	left := g.fence != nil && g.fence.left && g.fence.old == addr && time.Since(g.fence.since) < fenceLife &&
 		!(isDone(g.fence.done) && !g.fence.promoted)
 	if left || g.stopped && g.started {
 		g.mu.Unlock()
@@ -373,9 +372,6 @@ func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Co
 	t := &trackedConn{Conn: c, g: g}
 	g.conns[t] = addr
 	g.mu.Unlock()
-	if sc, ok := c.(syscall.Conn); ok {
-		return sysConn{trackedConn: t, sc: sc}, nil
-	}
 	return t, nil
 }
 
@@ -389,21 +385,35 @@ func (g *promotionGuard) netDial(ctx context.Context, network, addr string) (net
 	return td.DialContext(ctx, network, addr)
 }
 
-// trackedConn is a connection the guard may close; it forgets it once
-// closed. go-redis's pool checks an idle connection's health through
-// syscall.Conn: sysConn keeps that for TCP connections.
+// trackedConn is a connection of the failover client. go-redis's pool
+// checks an idle connection's health through syscall.Conn before it hands
+// it out: a retired connection fails that check, so the pool drops it
+// instead of sending a decision on it; one in use finishes its exchange
+// first (a decision in flight is not failed for it).
 type trackedConn struct {
 	net.Conn
-	g    *promotionGuard
-	once sync.Once
+	g       *promotionGuard
+	retired atomic.Bool
+	once    sync.Once
 }
 
-type sysConn struct {
-	*trackedConn
-	sc syscall.Conn
+func (c *trackedConn) SyscallConn() (syscall.RawConn, error) {
+	if c.retired.Load() {
+		return nil, errPromotion
+	}
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return uncheckedConn{}, nil // TLS: go-redis does not check it either
 }
 
-func (c sysConn) SyscallConn() (syscall.RawConn, error) { return c.sc.SyscallConn() }
+// uncheckedConn passes go-redis's health check without a look at the
+// socket.
+type uncheckedConn struct{}
+
+func (uncheckedConn) Control(func(fd uintptr)) error    { return nil }
+func (uncheckedConn) Read(func(fd uintptr) bool) error  { return nil }
+func (uncheckedConn) Write(func(fd uintptr) bool) error { return nil }
 
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
