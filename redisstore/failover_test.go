@@ -143,10 +143,10 @@ func (l *lossLoad) lost(t *testing.T) (lost [lossKeys]int64) {
 }
 
 // sentinelStore provisions a store on ss the way Caddy does, with the
-// default decision timeout.
-func sentinelStore(t *testing.T, ss *redistest.SentinelSet) *Redis {
+// default decision timeout, given the address of one sentinel.
+func sentinelStore(t *testing.T, ss *redistest.SentinelSet, sentinel string) *Redis {
 	t.Helper()
-	m := &Redis{URL: "redis+sentinel://" + ss.SentinelAddr + "?master_name=" + ss.MasterName, Timeout: caddy.Duration(DefaultTimeout)}
+	m := &Redis{URL: "redis+sentinel://" + sentinel + "?master_name=" + ss.MasterName, Timeout: caddy.Duration(DefaultTimeout)}
 	if err := m.Provision(caddyContext(t)); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
@@ -162,7 +162,7 @@ func sentinelStore(t *testing.T, ss *redistest.SentinelSet) *Redis {
 // never sees them).
 func TestSentinelManualFailoverLoss(t *testing.T) {
 	ss := redistest.StartSentinel(t)
-	m := sentinelStore(t, ss)
+	m := sentinelStore(t, ss, ss.SentinelAddr)
 	load := startLossLoad(t, m.Store(), nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the failover")
 
@@ -182,6 +182,27 @@ func TestSentinelManualFailoverLoss(t *testing.T) {
 	}
 }
 
+// TestSentinelLeaderDiscoveredLoss: TestSentinelManualFailoverLoss with 3
+// sentinels, the store given only the address of one that does not run the
+// failover: it must find the others (SENTINEL SENTINELS) to see the
+// promotion start.
+func TestSentinelLeaderDiscoveredLoss(t *testing.T) {
+	ss := redistest.StartSentinels(t, 3)
+	m := sentinelStore(t, ss, ss.Sentinels[1].Addr)
+	load := startLossLoad(t, m.Store(), nil)
+	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the failover")
+
+	ss.Failover(t) // run by ss.Sentinels[0]
+	load.decidedSince(t, load.snapshot(), 20, 10*time.Second, "after the failover")
+	lost := load.lost(t)
+	t.Logf("admitted per key %v, lost per key %v (bound %d), %d failed", load.snapshot(), lost, sentinelBound, load.failed.Load())
+	for k, n := range lost {
+		if n > sentinelBound {
+			t.Errorf("key %d: %d decisions admitted that the new master never saw, want ≤ %d", k, n, sentinelBound)
+		}
+	}
+}
+
 // TestSentinelKillLaggingLoss: kill -9 of the master while its replica lags
 // (CLIENT PAUSE WRITE on the replica: it reads the replication stream but
 // applies none of it, and the stream read but not applied is dropped with
@@ -192,7 +213,7 @@ func TestSentinelManualFailoverLoss(t *testing.T) {
 // decision is lost.
 func TestSentinelKillLaggingLoss(t *testing.T) {
 	ss := redistest.StartSentinel(t)
-	m := sentinelStore(t, ss)
+	m := sentinelStore(t, ss, ss.SentinelAddr)
 	load := startLossLoad(t, m.Store(), nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the lag")
 
