@@ -10,7 +10,8 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// A Sentinel failover under load, through 3 Caddy processes: keys come in
+// A Sentinel failover under load (1 master, 1 replica, 3 sentinels),
+// through 3 Caddy processes: keys come in
 // one after another (a new one every failoverKeyEvery, each sending a
 // request every failoverPace for failoverKeyLife, round-robin over the
 // processes, one at a time), so whenever the failover happens some keys are
@@ -49,8 +50,8 @@ func TestSentinelFailoverFleetManual(t *testing.T) {
 	runFailoverFleet(t, "manual", func(t *testing.T, s *redistest.SentinelSet) { s.Failover(t) })
 }
 
-// TestSentinelFailoverFleetKill: kill -9 of the master; the sentinel
-// promotes the replica about a second later.
+// TestSentinelFailoverFleetKill: kill -9 of the master; the sentinels
+// promote the replica a second or two later.
 func TestSentinelFailoverFleetKill(t *testing.T) {
 	runFailoverFleet(t, "kill", func(t *testing.T, s *redistest.SentinelSet) {
 		s.Master.Kill()
@@ -66,8 +67,8 @@ func TestSentinelFailoverFleetKill(t *testing.T) {
 }
 
 func runFailoverFleet(t *testing.T, name string, failover func(*testing.T, *redistest.SentinelSet)) {
-	s := redistest.StartSentinel(t)
-	url := fmt.Sprintf("redis+sentinel://%s?master_name=%s", s.SentinelAddr, s.MasterName)
+	s := redistest.StartSentinels(t, 3)
+	url := fmt.Sprintf("redis+sentinel://%s?master_name=%s&addr=%s&addr=%s", s.Sentinels[0].Addr, s.MasterName, s.Sentinels[1].Addr, s.Sentinels[2].Addr)
 	procs := make([]*caddyProc, failoverProcs)
 	for i := range procs {
 		procs[i] = startCaddy(t, fmt.Sprintf("failover-%s-%d", name, i), "", fmt.Sprintf(failoverRoutes, failoverLimit, url))
