@@ -20,8 +20,8 @@ import (
 // failover client switches on +switch-master, which a sentinel publishes
 // only after it has seen the promotion in the replica's INFO (polled every
 // second during a failover): until then the old master, still a master,
-// answers decisions that the new one never sees (docs/redis.md,
-// "Failover").
+// answers decisions that the new one never sees (docs/redis.md, "Sentinel
+// and failover").
 //
 // The guard subscribes to every sentinel's failover events. When one selects
 // a replica of this master (+selected-slave), the guard polls that replica's
@@ -360,14 +360,17 @@ func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Co
 		return nil, err
 	}
 	g.mu.Lock()
-	// The old master's connections may have been closed while this one
+	// The old master's connections may have been retired while this one
 	// was being dialled: it must not outlive them.
 	left := g.fence != nil && g.fence.left && g.fence.old == addr && time.Since(g.fence.since) < fenceLife &&
 		!(isDone(g.fence.done) && !g.fence.promoted)
 	if left || g.stopped && g.started {
 		g.mu.Unlock()
 		_ = c.Close()
-		return nil, errPromotion
+		if left {
+			return nil, errPromotion
+		}
+		return nil, redis.ErrClosed
 	}
 	t := &trackedConn{Conn: c, g: g}
 	g.conns[t] = addr
