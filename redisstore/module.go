@@ -211,7 +211,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	_ = client.Close() // only a check; the pooled client is made below once per configuration
+	closeClient(client) // only a check; the pooled client is made below once per configuration
 	r.poolKey = cfg.key()
 	v, loaded, err := pool.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		c, _, err := cfg.newClient()
@@ -425,7 +425,7 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
-		return redis.NewFailoverClient(opt), false, nil
+		return newGuardedFailoverClient(opt, c.Timeout), false, nil
 	case "redis", "rediss", "unix":
 		opt, err := redis.ParseURL(c.URL)
 		if err != nil {

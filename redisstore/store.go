@@ -34,6 +34,7 @@ type Store struct {
 	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
 	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
 	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
+	guard    *promotionGuard    // Sentinel: leaves the old master at the promotion (failover.go); nil otherwise
 	opts     storeOptions
 
 	batch   *batcher                   // pipelines concurrent script calls (batch.go)
@@ -79,6 +80,9 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
 		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
+	if s.guard = takeGuard(c); s.guard != nil {
+		s.guard.start(o.Logger)
+	}
 	s.batch = newBatcher(c, cluster, &s.scripts, o.Workers, timeout, o.Grace)
 	initStoreMetrics()
 	lv := []string{"redis", o.Target}
@@ -193,6 +197,9 @@ func (s *Store) Destruct() error {
 	s.leases.close()
 	if s.breaker != nil {
 		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
+	}
+	if s.guard != nil {
+		s.guard.close()
 	}
 	return s.client.Close()
 }

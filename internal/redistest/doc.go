@@ -66,10 +66,11 @@
 // Sentinel (one master, one replica, one sentinel, master name "mymaster"):
 //
 //	func StartSentinel(t testing.TB) *SentinelSet
+//	func StartSentinels(t testing.TB, n int) *SentinelSet // n sentinels, majority quorum; Failover asks the first
 //	func (s *SentinelSet) URL() string // redis://127.0.0.1:<sentinel port>?master_name=mymaster, for redis.ParseFailoverURL
 //	func (s *SentinelSet) FailoverClient() *redis.Client // closed by t.Cleanup
 //	func (s *SentinelSet) Failover(t testing.TB) // SENTINEL FAILOVER; afterwards Master and Replica are swapped
-//	s.MasterName, s.SentinelAddr, s.Master, s.Replica, s.Sentinel
+//	s.MasterName, s.SentinelAddr, s.Master, s.Replica, s.Sentinel, s.Sentinels
 //
 // StartSentinel and Failover make sure the replica has acknowledged every
 // write the master accepted (SET+DEL of "redistest:replication-barrier",

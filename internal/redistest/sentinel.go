@@ -21,8 +21,9 @@ const (
 	failoverTimeout = 20 * time.Second
 )
 
-// SentinelSet is a master, one replica of it, and one redis-sentinel
-// monitoring the master with quorum 1. Restarting a member reuses the config
+// SentinelSet is a master, one replica of it, and redis-sentinels
+// monitoring the master (one with quorum 1, or n with a majority quorum:
+// StartSentinels). Restarting a member reuses the config
 // it was started with (the first replica's says replicaof the first master);
 // the sentinel reconfigures a returning member that disagrees with it.
 type SentinelSet struct {
@@ -31,7 +32,9 @@ type SentinelSet struct {
 	// Master and Replica are the current master and replica: Failover swaps
 	// them.
 	Master, Replica *Server
-	Sentinel        *Server
+	// Sentinel is the first sentinel: Failover asks it; Sentinels are all.
+	Sentinel  *Server
+	Sentinels []*Server
 
 	closers closerSet
 }
@@ -43,28 +46,49 @@ type SentinelSet struct {
 // t's cleanup, the sentinel first.
 func StartSentinel(t testing.TB) *SentinelSet {
 	t.Helper()
+	return StartSentinels(t, 1)
+}
+
+// StartSentinels is StartSentinel with n sentinels, quorum n/2+1, and waits
+// until each knows the others (they find each other through the master).
+func StartSentinels(t testing.TB, n int) *SentinelSet {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("redistest: StartSentinels: %d sentinels", n)
+	}
 	master := Start(t)
 	replica := Start(t, fmt.Sprintf("replicaof 127.0.0.1 %d", master.Port))
 	waitInSync(t, replica, master)
 	waitReplicated(t, master, sentinelTimeout, replica)
-	sentinel := startNode(t, "redis-sentinel", func(*Server) []string {
-		// The sentinel rewrites this file (myid, known replicas, epochs);
-		// it lives in the sentinel's own temp dir, writable.
-		return []string{
-			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", MasterName, master.Port),
-			"sentinel down-after-milliseconds " + MasterName + " 1000",
-			"sentinel failover-timeout " + MasterName + " 3000",
-		}
-	})
-	s := &SentinelSet{
-		MasterName:   MasterName,
-		SentinelAddr: sentinel.Addr,
-		Master:       master,
-		Replica:      replica,
-		Sentinel:     sentinel,
+	s := &SentinelSet{MasterName: MasterName, Master: master, Replica: replica}
+	for range n {
+		s.Sentinels = append(s.Sentinels, startNode(t, "redis-sentinel", func(*Server) []string {
+			// The sentinel rewrites this file (myid, known replicas, epochs);
+			// it lives in the sentinel's own temp dir, writable.
+			return []string{
+				fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d", MasterName, master.Port, n/2+1),
+				"sentinel down-after-milliseconds " + MasterName + " 1000",
+				"sentinel failover-timeout " + MasterName + " 3000",
+			}
+		}))
 	}
+	s.Sentinel, s.SentinelAddr = s.Sentinels[0], s.Sentinels[0].Addr
 	t.Cleanup(s.closers.closeAll)
 	s.waitSentinelView(t, sentinelTimeout)
+	if n > 1 {
+		all := append([]*Server{master, replica}, s.Sentinels...)
+		waitUntil(t, sentinelTimeout, "the sentinels know each other", func() (bool, string) {
+			var seen []string
+			ok := true
+			for _, sn := range s.Sentinels {
+				v, err := sn.DoErr("SENTINEL", "SENTINELS", s.MasterName)
+				others, _ := v.([]any)
+				seen = append(seen, fmt.Sprintf("%s knows %d (%v)", sn.Addr, len(others), err))
+				ok = ok && err == nil && len(others) == n-1
+			}
+			return ok, strings.Join(seen, "; ")
+		}, all...)
+	}
 	return s
 }
 
