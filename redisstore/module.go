@@ -206,7 +206,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
 		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize, Pipelines: r.Pipelines,
 		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize, Grace: opts.Grace}
-	opts.Target, opts.Logger, opts.Workers = cfg.describe(), r.logger, cfg.workers()
+	opts.Target, opts.Node, opts.Logger, opts.Workers = cfg.describe(), cfg.node(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
 		return err
@@ -369,6 +369,22 @@ func (c connConfig) describe() string {
 		return "redis"
 	}
 	return u.Scheme + "://" + u.Host
+}
+
+// node labels a standalone or Sentinel store's one node in the breaker's
+// metrics: the server's host:port (a socket's path), or the Sentinel
+// master's name.
+func (c connConfig) node() string {
+	u, err := url.Parse(c.URL)
+	switch {
+	case err != nil:
+		return "redis"
+	case strings.HasSuffix(u.Scheme, "+sentinel"):
+		return u.Query().Get("master_name")
+	case u.Scheme == "unix":
+		return u.Path
+	}
+	return u.Host
 }
 
 // newClient builds the go-redis client. Every wait is bounded by the
