@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
@@ -146,6 +148,26 @@ func TestClusterShardFailure(t *testing.T) {
 			}
 			if fails != 0 || n == 0 || slowest >= time.Second {
 				t.Errorf("shard %d (healthy): %d of %d Takes failed (%v), slowest %v; want none failed, each well under the 2s stall", i, fails, n, l.errs, slowest)
+			}
+		}
+		// The breaker per node: the sick master's opened, the others' never;
+		// so say Nodes (the admin API) and the metrics.
+		byNode := map[string]NodeState{}
+		for _, ns := range s.Nodes() {
+			byNode[ns.Node] = ns
+		}
+		for i, n := range c.Nodes {
+			ns, ok := byNode[n.Addr]
+			opens := testutil.ToFloat64(storeMetrics.circuitOpens.WithLabelValues("redis", s.opts.Target, n.Addr))
+			fails := testutil.ToFloat64(storeMetrics.circuitFailures.WithLabelValues("redis", s.opts.Target, n.Addr))
+			t.Logf("node %s: %+v; metrics: %v opens, %v failures", n.Addr, ns, opens, fails)
+			switch {
+			case !ok:
+				t.Errorf("Nodes() has no %s: %+v", n.Addr, s.Nodes())
+			case i == sick && (ns.Outages < 1 || ns.Failures < 1 || opens != float64(ns.Outages) || fails != float64(ns.Failures)):
+				t.Errorf("sick node %s: %+v, metrics %v opens %v failures; want an outage and failures, the same in both", n.Addr, ns, opens, fails)
+			case i != sick && (ns.Outages != 0 || ns.Failures != 0 || ns.FastFailures != 0 || opens != 0 || fails != 0):
+				t.Errorf("healthy node %s: %+v, metrics %v opens %v failures; want none", n.Addr, ns, opens, fails)
 			}
 		}
 		c.WaitHealthy(t)

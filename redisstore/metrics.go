@@ -22,7 +22,7 @@ var storeMetrics = struct {
 	// circuitOpens and circuitFailures: per node, see node.go.
 	circuitOpens    *prometheus.CounterVec
 	circuitFailures *prometheus.CounterVec
-	denyHits     *prometheus.CounterVec
+	denyHits        *prometheus.CounterVec
 	// unknownDecisions, notSent and lateReplies: see batch.go (deadlines)
 	// and docs/redis.md (late replies).
 	unknownDecisions *prometheus.CounterVec
