@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -208,7 +209,12 @@ respond "ok"`, zone, strings.Join(c.Addrs(), " "))
 		c.Nodes[victim].Kill()
 		promoted := c.WaitPromoted(t, replica, 30*time.Second)
 		t.Logf("killed %s; %s promoted %v later", c.Nodes[victim].Addr, replica.Addr, promoted.Sub(t0).Round(time.Millisecond))
-		time.Sleep(3 * time.Second)
+		// SLUICE_FAILOVER_WAIT lengthens the wait, to measure a slow recovery.
+		wait := 3 * time.Second
+		if v, err := time.ParseDuration(os.Getenv("SLUICE_FAILOVER_WAIT")); err == nil {
+			wait = v
+		}
+		time.Sleep(wait)
 		stopLoad()
 		healthyOK(t, victim, t0, time.Now())
 		for _, l := range loads {
@@ -226,7 +232,7 @@ respond "ok"`, zone, strings.Join(c.Addrs(), " "))
 				}
 			}
 			if first.IsZero() {
-				t.Errorf("caddy %d: the killed master's user not served within 3s of the promotion (%d failures)", l.proc, fails)
+				t.Errorf("caddy %d: the killed master's user not served within %v of the promotion (%d failures)", l.proc, wait, fails)
 				continue
 			}
 			t.Logf("caddy %d: the killed master's user served again %v after the promotion (%d failures since the kill)",
