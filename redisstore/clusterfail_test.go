@@ -213,5 +213,14 @@ func TestClusterShardFailure(t *testing.T) {
 		if rec > 2*time.Second {
 			t.Errorf("recovery %v after the promotion; want within 2s", rec)
 		}
+		// The dead master's breaker is retired with it: nothing stays open.
+		ns := s.Nodes()
+		addrs := map[string]bool{}
+		for _, n := range ns {
+			addrs[n.Node] = true
+		}
+		if addrs[c.Nodes[victim].Addr] || !addrs[replica.Addr] || s.CircuitState() != "closed" {
+			t.Errorf("after the failover: nodes %+v, circuit %s; want the replica's, not the dead master's, all closed", ns, s.CircuitState())
+		}
 	})
 }

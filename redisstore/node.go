@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -151,20 +152,69 @@ func (s *Store) allNodes() []*node {
 }
 
 // nodeFailed is told of a call that failed on n (counted by the breaker,
-// or failed fast by its open breaker). In a Cluster it asks go-redis to
-// reload the slot map, at most once per reloadEvery: a dead master never
+// or failed fast by its open breaker). In a Cluster it reloads the slot
+// map (reloadSlots), at most once per reloadEvery: a dead master never
 // answers MOVED, so without it its slots would stay mapped to it until
-// the periodic reload (a minute), though a replica took them over.
+// go-redis's periodic reload (a minute), though a replica took them over.
 func (s *Store) nodeFailed(n *node) {
 	if s.cc == nil {
 		return
 	}
 	now := monoNow()
 	last := s.reloadAt.Load()
-	if now-last < int64(reloadEvery) || !s.reloadAt.CompareAndSwap(last, now) {
+	if now-last < int64(reloadEvery) || !s.reloadAt.CompareAndSwap(last, now) || !s.reloading.CompareAndSwap(false, true) {
 		return
 	}
-	s.cc.ReloadState(context.Background())
+	go s.reloadSlots()
+}
+
+// reloadTimeout bounds one reload of the slot map (go-redis asks the nodes
+// in turn until one answers).
+const reloadTimeout = 2 * time.Second
+
+// reloadSlots reloads go-redis's slot map (ForEachMaster reloads it
+// before it lists the masters) and retires the nodes that are no longer
+// masters: a dead master's breaker, open, would otherwise stay so.
+func (s *Store) reloadSlots() {
+	defer s.reloading.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), reloadTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	masters := map[string]bool{}
+	err := s.cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		masters[c.Options().Addr] = true
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	s.nodesMu.Lock()
+	ns := *s.nodes.Load()
+	keep := make([]*node, 0, len(ns))
+	var gone []*node
+	for _, n := range ns {
+		if masters[n.addr] {
+			keep = append(keep, n)
+		} else {
+			gone = append(gone, n)
+		}
+	}
+	if len(gone) > 0 {
+		s.nodes.Store(&keep)
+	}
+	s.nodesMu.Unlock()
+	for _, n := range gone {
+		if s.opts.Logger != nil {
+			s.opts.Logger.Info("redis cluster node no longer a master: its breaker is retired",
+				zap.String("target", s.opts.Target), zap.String("node", n.addr), zap.String("circuit", n.breaker.State()))
+		}
+		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target, n.addr)
+		// Calls already handed to its workers are sent still (go-redis
+		// routes them by the new map); then they stop.
+		time.AfterFunc(s.timeout+s.opts.Grace+time.Second, n.batch.close)
+	}
 }
 
 // NodeState is one node's circuit breaker as the admin API shows it.

@@ -31,18 +31,19 @@ type Store struct {
 	// one is the node of a standalone or Sentinel store, or a Cluster
 	// store's node of last resort; breaker and batch are its. A Cluster
 	// store's masters are nodes (node.go), found by key.
-	one      *node
-	cc       *redis.ClusterClient    // a Cluster's client; nil otherwise
-	nodes    atomic.Pointer[[]*node] // the Cluster masters seen
-	nodesMu  sync.Mutex              // makes nodes
-	reloadAt atomic.Int64            // monoNow() of the last slot map reload asked (nodeFailed)
-	breaker  *breaker                // one's; nil: disabled
-	deny     *denycache.Cache        // nil: disabled
-	denyHits prometheus.Counter
-	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
-	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
-	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
-	opts     storeOptions
+	one       *node
+	cc        *redis.ClusterClient    // a Cluster's client; nil otherwise
+	nodes     atomic.Pointer[[]*node] // the Cluster masters seen
+	nodesMu   sync.Mutex              // makes nodes
+	reloadAt  atomic.Int64            // monoNow() of the last slot map reload (nodeFailed)
+	reloading atomic.Bool             // a reload runs
+	breaker   *breaker                // one's; nil: disabled
+	deny      *denycache.Cache        // nil: disabled
+	denyHits  prometheus.Counter
+	unknown   prometheus.Counter // decisions sent whose reply never came (unknownError)
+	notSent   prometheus.Counter // decisions not sent within the timeout (errNotSent)
+	watch     *watcher           // the deny cache's poll of Redis (watch.go); nil without one
+	opts      storeOptions
 
 	batch   *batcher                   // one's: pipelines concurrent script calls (batch.go)
 	allowMu sync.Mutex                 // makes allow
