@@ -177,6 +177,21 @@ func TestClusterShardFailure(t *testing.T) {
 		const victim = 0
 		replica := c.Replicas[victim][0]
 		time.Sleep(time.Second) // the sick shard's breaker closed again
+		// The slot map reloads, as the surviving nodes count them.
+		reloads := func() (n int64) {
+			for i, m := range c.Nodes {
+				if i != victim {
+					n += m.CommandCount(t, "cluster|slots")
+				}
+			}
+			for _, rs := range c.Replicas {
+				for _, r := range rs {
+					n += r.CommandCount(t, "cluster|slots")
+				}
+			}
+			return n
+		}
+		reloads0 := reloads()
 		t0 := time.Now()
 		c.Nodes[victim].Kill()
 		promoted := c.WaitPromoted(t, replica, 30*time.Second)
@@ -191,6 +206,12 @@ func TestClusterShardFailure(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		close(stop)
 		wg.Wait()
+		// Failures ask for a reload at most every 250ms.
+		n, most := reloads()-reloads0, int64(time.Since(t0)/reloadEvery)+5
+		t.Logf("%d slot map reloads in the %v since the kill", n, time.Since(t0).Round(time.Millisecond))
+		if n < 1 || n > most {
+			t.Errorf("%d slot map reloads since the kill; want 1 to %d (at most one per %v)", n, most, reloadEvery)
+		}
 		for i, l := range loads {
 			fails, n, slowest, _ := l.since(t0, time.Time{})
 			t.Logf("shard %d since the kill: %d Takes, %d failed, slowest %v", i, n, fails, slowest)
