@@ -106,8 +106,9 @@ type Redis struct {
 	// Default: 2.
 	Pipelines int `json:"pipelines,omitempty"`
 
-	// Breaker is the circuit breaker in front of Redis: after consecutive
-	// failures it fails every decision at once (an error wrapping
+	// Breaker configures the circuit breaker in front of each node (the
+	// server, or each Cluster master): after consecutive failures of a
+	// node it fails every decision on that node at once (an error wrapping
 	// ErrCircuitOpen, the zones' fail policy) until a probe succeeds.
 	// Default: on, 5 failures, a 1s cool-down doubling up to 5s.
 	Breaker *Breaker `json:"breaker,omitempty"`
