@@ -286,7 +286,7 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 		c.setKeys(s, reqs)
 		fast, err = s.exec(s.nodeFor(ctx, c.key0()), c, reqs, out, false, ref)
 	} else {
-		dctx, cancel := context.WithDeadline(ctx, deadline)
+		dctx, cancel := context.WithDeadlineCause(ctx, deadline, errDecisionDeadline)
 		keys := make([]string, len(reqs))
 		for i := range reqs {
 			keys[i] = s.keyOf(&reqs[i])
@@ -326,6 +326,10 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 	return nil
 }
 
+// errDecisionDeadline ends the context of a decision across slots at its
+// timeout: a call ended by it failed, its caller did not go away.
+var errDecisionDeadline = errors.New("redis: decision timeout")
+
 // exec runs c (one script call, its keys in one slot) on node n, behind
 // n's breaker: fast reports that the breaker failed it at once (err is the
 // breaker's). It consumes c.
@@ -338,8 +342,9 @@ func (s *Store) exec(n *node, c *call, reqs []algorithms.Request, out []algorith
 	}
 	ctx := c.ctx
 	err = s.runCall(n.batch, c, reqs, out, refund, ref)
-	// The caller gone (its context done first) says nothing about Redis.
-	abandoned := err != nil && ctx.Err() != nil
+	// The caller gone (its context done first, not by the decision's own
+	// deadline) says nothing about Redis.
+	abandoned := err != nil && ctx.Err() != nil && context.Cause(ctx) != errDecisionDeadline
 	failed := err != nil && !abandoned && counts(err)
 	n.breaker.done(probe, failed, abandoned, err)
 	if failed {
