@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -242,6 +243,50 @@ func TestClusterShardFailure(t *testing.T) {
 		}
 		if addrs[c.Nodes[victim].Addr] || !addrs[replica.Addr] || s.CircuitState() != "closed" {
 			t.Errorf("after the failover: nodes %+v, circuit %s; want the replica's, not the dead master's, all closed", ns, s.CircuitState())
+		}
+	})
+
+	// The soak (SLUICE_CLUSTER_SOAK=<rounds>): the dead master comes back
+	// as a replica, the shard's master is killed again, and so on.
+	t.Run("soak", func(t *testing.T) {
+		rounds, _ := strconv.Atoi(os.Getenv("SLUICE_CLUSTER_SOAK"))
+		if rounds <= 0 {
+			t.Skip("SLUICE_CLUSTER_SOAK=<rounds> runs it")
+		}
+		const victim = 0
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		defer func() { close(stop); wg.Wait() }()
+		for i := range loads {
+			loads[i] = &shardLoad{}
+			loads[i].run(t, s, keys[i], 2, stop, &wg)
+		}
+		dead, master := c.Nodes[victim], c.Replicas[victim][0]
+		for round := range rounds {
+			dead.Restart(t)
+			c.WaitHealthy(t)
+			time.Sleep(2 * time.Second) // its replication link up
+			t0 := time.Now()
+			master.Kill()
+			promoted := c.WaitPromoted(t, dead, 30*time.Second)
+			var firstOK time.Time
+			for deadline := promoted.Add(failoverWait(t)); time.Now().Before(deadline) && firstOK.IsZero(); time.Sleep(20 * time.Millisecond) {
+				_, _, _, firstOK = loads[victim].since(t0, promoted)
+			}
+			if firstOK.IsZero() {
+				t.Fatalf("round %d: the killed shard's key not served after the promotion", round)
+			}
+			t.Logf("round %d: %s promoted %v after the kill; the shard's key served again %v after the promotion", round, dead.Addr,
+				promoted.Sub(t0).Round(time.Millisecond), firstOK.Sub(promoted).Round(time.Millisecond))
+			if firstOK.Sub(promoted) > 2*time.Second {
+				t.Errorf("round %d: recovery %v after the promotion; want within 2s", round, firstOK.Sub(promoted))
+			}
+			for i, l := range loads {
+				if fails, n, _, _ := l.since(t0, time.Time{}); i != victim && (fails != 0 || n == 0) {
+					t.Errorf("round %d: shard %d (healthy): %d of %d Takes failed (%v)", round, i, fails, n, l.errs)
+				}
+			}
+			dead, master = master, dead
 		}
 	})
 }
