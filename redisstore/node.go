@@ -80,11 +80,18 @@ func (s *Store) newNode(addr string) *node {
 	return n
 }
 
-// close stops the node's workers and drops its metrics' series.
+// close stops the node's workers and drops its state's series (its
+// counters carry on in a store of the same target made next).
 func (n *node) close(target string) {
 	n.batch.close()
-	if n.breaker != nil {
-		storeMetrics.circuitState.DeleteLabelValues("redis", target, n.addr)
+	storeMetrics.circuitState.DeleteLabelValues("redis", target, n.addr)
+}
+
+// dropNodeSeries drops a retired node's series of the breaker's metrics
+// (so that the node label keeps to the masters of the day).
+func dropNodeSeries(target, addr string) {
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.circuitOpens, storeMetrics.circuitFailures} {
+		v.DeleteLabelValues("redis", target, addr)
 	}
 }
 
@@ -210,7 +217,7 @@ func (s *Store) reloadSlots() {
 			s.opts.Logger.Info("redis cluster node no longer a master: its breaker is retired",
 				zap.String("target", s.opts.Target), zap.String("node", n.addr), zap.String("circuit", n.breaker.State()))
 		}
-		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target, n.addr)
+		dropNodeSeries(s.opts.Target, n.addr)
 		// Calls already handed to its workers are sent still (go-redis
 		// routes them by the new map); then they stop.
 		time.AfterFunc(s.timeout+s.opts.Grace+time.Second, n.batch.close)
