@@ -166,6 +166,7 @@ func (r *Redis) AdminInfo() map[string]any {
 	}
 	if r.store != nil {
 		info["circuit"] = r.store.CircuitState()
+		info["nodes"] = r.store.Nodes()
 		info["deny_cache_size"] = r.store.deny.Cap()
 	}
 	return info

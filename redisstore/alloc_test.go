@@ -89,3 +89,22 @@ func TestLocalAllowanceAlloc(t *testing.T) {
 		t.Errorf("%.1f allocations per decision from a lease, want 0", n)
 	}
 }
+
+// TestNodeForAlloc: finding a Cluster key's node (its breaker and workers)
+// allocates nothing.
+func TestNodeForAlloc(t *testing.T) {
+	if raceBuild {
+		t.Skip("under -race, sync.Pool drops some of what it is given: the counts are not the program's")
+	}
+	c := redistest.StartCluster(t, 3)
+	s := newClusterStore(t, c.Addrs(), testTimeout)
+	key := s.Key("z", freshKey(t))
+	ctx := context.Background()
+	take(t, s, algorithms.Request{Zone: "z", Key: freshKey(t), Limit: limit(t, 10, time.Hour, 0), Cost: 1})
+	if n := s.nodeFor(ctx, key); n == s.one {
+		t.Fatalf("key %s: the node of last resort, want its master's", key)
+	}
+	if n := testing.AllocsPerRun(200, func() { _ = s.nodeFor(ctx, key) }); n != 0 {
+		t.Errorf("nodeFor: %.1f allocations, want 0", n)
+	}
+}

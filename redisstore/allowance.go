@@ -759,13 +759,15 @@ func (a *allowances) sweepOnce1(now time.Time) {
 // refund returns o's units to Redis (the script's refund mode).
 func (a *allowances) refund(o owedRefund) error {
 	s := a.s
-	if b := s.breaker; b != nil && b.state.Load() != circuitClosed {
+	key := s.Key(o.k.zone, o.k.key)
+	if b := s.nodeFor(context.Background(), key).breaker; b != nil && b.state.Load() != circuitClosed {
 		return ErrCircuitOpen // the next sweep tries again (a probe is a decision's to make)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	req := []algorithms.Request{{Zone: o.k.zone, Key: o.k.key, Limit: o.k.limit, Cost: o.units}}
-	return s.run(ctx, []string{s.Key(o.k.zone, o.k.key)}, req, nil, true)
+	_, err := s.run(ctx, []string{key}, req, nil, true)
+	return err
 }
 
 // retriableRefund reports whether a refund that failed with err surely did

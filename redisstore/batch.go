@@ -194,6 +194,17 @@ func (c *call) keyStrings() []string {
 	return ks
 }
 
+// key0 returns c's first key (its slot is every key's), without copying it.
+func (c *call) key0() string {
+	switch k := c.argv[argvHead].(type) {
+	case string:
+		return k
+	case *string:
+		return *k
+	}
+	return ""
+}
+
 // args returns c's script arguments.
 func (c *call) args() []any { return c.argv[argvHead+c.nkeys:] }
 

@@ -173,3 +173,17 @@ func BenchmarkTakeHotKeyLocalAllowance(b *testing.B) {
 		b.Fatalf("%d of %d Takes failed or were refused", n, b.N)
 	}
 }
+
+// BenchmarkNodeFor: what finding a Cluster key's node (go-redis's slot map,
+// then the node's breaker and workers) adds to a decision.
+func BenchmarkNodeFor(b *testing.B) {
+	c := redistest.StartCluster(b, 3)
+	s := newClusterStore(b, c.Addrs(), testTimeout)
+	key := s.Key("z", freshKey(b))
+	ctx := context.Background()
+	_ = s.nodeFor(ctx, key)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = s.nodeFor(ctx, key)
+	}
+}

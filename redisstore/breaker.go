@@ -70,6 +70,7 @@ type breaker struct {
 	probing atomic.Bool  // a half-open probe is in flight
 	err     atomic.Pointer[circuitError]
 	fast    atomic.Int64 // calls failed fast
+	opens   atomic.Int64 // times opened from closed (outages)
 	fastCtr prometheus.Counter
 
 	mu       sync.Mutex
@@ -150,6 +151,7 @@ func (b *breaker) open(cause error, reopen bool) {
 	} else {
 		b.cooldown = b.base
 		b.openedAt = time.Now()
+		b.opens.Add(1)
 	}
 	b.err.Store(&circuitError{msg: "redis circuit breaker open (Redis not called for " + b.cooldown.String() + "): " + cause.Error()})
 	// until before state: a reader that sees open must see the new until.

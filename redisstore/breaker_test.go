@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/faultproxy"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
@@ -307,4 +310,41 @@ func TestBreakerRedisKilledAndRestarted(t *testing.T) {
 		t.Fatal("decisions did not resume within 5s of the restart")
 	}
 	t.Logf("Redis killed: slowest Take %v; decisions resumed %v after the restart", worst, took.Round(time.Millisecond))
+}
+
+// TestBreakerOneNodeStandalone: a standalone store is one node, labelled
+// with the server's address, in Nodes (the admin API), its metrics and
+// CircuitState, and its outage is counted there.
+func TestBreakerOneNodeStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	r := &Redis{URL: srv.URL(), Breaker: &Breaker{Failures: 2, Cooldown: caddy.Duration(time.Minute)}}
+	if err := r.Provision(caddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Cleanup() })
+	s := r.Store()
+	req := algorithms.Request{Zone: "one", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}
+	if _, err := oneTake(s, req); err != nil {
+		t.Fatalf("healthy: %v", err)
+	}
+	if ns := s.Nodes(); len(ns) != 1 || ns[0] != (NodeState{Node: srv.Addr, Circuit: "closed"}) {
+		t.Fatalf("Nodes() = %+v, want one closed node %s", ns, srv.Addr)
+	}
+	srv.Stop()
+	for range 3 {
+		_, _ = oneTake(s, req)
+	}
+	ns := s.Nodes()
+	lv := []string{"redis", s.opts.Target, srv.Addr}
+	state := testutil.ToFloat64(storeMetrics.circuitState.WithLabelValues(lv...))
+	opens := testutil.ToFloat64(storeMetrics.circuitOpens.WithLabelValues(lv...))
+	fails := testutil.ToFloat64(storeMetrics.circuitFailures.WithLabelValues(lv...))
+	fast := testutil.ToFloat64(storeMetrics.fastFailures.WithLabelValues(lv...))
+	want := NodeState{Node: srv.Addr, Circuit: "open", Outages: 1, Failures: 2, FastFailures: 1}
+	if len(ns) != 1 || ns[0] != want || state != 2 || opens != 1 || fails != 2 || fast != 1 {
+		t.Fatalf("after 2 failures and a fast one: Nodes() = %+v, want [%+v]; metrics state %v, opens %v, failures %v, fast %v", ns, want, state, opens, fails, fast)
+	}
+	if info := r.AdminInfo(); info["circuit"] != "open" || len(info["nodes"].([]NodeState)) != 1 {
+		t.Fatalf("AdminInfo: circuit %v, nodes %v", info["circuit"], info["nodes"])
+	}
 }

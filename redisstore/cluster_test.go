@@ -297,6 +297,12 @@ func TestCluster(t *testing.T) {
 		if err == nil || el > 2*timeout+failMargin {
 			t.Fatalf("Take with b's node frozen: error %v after %v; want an error within the timeout (+ the refund's)", err, el)
 		}
+		// The timeout is b's node's failure, counted by its breaker alone.
+		for _, ns := range fast.Nodes() {
+			if want := int64(0); ns.Node == c.Nodes[1].Addr && ns.Failures != 1 || ns.Node != c.Nodes[1].Addr && ns.Failures != want {
+				t.Errorf("node %s: %d failures counted; want 1 for the frozen node, 0 for the others", ns.Node, ns.Failures)
+			}
+		}
 		after := parseState(t, getRaw(t, cc, keyA))
 		e := time.Since(tA).Milliseconds() + 2
 		if after.debt > before.debt || before.debt-after.debt > e*10 {

@@ -12,12 +12,17 @@ import (
 // are (see the root package's metrics.go). Labels: store is the store
 // module's name ("redis", as in caddy_rate_limit_store_duration_seconds),
 // target the server or Cluster seeds (scheme and host, never a
-// credential), so two Redis stores in one process stay apart.
+// credential), so two Redis stores in one process stay apart; the
+// breaker's have node too (node.go: a Cluster master's address, the
+// server's for one server; bounded, nodes are few).
 var storeMetrics = struct {
 	once         sync.Once
 	circuitState *prometheus.GaugeVec
 	fastFailures *prometheus.CounterVec
-	denyHits     *prometheus.CounterVec
+	// circuitOpens and circuitFailures: per node, see node.go.
+	circuitOpens    *prometheus.CounterVec
+	circuitFailures *prometheus.CounterVec
+	denyHits        *prometheus.CounterVec
 	// unknownDecisions, notSent and lateReplies: see batch.go (deadlines)
 	// and docs/redis.md (late replies).
 	unknownDecisions *prometheus.CounterVec
@@ -37,12 +42,20 @@ func initStoreMetrics() {
 	storeMetrics.once.Do(func() {
 		storeMetrics.circuitState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "circuit_state",
-			Help: "State of the store's circuit breaker: 0 closed, 1 half-open (one probe in flight), 2 open (Redis not called).",
-		}, []string{"store", "target"})
+			Help: "State of the circuit breaker of each store node (a Cluster master, or the one server): 0 closed, 1 half-open (one probe in flight), 2 open (the node not called).",
+		}, []string{"store", "target", "node"})
 		storeMetrics.fastFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "circuit_fast_failures_total",
-			Help: "Store calls failed at once by the open circuit breaker (each zone's fail policy applied, no timeout paid).",
-		}, []string{"store", "target"})
+			Help: "Store calls failed at once by a node's open circuit breaker (each zone's fail policy applied, no timeout paid).",
+		}, []string{"store", "target", "node"})
+		storeMetrics.circuitOpens = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "circuit_opens_total",
+			Help: "Outages: times a node's circuit breaker opened after a run of failures.",
+		}, []string{"store", "target", "node"})
+		storeMetrics.circuitFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "circuit_failures_total",
+			Help: "Store calls to a node that failed in a way its circuit breaker counts (timeout, connection, READONLY, OOM, LOADING, CLUSTERDOWN, TRYAGAIN, BUSY …).",
+		}, []string{"store", "target", "node"})
 		storeMetrics.denyHits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
 			Help: "Requests refused by this instance's deny cache without calling the store (store calls saved).",
@@ -86,7 +99,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
+	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.circuitOpens, storeMetrics.circuitFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
 		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err

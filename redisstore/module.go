@@ -106,8 +106,9 @@ type Redis struct {
 	// Default: 2.
 	Pipelines int `json:"pipelines,omitempty"`
 
-	// Breaker is the circuit breaker in front of Redis: after consecutive
-	// failures it fails every decision at once (an error wrapping
+	// Breaker configures the circuit breaker in front of each node (the
+	// server, or each Cluster master): after consecutive failures of a
+	// node it fails every decision on that node at once (an error wrapping
 	// ErrCircuitOpen, the zones' fail policy) until a probe succeeds.
 	// Default: on, 5 failures, a 1s cool-down doubling up to 5s.
 	Breaker *Breaker `json:"breaker,omitempty"`
@@ -206,7 +207,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
 		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize, Pipelines: r.Pipelines,
 		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize, Grace: opts.Grace}
-	opts.Target, opts.Logger, opts.Workers = cfg.describe(), r.logger, cfg.workers()
+	opts.Target, opts.Node, opts.Logger, opts.Workers = cfg.describe(), cfg.node(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
 		return err
@@ -383,6 +384,22 @@ func (c connConfig) describe() string {
 		return "redis"
 	}
 	return u.Scheme + "://" + u.Host
+}
+
+// node labels a standalone or Sentinel store's one node in the breaker's
+// metrics: the server's host:port (a socket's path), or the Sentinel
+// master's name.
+func (c connConfig) node() string {
+	u, err := url.Parse(c.URL)
+	switch {
+	case err != nil:
+		return "redis"
+	case strings.HasSuffix(u.Scheme, "+sentinel"):
+		return u.Query().Get("master_name")
+	case u.Scheme == "unix":
+		return u.Path
+	}
+	return u.Host
 }
 
 // newClient builds the go-redis client. Every wait is bounded by the

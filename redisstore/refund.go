@@ -36,10 +36,6 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 	if len(refunds) == 0 {
 		return nil
 	}
-	if s.breaker != nil && s.breaker.state.Load() != circuitClosed {
-		s.refundsLost.Add(float64(len(refunds)))
-		return nil
-	}
 	if !s.cluster || refundsInOneSlot(refunds) {
 		s.postRefunds(refunds)
 		return nil
@@ -68,11 +64,12 @@ func rateRefunds(refunds []algorithms.Refund) []algorithms.Refund {
 }
 
 // postRefunds hands one script call giving back refunds (all in one slot)
-// to the pipeline workers.
+// to the pipeline workers of their node, unless its breaker is open.
 func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	c := s.refundCall(refunds)
 	c.onDone = s.refundDone
-	if !s.batch.post(c) {
+	n := s.nodeFor(c.ctx, c.key0())
+	if b := n.breaker; b != nil && b.state.Load() != circuitClosed || !n.batch.post(c) {
 		s.refundsLost.Add(float64(len(refunds)))
 		putCall(c)
 	}

@@ -28,16 +28,25 @@ type Store struct {
 	prefix  string
 	timeout time.Duration
 
-	breaker  *breaker         // nil: disabled
-	deny     *denycache.Cache // nil: disabled
-	denyHits prometheus.Counter
-	unknown  prometheus.Counter // decisions sent whose reply never came (unknownError)
-	notSent  prometheus.Counter // decisions not sent within the timeout (errNotSent)
-	watch    *watcher           // the deny cache's poll of Redis (watch.go); nil without one
-	guard    *promotionGuard    // Sentinel: leaves the old master at the promotion (failover.go); nil otherwise
-	opts     storeOptions
+	// one is the node of a standalone or Sentinel store, or a Cluster
+	// store's node of last resort; breaker and batch are its. A Cluster
+	// store's masters are nodes (node.go), found by key.
+	one       *node
+	cc        *redis.ClusterClient    // a Cluster's client; nil otherwise
+	nodes     atomic.Pointer[[]*node] // the Cluster masters seen
+	nodesMu   sync.Mutex              // makes nodes
+	reloadAt  atomic.Int64            // monoNow() of the last slot map reload (nodeFailed)
+	reloading atomic.Bool             // a reload runs
+	breaker   *breaker                // one's; nil: disabled
+	deny      *denycache.Cache        // nil: disabled
+	denyHits  prometheus.Counter
+	unknown   prometheus.Counter // decisions sent whose reply never came (unknownError)
+	notSent   prometheus.Counter // decisions not sent within the timeout (errNotSent)
+	watch     *watcher           // the deny cache's poll of Redis (watch.go); nil without one
+	guard     *promotionGuard    // Sentinel: leaves the old master at the promotion (failover.go); nil otherwise
+	opts      storeOptions
 
-	batch   *batcher                   // pipelines concurrent script calls (batch.go)
+	batch   *batcher                   // one's: pipelines concurrent script calls (batch.go)
 	allowMu sync.Mutex                 // makes allow
 	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
 	argc    argCache
@@ -59,6 +68,7 @@ type storeOptions struct {
 	MaxCooldown time.Duration // cool-down cap
 	DenySize    int           // deny cache entries; ≤ 0 disables it
 	Target      string        // for the metrics' target label (no credential)
+	Node        string        // for the node label of a standalone or Sentinel store's breaker
 	Logger      *zap.Logger   // state changes; nil: none
 	Workers     int           // pipeline workers; 0: defaultWorkers
 	Grace       time.Duration // how long past its deadline a sent call waits for its reply (batch.go)
@@ -77,50 +87,26 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 
 // newStoreWith wraps a client with the given breaker and deny cache.
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
-	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o,
-		breaker: newBreaker(o.Failures, o.Cooldown, o.MaxCooldown), deny: denycache.New(o.DenySize)}
+	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o, deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
 	if s.guard = takeGuard(c); s.guard != nil {
 		s.guard.start(o.Logger)
 	}
-	s.batch = newBatcher(c, cluster, &s.scripts, o.Workers, timeout, o.Grace)
 	initStoreMetrics()
+	s.nodes.Store(new([]*node))
+	label := o.Node
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		s.cc, label = cc, unmappedNode
+	}
+	s.one = s.newNode(label)
+	s.breaker, s.batch = s.one.breaker, s.one.batch
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
 	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
 	s.refundDone = s.refundCallDone
-	s.batch.late = storeMetrics.lateReplies.WithLabelValues(lv...)
 	s.leases = newLeaseKeeper(s, o.Target)
-	if b := s.breaker; b != nil {
-		b.fastCtr = storeMetrics.fastFailures.WithLabelValues(lv...)
-		gauge := storeMetrics.circuitState.WithLabelValues(lv...)
-		gauge.Set(float64(circuitClosed))
-		logger := o.Logger
-		if logger == nil {
-			logger = zap.NewNop()
-		}
-		b.onChange = func(from, to int32, cause error, cooldown, outage time.Duration, fast int64) {
-			gauge.Set(float64(to))
-			switch {
-			case to == circuitOpen && from == circuitClosed:
-				logger.Error("redis circuit breaker opened: Redis is not called during the cool-down; each zone's fail policy applies at once",
-					zap.String("target", o.Target), zap.Duration("cooldown", cooldown), zap.Error(cause))
-			case to == circuitClosed:
-				logger.Info("redis circuit breaker closed: decisions by Redis resumed",
-					zap.String("target", o.Target), zap.Duration("outage", outage), zap.Int64("fast_failures_total", fast))
-			default: // half-open and reopened: once per cool-down, not an event to page on
-				if ce := logger.Check(zap.DebugLevel, "redis circuit breaker "+stateNames[to]); ce != nil {
-					fields := []zap.Field{zap.String("target", o.Target), zap.Duration("cooldown", cooldown)}
-					if cause != nil {
-						fields = append(fields, zap.Error(cause))
-					}
-					ce.Write(fields...)
-				}
-			}
-		}
-	}
 	if s.deny != nil {
 		s.watch = startWatch(s)
 	}
@@ -193,11 +179,11 @@ func (s *Store) Destruct() error {
 	if a := s.allow.Load(); a != nil {
 		a.close() // returns the leases' units, through the workers
 	}
-	s.batch.close()
-	s.leases.close()
-	if s.breaker != nil {
-		storeMetrics.circuitState.DeleteLabelValues("redis", s.opts.Target)
+	for _, n := range *s.nodes.Load() {
+		n.close(s.opts.Target)
 	}
+	s.one.close(s.opts.Target)
+	s.leases.close()
 	if s.guard != nil {
 		s.guard.close()
 	}
@@ -211,8 +197,20 @@ func (s *Store) allowForget() {
 }
 
 // CircuitState is the breaker's state: "closed", "half-open", "open", or
-// "disabled" (for tests and the admin API).
-func (s *Store) CircuitState() string { return s.breaker.State() }
+// "disabled" (for tests and the admin API); in a Cluster, the least
+// healthy of its nodes' (Nodes tells each).
+func (s *Store) CircuitState() string {
+	worst := int32(-1)
+	for _, n := range s.allNodes() {
+		if n.breaker != nil {
+			worst = max(worst, n.breaker.state.Load())
+		}
+	}
+	if worst < 0 {
+		return "disabled"
+	}
+	return stateNames[worst]
+}
 
 // DenyCache is the store's deny cache (nil when disabled).
 func (s *Store) DenyCache() *denycache.Cache { return s.deny }
@@ -274,10 +272,6 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 	if s.deny.Active() && s.denied(reqs, out) {
 		return nil
 	}
-	probe, err := s.breaker.allow()
-	if err != nil {
-		return err
-	}
 	now := time.Now() // one reading: the decision's deadline, the deny cache's start
 	var start int64
 	var tok denycache.Token
@@ -290,20 +284,25 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 		}
 	}
 	deadline := now.Add(s.timeout)
+	var err error
+	var fast bool
 	if !s.cluster || tokensInOneSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		c := getCall(ctx, deadline)
 		c.fresh = true
 		c.setKeys(s, reqs)
-		err = s.runCall(c, reqs, out, false, ref)
+		fast, err = s.exec(s.nodeFor(ctx, c.key0()), c, reqs, out, false, ref)
 	} else {
-		dctx, cancel := context.WithDeadline(ctx, deadline)
+		dctx, cancel := context.WithDeadlineCause(ctx, deadline, errDecisionDeadline)
 		keys := make([]string, len(reqs))
 		for i := range reqs {
 			keys[i] = s.keyOf(&reqs[i])
 		}
-		err = s.takeAcrossSlots(dctx, keys, reqs, out)
+		fast, err = s.takeAcrossSlots(dctx, keys, reqs, out)
 		cancel()
+	}
+	if fast {
+		return err // an open breaker's: as it is, nothing to account
 	}
 	if err != nil {
 		// The caller gone (its context done first) says nothing about Redis.
@@ -316,7 +315,6 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 		case errors.As(err, new(*unknownError)):
 			s.unknown.Inc()
 		}
-		s.breaker.done(probe, failed, abandoned, err)
 		if failed {
 			// State may be lost (a restart breaks the pooled connections):
 			// forget every denial.
@@ -328,12 +326,40 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 		s.leases.undecided(reqs, err, abandoned)
 		return &storeError{err}
 	}
-	s.breaker.done(probe, false, false, nil)
 	s.leases.admitted(reqs, out)
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
 	return nil
+}
+
+// errDecisionDeadline ends the context of a decision across slots at its
+// timeout: a call ended by it failed, its caller did not go away.
+var errDecisionDeadline = errors.New("redis: decision timeout")
+
+// exec runs c (one script call, its keys in one slot) on node n, behind
+// n's breaker: fast reports that the breaker failed it at once (err is the
+// breaker's). It consumes c.
+func (s *Store) exec(n *node, c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) (fast bool, err error) {
+	probe, err := n.breaker.allow()
+	if err != nil {
+		putCall(c)
+		s.nodeFailed(n)
+		return true, err
+	}
+	ctx := c.ctx
+	err = s.runCall(n.batch, c, reqs, out, refund, ref)
+	// The caller gone (its context done first, not by the decision's own
+	// deadline) says nothing about Redis.
+	abandoned := err != nil && ctx.Err() != nil && context.Cause(ctx) != errDecisionDeadline
+	failed := err != nil && !abandoned && counts(err)
+	n.breaker.done(probe, failed, abandoned, err)
+	if failed {
+		n.failures.Add(1)
+		n.failuresCtr.Inc()
+		s.nodeFailed(n)
+	}
+	return false, err
 }
 
 // denied answers reqs from the deny cache when it can: exactly as Redis
@@ -392,24 +418,29 @@ func tokensInOneSlot(reqs []algorithms.Request) bool {
 	return true
 }
 
-// run evaluates the script once for keys/reqs (all in one slot).
-func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) error {
+// run evaluates the script once for keys/reqs (all in one slot) on their
+// node: a decision behind the node's breaker (exec), a refund past it.
+func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) (fast bool, err error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(s.timeout)
 	}
 	c := getCall(ctx, deadline)
 	c.setKeyStrings(keys)
-	return s.runCall(c, reqs, out, refund, nil)
+	n := s.nodeFor(ctx, keys[0])
+	if refund {
+		return false, s.runCall(n.batch, c, reqs, out, refund, nil)
+	}
+	return s.exec(n, c, reqs, out, refund, nil)
 }
 
 // runCall evaluates the script once for c's keys (all in one slot) and
-// reqs, through the pipeline workers, and decodes the reply into out
+// reqs, through the pipeline workers b, and decodes the reply into out
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
-func (s *Store) runCall(c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
+func (s *Store) runCall(b *batcher, c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	c.argv = s.argc.appendArgs(c.argv, reqs, refund)
-	if owned, err := s.batch.do(c); err != nil {
+	if owned, err := b.do(c); err != nil {
 		if owned {
 			putCall(c)
 		}
@@ -568,8 +599,10 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 // one script per slot, in order; when a later slot refuses, the slots already
 // charged are refunded. Between a charge and its refund (one round trip) a
 // concurrent request may see those zones charged: the only window in which a
-// multi-zone decision is not atomic.
-func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) error {
+// multi-zone decision is not atomic. A slot whose node's breaker is open
+// fails the request at once (fast), the slots charged refunded: the zones'
+// fail policies apply.
+func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, err error) {
 	// out may hold a previous request's decisions (callers reuse it), and
 	// zones in slots never reached must not report them.
 	clear(out[:len(reqs)])
@@ -588,9 +621,9 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 		idx := groups[sl]
 		gk, gr := subset(keys, reqs, idx)
 		gout := make([]algorithms.Decision, len(idx))
-		if err := s.run(ctx, gk, gr, gout, false); err != nil {
+		if fast, err := s.run(ctx, gk, gr, gout, false); err != nil {
 			s.refund(keys, reqs, charged)
-			return err
+			return fast, err
 		}
 		ok := true
 		for j, i := range idx {
@@ -631,7 +664,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 			}
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // refund gives back what the groups in charged were charged. It runs on its
@@ -645,7 +678,7 @@ func (s *Store) refund(keys []string, reqs []algorithms.Request, charged [][]int
 	defer cancel()
 	for _, idx := range charged {
 		gk, gr := subset(keys, reqs, idx)
-		_ = s.run(ctx, gk, gr, nil, true)
+		_, _ = s.run(ctx, gk, gr, nil, true)
 	}
 }
 

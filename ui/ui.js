@@ -58,6 +58,13 @@
     const td = el("td", {}, st.module || "?");
     if (st.circuit) td.append(" ", el("span", { class: "badge " + st.circuit, title: "circuit breaker" }, "breaker " + st.circuit));
     if (st.target) td.append(el("div", { class: "token" }, st.target));
+    // A Cluster's breaker is per master: one line each.
+    if (st.nodes && st.nodes.length > 1) {
+      for (const n of st.nodes) {
+        td.append(el("div", { class: "node", "data-node": n.node }, el("span", { class: "token" }, n.node), " ",
+          el("span", { class: "badge " + n.circuit, title: "circuit breaker: " + n.outages + " outages, " + n.failures + " failures, " + n.fast_failures + " failed fast" }, n.circuit)));
+      }
+    }
     return td;
   }
 

@@ -489,6 +489,12 @@ func FreePort(t testing.TB) int {
 // log tails of the servers given.
 func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bool, string), servers ...*Server) {
 	t.Helper()
+	waitEvery(t, timeout, 50*time.Millisecond, what, cond, servers...)
+}
+
+// waitEvery is waitUntil polling every period.
+func waitEvery(t testing.TB, timeout, period time.Duration, what string, cond func() (bool, string), servers ...*Server) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		done, state := cond()
@@ -503,6 +509,6 @@ func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bo
 			t.Fatalf("redistest: %s: not within %v; last state: %s\n%s", what, timeout, state, strings.Join(logs, "\n"))
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(period)
 	}
 }
