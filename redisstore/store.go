@@ -133,18 +133,22 @@ func (s *Store) warm(ctx context.Context) error {
 
 // warmPipelines fills c's pipeline pool (PipelinePoolSize connections),
 // which dials only on use and never keeps idle connections of its own
-// accord: measured on two busy cores, a first burst's round trip that had
-// to dial took 19ms at the median and up to 82ms, against 5ms on an open
-// connection, and the second worker's first batch always dialed
-// (docs/redis.md, late replies). The pipelines run at once, each holding a
-// connection while it waits for its reply; it checks the pool's count and
-// tries again (at most 3 times) when they did not overlap.
+// accord, so that a first burst does not pay a dial within its timeout
+// (docs/redis.md, late replies). It runs that many pipelines at once; each
+// holds its connection for a moment with WAIT (more replicas than any
+// master has, so it blocks for its whole timeout) so that the pipelines
+// overlap and each dials its own. When they did not (a loaded machine), it
+// tries again, holding longer, up to half the read timeout.
 func warmPipelines(ctx context.Context, c *redis.Client) error {
 	n := max(c.Options().PipelinePoolSize, 1)
 	errs := make([]error, n)
-	for range 3 {
+	hold := 10 * time.Millisecond
+	for range 5 {
 		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) >= n {
 			return nil
+		}
+		if rt := c.Options().ReadTimeout; rt > 0 {
+			hold = min(hold, rt/2)
 		}
 		var wg sync.WaitGroup
 		start := make(chan struct{})
@@ -153,10 +157,13 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, errs[i] = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					p.Ping(ctx)
+				var ping *redis.StatusCmd
+				_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					ping = p.Ping(ctx)
+					p.Do(ctx, "WAIT", 1<<30, hold.Milliseconds()) // an error (a replica, an ACL) only shortens the hold
 					return nil
 				})
+				errs[i] = ping.Err()
 			}()
 		}
 		close(start)
@@ -164,6 +171,7 @@ func warmPipelines(ctx context.Context, c *redis.Client) error {
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
+		hold *= 2
 	}
 	return nil
 }
