@@ -134,46 +134,82 @@ func (s *Store) warm(ctx context.Context) error {
 // warmPipelines fills c's pipeline pool (PipelinePoolSize connections),
 // which dials only on use and never keeps idle connections of its own
 // accord, so that a first burst does not pay a dial within its timeout
-// (docs/redis.md, late replies). It runs that many pipelines at once; each
-// holds its connection for a moment with WAIT (more replicas than any
-// master has, so it blocks for its whole timeout) so that the pipelines
-// overlap and each dials its own. When they did not (a loaded machine), it
-// tries again, holding longer, up to half the read timeout.
+// (docs/redis.md, late replies). It runs that many pipelines at once, and
+// a dial hook holds each new connection until the others have dialed too
+// (or warmHold passes), so that no pipeline can finish and hand its
+// connection to the next before that one dials its own.
 func warmPipelines(ctx context.Context, c *redis.Client) error {
 	n := max(c.Options().PipelinePoolSize, 1)
+	h := &warmHook{}
+	c.AddHook(h)
+	defer h.b.Store(nil)
 	errs := make([]error, n)
-	hold := 10 * time.Millisecond
-	for range 5 {
-		if st := c.PoolStats().PipelineStats; st == nil || int(st.TotalConns) >= n {
+	for range 3 {
+		st := c.PoolStats().PipelineStats
+		if st == nil || int(st.TotalConns) >= n {
 			return nil
 		}
-		if rt := c.Options().ReadTimeout; rt > 0 {
-			hold = min(hold, rt/2)
-		}
+		h.b.Store(newWarmBarrier(n - int(st.TotalConns)))
 		var wg sync.WaitGroup
-		start := make(chan struct{})
 		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				<-start
-				var ping *redis.StatusCmd
-				_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					ping = p.Ping(ctx)
-					p.Do(ctx, "WAIT", 1<<30, hold.Milliseconds()) // an error (a replica, an ACL) only shortens the hold
+				_, errs[i] = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					p.Ping(ctx)
 					return nil
 				})
-				errs[i] = ping.Err()
 			}()
 		}
-		close(start)
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
-		hold *= 2
 	}
 	return nil
+}
+
+// warmHold bounds how long a warm-up dial waits for the others.
+const warmHold = 250 * time.Millisecond
+
+// warmHook holds each dial of a warm-up at its barrier; outside a warm-up
+// (b nil) it only passes the dial on.
+type warmHook struct{ b atomic.Pointer[warmBarrier] }
+
+// warmBarrier opens when n dials have arrived.
+type warmBarrier struct {
+	n       int32
+	arrived atomic.Int32
+	all     chan struct{}
+}
+
+func newWarmBarrier(n int) *warmBarrier {
+	return &warmBarrier{n: int32(n), all: make(chan struct{})}
+}
+
+func (h *warmHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if b := h.b.Load(); b != nil && err == nil {
+			if b.arrived.Add(1) == b.n {
+				close(b.all)
+			}
+			t := time.NewTimer(warmHold)
+			select {
+			case <-b.all:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		return conn, err
+	}
+}
+
+func (h *warmHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *warmHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // Destruct closes the client: the last user of a pooled store does it.
