@@ -37,10 +37,7 @@ func TestLiveUIClusterNodesInBrowser(t *testing.T) {
 	respond "ok"
 }
 :@B@ {
-	reverse_proxy localhost:@ADMIN@ {
-		header_up Host localhost:@ADMIN@
-		header_up Origin http://localhost:@ADMIN@
-	}
+	rate_limit_ui /sluice/*
 }`, "Z", z, "ADDRS", strings.Join(cl.Addrs(), " "))
 	load(t, tc, cf)
 	c := loopbackClient(1)
@@ -59,7 +56,7 @@ func TestLiveUIClusterNodesInBrowser(t *testing.T) {
 	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
 	defer cancelW()
 	if err := chromedp.Do(wctx,
-		chromedp.Navigate(siteB+"/rate_limit/ui"),
+		chromedp.Navigate(siteB+"/sluice/"),
 		chromedp.WaitVisible(`#zones tr[data-zone="`+z+`"] div.node`),
 	); err != nil {
 		frozen.Thaw(t)
