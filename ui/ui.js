@@ -57,7 +57,7 @@
   function storeCell(st) {
     const td = el("td", {}, st.module || "?");
     if (st.circuit) td.append(" ", el("span", { class: "badge " + st.circuit, title: "circuit breaker" }, "breaker " + st.circuit));
-    if (st.target) td.append(el("div", { class: "token" }, st.target));
+    if (st.target) td.append(el("div", { class: "token" }, st.target.replaceAll(",", ", "))); // a Cluster's seeds wrap
     // A Cluster's breaker is per master: one line each.
     if (st.nodes && st.nodes.length > 1) {
       for (const n of st.nodes) {
