@@ -105,6 +105,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	v, out, err := h.decide(r)
 	if err != nil {
+		if errors.Is(err, errChargesAbandoned) {
+			markRefusal(w) // never forwarded: earlier count zones give back
+		}
 		return err
 	}
 	if v.after != nil {
@@ -131,6 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if v.wait != nil {
 			if err := h.await(r, v.wait); err != nil {
+				markRefusal(w) // never forwarded: earlier count zones give back
 				return err
 			}
 		} else if h.delaying {
