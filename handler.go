@@ -103,6 +103,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.enabled {
 		return next.ServeHTTP(w, r)
 	}
+	if h.hold != nil {
+		h.hold.Hold()
+		defer h.hold.Unhold()
+	}
 	v, out, err := h.decide(r)
 	if err != nil {
 		if errors.Is(err, errChargesAbandoned) {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
 // Charges in flight: right-password logins of one account, more at once
@@ -241,4 +243,50 @@ http://localhost:@A@ {
 			expectZoneUntouched(t, a, user, 3)
 		})
 	}
+}
+
+// A reload that changes the Redis store's settings (a new client) while
+// count charges are in flight and requests wait for them: the old client
+// stays until they have settled, so the charges of the right-password
+// logins come back and the waiters get their answer from Redis (on main
+// the old client was closed at once: the refunds were lost, leaving the
+// key spent, and the waiters failed over).
+func TestCountInFlightAcrossRedisStoreChange(t *testing.T) {
+	srv := redistest.Start(t)
+	app := newLoginApp(t, time.Second)
+	tc := newTester(t)
+	zone := zoneName("inflight_store")
+	site := func(timeout string) string {
+		return config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			events 5
+			window 1h
+			count 401
+			fail closed
+		}
+		store redis @URL@ {
+			timeout @TIMEOUT@
+		}
+		settle_wait 5s
+	}
+	reverse_proxy @APP@
+}`, "ZONE", zone, "URL", srv.URL(), "TIMEOUT", timeout, "APP", app.Listener.Addr().String())
+	}
+	load(t, tc, site("2s"))
+	c := loopbackClient(16)
+	user := "store-" + nonce
+	done := make(chan []burstOut, 1)
+	go func() {
+		out, _ := burstDo(t, c, http.MethodPost, siteA+"/login", 8, 8, "X-User: "+user, "X-Password: right")
+		done <- out
+	}()
+	time.Sleep(300 * time.Millisecond) // five in flight, three waiting
+	load(t, tc, site("3s"))
+	if ok, refused := countBurst(t, <-done, "8 right-password logins across the reload"); ok != 8 || refused != 0 {
+		t.Fatalf("8 right-password logins across a reload that changed the store: %d × 200, %d × 429; want 8 × 200", ok, refused)
+	}
+	expectZoneUntouched(t, zone, user, 5)
 }
