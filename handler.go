@@ -109,9 +109,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	v, out, err := h.decide(r)
 	if err != nil {
-		if errors.Is(err, errChargesAbandoned) {
-			markRefusal(w) // never forwarded: earlier count zones give back
-		}
+		// This handler's own answer (an ambiguous key's 400, a waiter
+		// whose client left): never forwarded, counted by no zone.
+		markRefusal(w)
 		return err
 	}
 	if v.after != nil {

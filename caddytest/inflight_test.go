@@ -290,3 +290,37 @@ http://localhost:@A@ {
 	}
 	expectZoneUntouched(t, zone, user, 5)
 }
+
+// A later directive's 400 for an ambiguous key (the request carries its
+// key's header twice with different values) is that directive's own
+// refusal: an earlier zone counting 4xx does not count it.
+func TestCountIgnoresLaterAmbiguousKey(t *testing.T) {
+	a, b := zoneName("ambig_a"), zoneName("ambig_b")
+	load(t, newTester(t), config("", `
+http://localhost:@A@ {
+	route {
+		rate_limit {
+			zone @ZA@ {
+				key {http.request.header.X-User}
+				events 3
+				window 10m
+				count 4xx
+			}
+		}
+		rate_limit {
+			zone @ZB@ {
+				key {http.request.header.X-Key}
+				events 100
+				window 10m
+			}
+		}
+		respond "ok"
+	}
+}`, "ZA", a, "ZB", b))
+	c := loopbackClient(2)
+	user := "ambig-" + nonce
+	for i := range 4 {
+		expect(t, sendFields(t, c, http.MethodGet, siteA+"/", "X-User", user, "X-Key", "one", "X-Key", "two"), 400, "an ambiguous key #"+strconv.Itoa(i+1))
+	}
+	expectZoneUntouched(t, a, user, 3)
+}
