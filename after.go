@@ -40,7 +40,8 @@ import (
 //   - unknown (counted by every zone: the charge stays) if the client left
 //     before it was known, or when it is the 499 Caddy writes for a
 //     client gone; counted by no zone when a later rate_limit handler
-//     refuses the request (markRefusal).
+//     refuses the request, or its client leaves while that handler holds
+//     it (markRefusal).
 //
 // Then, once the next handlers have returned (on every exit: an error, a
 // panic, the client gone, a stream's end), ServeHTTP's deferred done

@@ -131,7 +131,19 @@ func (h *Handler) provisionOutcomes() error {
 			h.counting = true
 		}
 	}
+	if hs, ok := h.store.(storeHolder); ok && (h.counting || h.delaying) {
+		h.hold = hs
+	}
 	return nil
+}
+
+// storeHolder is a store that a reload replacing it keeps open while
+// requests hold it (the Redis store: its old client stays until the old
+// configuration's charges in flight have settled and its waiters are
+// done, so their refunds and store calls are not lost).
+type storeHolder interface {
+	Hold()
+	Unhold()
 }
 
 // settlement is what an allowed request owes its count zones: the charges

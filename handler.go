@@ -103,8 +103,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.enabled {
 		return next.ServeHTTP(w, r)
 	}
+	if h.hold != nil {
+		h.hold.Hold()
+		defer h.hold.Unhold()
+	}
 	v, out, err := h.decide(r)
 	if err != nil {
+		// This handler's own answer (an ambiguous key's 400, a waiter
+		// whose client left): never forwarded, counted by no zone.
+		markRefusal(w)
 		return err
 	}
 	if v.after != nil {
@@ -131,6 +138,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if v.wait != nil {
 			if err := h.await(r, v.wait); err != nil {
+				markRefusal(w) // never forwarded: earlier count zones give back
 				return err
 			}
 		} else if h.delaying {

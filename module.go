@@ -120,7 +120,11 @@ type Handler struct {
 	// (inflight.go); 0: none.
 	settleWait time.Duration
 	settled    *settleSignal
-	releases   []func() // the local allowances' registrations (provisionAllowances)
+	// hold: the store, when it is one a reload keeps open while requests
+	// use it (storeHolder) and this directive's requests may call it after
+	// their decision (count, delay); nil otherwise.
+	hold     storeHolder
+	releases []func() // the local allowances' registrations (provisionAllowances)
 }
 
 // CaddyModule returns the Caddy module information.

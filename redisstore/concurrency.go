@@ -244,6 +244,10 @@ func (r *Redis) Release(ctx context.Context, reqs []algorithms.Request) error {
 	return r.store.Release(ctx, reqs)
 }
 
+// inUse reports whether requests still hold slots of s or use it
+// otherwise (Hold, refunds not yet sent).
+func (s *Store) inUse() bool { return s.holds.Load() > 0 || s.Leases() > 0 }
+
 // Leases returns the leases this instance's running requests hold (for
 // tests).
 func (s *Store) Leases() int {

@@ -299,7 +299,8 @@ func (r *Redis) validate() error {
 func (r *Redis) Validate() error { return r.validate() }
 
 // Cleanup releases this configuration's hold on the shared client. When it
-// is the last hold and requests still hold slots of the store (a reload
+// is the last hold and requests still hold slots of the store, or use it
+// otherwise (Store.Hold: charges in flight, their refunds) (a reload
 // that changed the store's settings lets the old configuration's requests
 // finish), the store is kept, renewing and then releasing their leases,
 // until they have ended.
@@ -309,9 +310,9 @@ func (r *Redis) Cleanup() error {
 	}
 	key := r.poolKey
 	r.poolKey = ""
-	if n, _ := pool.References(key); n == 1 && r.store.Leases() > 0 {
+	if n, _ := pool.References(key); n == 1 && r.store.inUse() {
 		go func(s *Store) {
-			for s.Leases() > 0 {
+			for s.inUse() {
 				time.Sleep(leaseTick)
 			}
 			_, _ = pool.Delete(key)

@@ -53,6 +53,10 @@ type Store struct {
 	scripts scripts // FCALL or EVALSHA (function.go)
 
 	// refundsLost counts the refunds that did not reach Redis (refund.go);
+	// holds counts the requests that may still call the store (Hold) and
+	// the refund calls not yet done: a reload that changes the store's
+	// settings keeps it open until there are none (Redis.Cleanup).
+	holds atomic.Int64
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
