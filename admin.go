@@ -456,13 +456,10 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 		return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.z.name, err)
 	}
 	out := adminPeek{Zone: az.z.name, Keys: make([]adminKeyState, len(keys))}
-	best := -1
 	for i := range keys {
 		out.Keys[i] = adminKeyState{Candidate: cands[i], Token: toks[i].String(), Found: found[i], adminState: stateOf(decs[i])}
-		if found[i] && (best < 0 || moreConstrained(decs[i], decs[best])) {
-			best = i
-		}
 	}
+	best := mostConstrained(decs, found)
 	out.Found = best >= 0
 	if best < 0 {
 		best = 0
@@ -474,15 +471,21 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 	return writeJSON(w, out)
 }
 
-// moreConstrained orders decisions by least remaining, then longest wait.
-func moreConstrained(a, b algorithms.Decision) bool {
-	switch {
-	case a.Remaining != b.Remaining:
-		return a.Remaining < b.Remaining
-	case a.RetryAfter != b.RetryAfter:
-		return a.RetryAfter > b.RetryAfter
+// mostConstrained returns the index of the most constrained of the peeked
+// decisions that found state (rank.go; a decision not Allowed is a
+// refusal), -1 if none did.
+func mostConstrained(decs []algorithms.Decision, found []bool) int {
+	best := -1
+	for i := range decs {
+		if found[i] && (best < 0 || peekStanding(&decs[i]).tighter(peekStanding(&decs[best]))) {
+			best = i
+		}
 	}
-	return a.ResetAfter > b.ResetAfter
+	return best
+}
+
+func peekStanding(d *algorithms.Decision) standing {
+	return standing{refused: !d.Allowed, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
 }
 
 // resetKey answers DELETE .../keys/<key> and .../tokens/<token>: every

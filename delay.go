@@ -226,10 +226,10 @@ var timerPool = sync.Pool{New: func() any {
 func markDelay(r *http.Request, d time.Duration) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	ms := d.Milliseconds()
-	if prior, ok := repl.Get(phPrefix + "delay"); ok {
+	if prior, ok := repl.Get(phDelay); ok {
 		if p, ok := prior.(int64); ok {
 			ms += p
 		}
 	}
-	repl.Set(phPrefix+"delay", ms)
+	repl.Set(phDelay, ms)
 }

@@ -18,6 +18,8 @@ package sluice
 //     whole config, and together names every JSON field.
 //   - TestDocsMetricsTable: every collector the code registers is in
 //     docs/operating.md's metrics table, with its type and labels.
+//   - TestDocsPlaceholders: docs/reference.md's placeholders table lists
+//     exactly the placeholders the code names (placeholders.go).
 //   - TestDocsLinks, TestDocsReadme: relative links and anchors resolve;
 //     the README keeps its two commands and its length.
 //
@@ -879,5 +881,37 @@ func TestDocsNoRedisAddrs(t *testing.T) {
 		if got := noRedisAddrs(in); got != want {
 			t.Errorf("noRedisAddrs(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestDocsPlaceholders: the placeholders table of docs/reference.md lists
+// the refusal's placeholders (placeholders.go's table, which builds them)
+// and the delay's, and nothing else.
+func TestDocsPlaceholders(t *testing.T) {
+	raw, err := os.ReadFile("docs/reference.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(raw), "**Placeholders**, set on a refusal")
+	if !ok {
+		t.Fatal("docs/reference.md: no **Placeholders** table")
+	}
+	var documented []string
+	for _, l := range strings.Split(table, "\n")[1:] {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "|") {
+			break // the table's end
+		}
+		if name, ok := strings.CutPrefix(l, "| `{"); ok {
+			documented = append(documented, name[:strings.Index(name, "}")])
+		}
+	}
+	want := []string{phDelay}
+	for _, p := range placeholders {
+		want = append(want, p.name)
+	}
+	slices.Sort(documented)
+	slices.Sort(want)
+	if !slices.Equal(documented, want) {
+		t.Errorf("docs/reference.md documents the placeholders\n%v\nthe code names\n%v", documented, want)
 	}
 }

@@ -284,22 +284,15 @@ func (h *Handler) pick(s *scratch) (verdict, outcome, error) {
 	if h.concurrent {
 		concurrencyHints(s)
 	}
-	best, refused := -1, false
+	best, top := -1, standing{}
 	for i := range s.decs {
 		d := &s.decs[i]
-		enforced := !d.Allowed && !s.reqs[i].ReportOnly
-		switch {
-		case enforced:
-			if !refused || d.RetryAfter > s.decs[best].RetryAfter {
-				best = i
-			}
-			refused = true
-		case refused:
-		case best < 0 || d.Remaining < s.decs[best].Remaining ||
-			d.Remaining == s.decs[best].Remaining && d.ResetAfter > s.decs[best].ResetAfter:
-			best = i
+		st := standing{refused: !d.Allowed && !s.reqs[i].ReportOnly, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
+		if best < 0 || st.tighter(top) {
+			best, top = i, st
 		}
 	}
+	refused := top.refused
 	countDecisions(s, refused)
 	if !refused {
 		h.reportWouldRefuse(s)

@@ -116,23 +116,21 @@ func (h *Handler) addLimitHeaders(s *headerSet, hdr http.Header, v *verdict, ref
 // priorLegacyWins reports whether the response already carries the
 // X-RateLimit-* headers of a zone at least as constrained as this
 // directive's verdict (refused or not, with Retry-After retry, remaining
-// and reset Unix seconds): another rate_limit decided the request before
-// this one. A refusal beats an allowed zone and the longer Retry-After the
-// shorter; between allowed zones the least remaining wins, ties going to
-// the later reset, as pick ranks the zones of one directive. Without
-// parsable headers (the first directive), it reports false.
+// and reset Unix seconds), ranked as pick ranks the zones of one directive
+// (rank.go): another rate_limit decided the request before this one.
+// Without parsable headers (the first directive), it reports false.
 func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
 	rem, ok := headerInt(h, hdrRemaining)
 	if !ok {
 		return false
 	}
-	if priorRetry, priorRefused := headerInt(h, hdrRetryAfter); priorRefused {
-		return !refused || priorRetry >= retry
-	} else if refused {
+	priorRetry, priorRefused := headerInt(h, hdrRetryAfter)
+	rst, ok := headerInt(h, hdrReset)
+	if !ok && !priorRefused {
 		return false
 	}
-	rst, ok := headerInt(h, hdrReset)
-	return ok && (rem < remaining || rem == remaining && rst >= reset)
+	prior := standing{refused: priorRefused, retry: priorRetry, remaining: rem, reset: rst}
+	return !standing{refused: refused, retry: retry, remaining: remaining, reset: reset}.tighter(prior)
 }
 
 // headerInt parses the header's value, a decimal integer as this package

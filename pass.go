@@ -3,7 +3,6 @@ package sluice
 import (
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -101,23 +100,21 @@ func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
 func (h *Handler) markPass(r *http.Request, p *passInfo, now time.Time) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if p == nil {
-		if _, marked := repl.Get(phPrefix + "exceeded"); !marked {
-			repl.Set(phPrefix+"exceeded", false)
-			repl.Set(phPrefix+"zone", "")
-			repl.Set(phPrefix+"exceeded.name", "")
+		if _, marked := repl.Get(phExceeded); !marked {
+			repl.Set(phExceeded, false)
+			repl.Set(phZone, "")
+			repl.Set(phExceededName, "")
 		}
 		return
 	}
-	vars := passVars{zone: p.zone.name, retry: h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
+	vars := refusalVars{zone: p.zone.name, retry: h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
 		remaining: p.Remaining, reset: resetUnix(now, p.ResetAfter)}
-	for _, name := range passPlaceholders {
-		v, _ := vars.get(phPrefix + name)
-		repl.Set(phPrefix+name, v)
+	for _, ph := range placeholders {
+		if ph.pass {
+			repl.Set(ph.name, ph.value(vars))
+		}
 	}
 }
-
-// passPlaceholders are the placeholders of a forwarded would-be refusal.
-var passPlaceholders = []string{"exceeded", "zone", "exceeded.name", "retry_after", "limit", "remaining", "reset"}
 
 // passDirectives counts the provisioned directives with an on_exceed pass
 // zone: while there is none, a refusal need not look for their marks.
@@ -131,34 +128,6 @@ func markedByPass(repl *caddy.Replacer) bool {
 	if passDirectives.Load() == 0 {
 		return false
 	}
-	_, ok := repl.Get(phPrefix + "exceeded")
+	_, ok := repl.Get(phExceeded)
 	return ok
-}
-
-// passVars are the placeholders of a forwarded would-be refusal.
-type passVars struct {
-	zone                           string
-	retry, limit, remaining, reset int64
-}
-
-func (p passVars) get(key string) (any, bool) {
-	name, ok := strings.CutPrefix(key, phPrefix)
-	if !ok {
-		return nil, false
-	}
-	switch name {
-	case "exceeded":
-		return true, true
-	case "zone", "exceeded.name":
-		return p.zone, true
-	case "retry_after":
-		return p.retry, true
-	case "limit":
-		return p.limit, true
-	case "remaining":
-		return p.remaining, true
-	case "reset":
-		return p.reset, true
-	}
-	return nil, false
 }

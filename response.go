@@ -178,10 +178,8 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	}
 	retry := h.retryAfterSeconds(v.RetryAfter)
 	reset := resetUnix(now, v.ResetAfter)
-	publishPlaceholders(r, repl, refusalVars{
-		passVars: passVars{zone: v.zone.name, retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset},
-		msg:      msg, status: status,
-	})
+	publishPlaceholders(r, repl, refusalVars{zone: v.zone.name, retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset,
+		msg: msg, status: status})
 	// Building the event costs allocations; skip it when nothing listens.
 	if !unavailable && h.events.ShouldEmit(eventExceeded) {
 		h.events.Emit(h.ctx, eventExceeded, map[string]any{
@@ -323,31 +321,6 @@ func appendProblem(b []byte, status int, unavailable bool, msg string, retry int
 	return append(b, "]}"...)
 }
 
-// phPrefix begins the name of every placeholder a refusal sets.
-const phPrefix = "http.rate_limit."
-
-// refusalVars are the values of a refusal's {http.rate_limit.*}
-// placeholders: a forwarded would-be refusal's (passVars, pass.go), and
-// the status and the error message.
-type refusalVars struct {
-	passVars
-	msg    string
-	status int
-}
-
-// get is the placeholder provider: the value of key, with the same types
-// Replacer.Set was given before there was a provider (strings, int64s and
-// the status as an int), so every placeholder renders as it did.
-func (p refusalVars) get(key string) (any, bool) {
-	switch key {
-	case phPrefix + "status":
-		return p.status, true
-	case phPrefix + "error":
-		return p.msg, true
-	}
-	return p.passVars.get(key)
-}
-
 // publishPlaceholders makes the refusal's placeholders readable by everything
 // that runs after it in the request: the response block's templates, the
 // handle_errors routes, handlers that wrap this one (log_append, a deferred
@@ -365,15 +338,9 @@ func (p refusalVars) get(key string) (any, bool) {
 // refusal is what the error route reads.
 func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
 	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute || markedByPass(repl) {
-		repl.Set(phPrefix+"zone", p.zone)
-		repl.Set(phPrefix+"exceeded.name", p.zone)
-		repl.Set(phPrefix+"retry_after", p.retry)
-		repl.Set(phPrefix+"limit", p.limit)
-		repl.Set(phPrefix+"remaining", p.remaining)
-		repl.Set(phPrefix+"reset", p.reset)
-		repl.Set(phPrefix+"status", p.status)
-		repl.Set(phPrefix+"error", p.msg)
-		repl.Set(phPrefix+"exceeded", true)
+		for _, ph := range placeholders {
+			repl.Set(ph.name, ph.value(p))
+		}
 		return
 	}
 	repl.Map(func(key string) (any, bool) { return p.get(key) })

@@ -207,6 +207,28 @@ func (r *respReader) integer() (int64, error) {
 	return n, nil
 }
 
+// appendRESP appends v, a reply as go-redis parses it, as RESP: decodeRaw
+// then reads a typed command's reply as it reads a raw one. A type the
+// script never returns is written as one decodeRaw refuses.
+func appendRESP(b []byte, v any) []byte {
+	switch v := v.(type) {
+	case nil:
+		return append(b, "_\r\n"...)
+	case int64:
+		return append(strconv.AppendInt(append(b, ':'), v, 10), "\r\n"...)
+	case string:
+		b = append(strconv.AppendInt(append(b, '$'), int64(len(v)), 10), "\r\n"...)
+		return append(append(b, v...), "\r\n"...)
+	case []any:
+		b = append(strconv.AppendInt(append(b, '*'), int64(len(v)), 10), "\r\n"...)
+		for _, e := range v {
+			b = appendRESP(b, e)
+		}
+		return b
+	}
+	return append(b, "?\r\n"...)
+}
+
 // typeError is the error of a reply element of an unexpected type.
 type typeError struct{ t byte }
 

@@ -109,15 +109,32 @@ func luaLibrary() (name, code string) {
 //	8  for a refund, the instant of the charge (Unix ms; "0": unknown);
 //	   "0" for a take or a renewal
 //
-// This is the one place that writes them (appendArgs, appendRefunds,
+// The layout's numbers are defined here; lua/take.lua names each of them
+// (TestLuaLayoutMatchesGo checks its names against these). This is the one
+// place that writes them (appendArgs, appendRefunds,
 // appendRenewal). A zone's limit rarely changes, so its four numbers and
 // its options are formatted once and kept, already boxed, in a small
 // direct-mapped cache: a request then formats nothing (its cost, a lease
 // id and a refund's instant travel as integers, which go-redis writes
 // itself; the mode is a constant).
 
-// argsPerZone is the number of script arguments per zone.
-const argsPerZone = 8
+// The positions of a zone's arguments past its base (1-based, as Lua
+// indexes ARGV), and argsPerZone, their number.
+const (
+	argAlgorithm = iota + 1
+	argEvents
+	argWindow
+	argCapacity
+	argCost
+	argMode
+	argOptions
+	argInstant
+	argsPerZone = iota
+)
+
+// replyPerZone is the count of numbers per zone that open the script's
+// reply: allowed, remaining, retry-after and reset-after (zoneDecision).
+const replyPerZone = 4
 
 // argSlots is the size of the argument cache: more than the distinct limits
 // of any sane configuration. Dynamic limits resolved per request that

@@ -501,7 +501,7 @@ func (s *Store) runCall(b *batcher, c *call, reqs []algorithms.Request, out []al
 			err = decodeRaw(c.reply.b, reqs, out, refund, ref)
 		}
 	} else {
-		err = decodeReply(c.cmd.(*redis.Cmd), reqs, out, refund, ref)
+		err = decodeReply(c.cmd.(*redis.Cmd), &c.reply, reqs, out, refund, ref)
 	}
 	if err != nil && unanswered(c.cmd.Err()) {
 		// Sent (the worker had it), and no reply came: Redis may have
@@ -529,12 +529,11 @@ func unanswered(err error) bool {
 	return true
 }
 
-// decodeReply reads the script's reply: per zone, allowed (1/0),
-// remaining, retry-after and reset-after in ms; after them, on a refusal,
-// Redis's time and each zone's stored value, kept in ref when it is not
-// nil; or, on an admission with a refundable zone, Redis's time alone.
-// Redis's time, when the reply has it, is every decision's At.
-func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
+// decodeReply reads the reply of a typed command (a call sent again:
+// function.go) with decodeRaw, the one reader of the script's reply, after
+// writing it back as RESP into buf, the call's reply buffer; only these
+// calls, rare, pay for it.
+func decodeReply(cmd *redis.Cmd, buf *replyBuf, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	v, err := cmd.Result()
 	if err != nil {
 		if errors.Is(err, redis.Nil) {
@@ -545,37 +544,15 @@ func decodeReply(cmd *redis.Cmd, reqs []algorithms.Request, out []algorithms.Dec
 	if refund {
 		return nil
 	}
-	res, ok := v.([]any)
-	if n := 4 * len(reqs); !ok || len(res) != n && len(res) != n+1 && len(res) != n+1+len(reqs) {
-		return fmt.Errorf("redis: the script returned %T of %d values for %d zones", v, len(res), len(reqs))
-	}
-	var n [4]int64
-	for i := range reqs {
-		for j := range n {
-			if n[j], ok = res[4*i+j].(int64); !ok {
-				return fmt.Errorf("redis: the script returned %T, want integers", res[4*i+j])
-			}
-		}
-		out[i] = zoneDecision(&reqs[i], n)
-	}
-	if n := 4 * len(reqs); len(res) > n {
-		if now, ok := res[n].(int64); ok {
-			for i := range reqs {
-				out[i].At = now
-			}
-			if ref != nil && len(res) == n+1+len(reqs) {
-				ref.now, ref.raws = now, res[n+1:]
-			}
-		}
-	}
-	return nil
+	buf.b = appendRESP(buf.b[:0], v)
+	return decodeRaw(buf.b, reqs, out, refund, ref)
 }
 
 // zoneDecision is one zone's decision from its four numbers in the
 // script's reply: allowed (1/0; 2: refused, resting on charges in flight),
 // remaining, retry-after and reset-after
 // in ms. An admission's retry-after is its wait (lua/take.lua: delay).
-func zoneDecision(r *algorithms.Request, n [4]int64) algorithms.Decision {
+func zoneDecision(r *algorithms.Request, n [replyPerZone]int64) algorithms.Decision {
 	d := algorithms.Decision{
 		Allowed:    n[0] == 1,
 		InFlight:   n[0] == 2, // refused, resting on charges in flight
@@ -591,9 +568,12 @@ func zoneDecision(r *algorithms.Request, n [4]int64) algorithms.Decision {
 	return d
 }
 
-// decodeRaw reads the script's reply from its raw RESP bytes (resp.go),
-// as decodeReply reads it from go-redis's values, without allocating (a
-// refusal's stored values excepted).
+// decodeRaw reads the script's reply from its raw RESP bytes (resp.go)
+// without allocating (a refusal's stored values excepted): per zone,
+// allowed (1/0), remaining, retry-after and reset-after in ms; after them,
+// on a refusal, Redis's time and each zone's stored value, kept in ref when
+// it is not nil; or, on an admission with a refundable zone, Redis's time
+// alone. Redis's time, when the reply has it, is every decision's At.
 func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
 	r := respReader{b: b}
 	n, err := r.arrayLen()
@@ -608,10 +588,10 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 	case refund:
 		return nil
 	}
-	if z := 4 * len(reqs); n != z && n != z+1 && n != z+1+len(reqs) {
+	if z := replyPerZone * len(reqs); n != z && n != z+1 && n != z+1+len(reqs) {
 		return fmt.Errorf("redis: the script returned %d values for %d zones", n, len(reqs))
 	}
-	var v [4]int64
+	var v [replyPerZone]int64
 	for i := range reqs {
 		for j := range v {
 			if v[j], err = r.integer(); err != nil {
@@ -620,13 +600,13 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 		}
 		out[i] = zoneDecision(&reqs[i], v)
 	}
-	z := 4 * len(reqs)
+	z := replyPerZone * len(reqs)
 	if n == z {
 		return nil
 	}
 	now, err := r.integer()
 	if err != nil {
-		return nil // as decodeReply: no instant, no states for the deny cache
+		return nil // no instant, no states for the deny cache
 	}
 	for i := range reqs {
 		out[i].At = now

@@ -4,8 +4,8 @@
 -- take(KEYS, ARGV, base); the Redis Function library defines all of it
 -- once, when it loads, and its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[base + 8(i-1) + 1..8]
--- (the layout is written by script.go's argCache, argsPerZone) are:
+-- KEYS[i] is zone i's state key. For zone i, ARGV[base + ARGS(i-1) + 1..ARGS]
+-- (the layout is written by script.go's argCache) are:
 -- algorithm id, events, window (ms), capacity, cost, mode, the zone's
 -- options (common.lua, opts: '0' for none; a penalty, a delay) and, for a
 -- refund, the instant of the charge to give back (Unix ms; 0: unknown;
@@ -62,6 +62,21 @@
 -- return values, not tables: a table per call costs Redis more CPU than
 -- the arithmetic of a decision.
 
+-- The layout's numbers, defined by script.go and checked against it
+-- (TestLuaLayoutMatchesGo): a zone's ARGS arguments (A_*, their positions
+-- past the zone's base), the modes, the concurrency algorithm's id as sent,
+-- and REPLY numbers per zone in the reply.
+local ARGS = 8
+local A_ALG, A_EVENTS, A_WINDOW, A_CAPACITY = 1, 2, 3, 4
+local A_COST, A_MODE, A_OPTS, A_AT = 5, 6, 7, 8
+local MODE_TAKE, MODE_REFUND, MODE_REPORT_ONLY = '0', '1', '2'
+local MODE_REFUNDABLE, MODE_REPORT_ONLY_REFUNDABLE = '3', '4'
+local MODE_RENEW = '5'
+local MODE_INFLIGHT, MODE_REPORT_ONLY_INFLIGHT = '6', '7'
+local MODE_REFUND_INFLIGHT, MODE_SETTLE_INFLIGHT = '8', '9'
+local ALG_CONCURRENCY = '5'
+local REPLY = 4
+
 local steps = {[0] = token_bucket, [1] = gcra, [2] = sliding_window,
   [3] = fixed_window, [4] = sliding_log, [5] = concurrency}
 local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
@@ -110,18 +125,18 @@ local function take(keys, argv, base)
   local lastraw, lastfull -- the last zone's values, as raws and fulls
   local conc = false -- a concurrency zone takes a slot
   for i = 1, n do
-    local b = base + 8 * (i - 1)
-    local a = argv[b + 1]
+    local b = base + ARGS * (i - 1)
+    local a = argv[b + A_ALG]
     local alg = nums[a] or num(a)
     local step = steps[alg]
     if not step then
       return redis.error_reply('sluice: unknown algorithm id ' .. tostring(a))
     end
-    local s2, s3, s4, s5 = argv[b + 2], argv[b + 3], argv[b + 4], argv[b + 5]
+    local s2, s3, s4, s5 = argv[b + A_EVENTS], argv[b + A_WINDOW], argv[b + A_CAPACITY], argv[b + A_COST]
     local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
     local capacity, cost = nums[s4] or num(s4), s5
     local full, raw, pen = nil, nil, 0
-    if alg == 5 then
+    if a == ALG_CONCURRENCY then
       -- a concurrency zone: its key as its value, its lease id as its cost
       conc, raw = true, keys[i]
     else
@@ -133,17 +148,17 @@ local function take(keys, argv, base)
         raw, pen = unpen(full)
       end
     end
-    local mode = argv[b + 6]
-    local o, ot = argv[b + 7], nil
+    local mode = argv[b + A_MODE]
+    local o, ot = argv[b + A_OPTS], nil
     if o and o ~= '0' then ot = opts(o) end
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
-    if mode == '5' then
-      if alg == 5 then concurrency_renew(raw, events, w, capacity, cost) end
+    if mode == MODE_RENEW then
+      if a == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
       if i < n then resets[i] = false end
-    elseif mode == '1' or mode == '8' or mode == '9' then
-      local at = tonum(argv[b + 8]) or 0
-      if mode ~= '1' and alg ~= 5 then settle(keys[i], cost) end
-      if mode == '9' then
+    elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
+      local at = tonum(argv[b + A_AT]) or 0
+      if mode ~= MODE_REFUND and a ~= ALG_CONCURRENCY then settle(keys[i], cost) end
+      if mode == MODE_SETTLE_INFLIGHT then
         reset = false -- kept: nothing to give back
       else
         reset, val = refunds[alg](raw, events, w, capacity, cost, at, ot)
@@ -159,11 +174,12 @@ local function take(keys, argv, base)
       reset = 0
       if i < n then resets[i] = false end
     else
-      if mode == '3' or mode == '4' or mode == '6' or mode == '7' then wantnow = true end
+      local inflight = mode == MODE_INFLIGHT or mode == MODE_REPORT_ONLY_INFLIGHT
+      if inflight or mode == MODE_REFUNDABLE or mode == MODE_REPORT_ONLY_REFUNDABLE then wantnow = true end
       local p = 0
       if ot then p = ot.p end
       local pending = 0
-      if mode == '6' or mode == '7' then pending = tonum(call('GET', keys[i] .. ':f')) or 0 end
+      if inflight then pending = tonum(call('GET', keys[i] .. ':f')) or 0 end
       if p > 0 and pen ~= 0 and now < pen + p then
         -- in its penalty: refused, nothing written
         local e = pen + p
@@ -190,7 +206,7 @@ local function take(keys, argv, base)
         end
       end
       -- a report-only zone never vetoes
-      if allowed ~= 1 and mode ~= '2' and mode ~= '4' and mode ~= '7' then all = false end
+      if allowed ~= 1 and mode ~= MODE_REPORT_ONLY and mode ~= MODE_REPORT_ONLY_REFUNDABLE and mode ~= MODE_REPORT_ONLY_INFLIGHT then all = false end
       if i < n then
         vals[i], resets[i], raws[i], fulls[i], ots[i] = val, reset, raw, full, ot
       else
@@ -205,7 +221,7 @@ local function take(keys, argv, base)
         end
       end
     end
-    local o = 4 * i - 4
+    local o = REPLY * (i - 1)
     out[o + 1] = allowed
     out[o + 2] = rem
     out[o + 3] = retry
@@ -213,15 +229,15 @@ local function take(keys, argv, base)
   end
   -- every zone has decided: write the zones that allowed, if all did
   for i = 1, n - 1 do
-    local o = 4 * i - 4
+    local o = REPLY * (i - 1)
     if resets[i] and out[o + 1] == 1 then
       if all then
         store(keys[i], vals[i], resets[i])
       else
         -- vetoed, as above
-        local b = base + 8 * (i - 1)
+        local b = base + ARGS * (i - 1)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
-          steps[num(argv[b + 1])](raws[i], num(argv[b + 2]), num(argv[b + 3]), num(argv[b + 4]), 0, ots[i])
+          steps[num(argv[b + A_ALG])](raws[i], num(argv[b + A_EVENTS]), num(argv[b + A_WINDOW]), num(argv[b + A_CAPACITY]), 0, ots[i])
       end
     end
   end
@@ -229,10 +245,11 @@ local function take(keys, argv, base)
   -- the charges taken in flight, if every zone allowed
   if all then
     for i = 1, n do
-      local mode = argv[base + 8 * i - 2]
-      if (mode == '6' or mode == '7') and out[4 * i - 3] == 1 then
+      local b = base + ARGS * (i - 1)
+      local mode = argv[b + A_MODE]
+      if (mode == MODE_INFLIGHT or mode == MODE_REPORT_ONLY_INFLIGHT) and out[REPLY * (i - 1) + 1] == 1 then
         local fk = keys[i] .. ':f'
-        call('INCRBY', fk, argv[base + 8 * i - 3])
+        call('INCRBY', fk, argv[b + A_COST])
         call('PEXPIRE', fk, inflightTTL)
       end
     end
@@ -241,20 +258,20 @@ local function take(keys, argv, base)
   -- refund's or a renewal's, whose zones report allowed)
   if all and conc then
     for i = 1, n do
-      local b = base + 8 * (i - 1)
-      local mode = argv[b + 6]
-      if argv[b + 1] == '5' and out[4 * i - 3] == 1 and mode ~= '1' and mode ~= '5' then
-        concurrency_commit(keys[i], num(argv[b + 3]), argv[b + 5])
+      local b = base + ARGS * (i - 1)
+      local mode = argv[b + A_MODE]
+      if argv[b + A_ALG] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
+        concurrency_commit(keys[i], num(argv[b + A_WINDOW]), argv[b + A_COST])
       end
     end
   end
   if not all then
-    local o = 4 * n + 1
+    local o = REPLY * n + 1
     out[o] = now
     for i = 1, n do
       local r = fulls[i]
       if i == n then r = lastfull end
-      if argv[base + 8 * i - 7] == '5' then
+      if argv[base + ARGS * (i - 1) + A_ALG] == ALG_CONCURRENCY then
         r = 0 -- a concurrency zone's key: the deny cache keeps no entry
       elseif not r then
         r = ''
@@ -264,7 +281,7 @@ local function take(keys, argv, base)
       out[o + i] = r
     end
   elseif wantnow then
-    out[4 * n + 1] = now
+    out[REPLY * n + 1] = now
   end
   return out
 end
