@@ -50,7 +50,7 @@ echo "xcaddy-check: built in $(($(date +%s) - start))s"
 
 modules="$("$tmp/caddy" list-modules)"
 fail=0
-for id in http.handlers.rate_limit http.handlers.rate_limit.stores.memory http.handlers.rate_limit.stores.redis admin.api.rate_limit; do
+for id in http.handlers.rate_limit http.handlers.rate_limit.stores.memory http.handlers.rate_limit.stores.redis admin.api.rate_limit http.handlers.rate_limit_ui; do
 	if grep -qxF "$id" <<<"$modules"; then
 		echo "xcaddy-check: module $id: ok"
 	else
