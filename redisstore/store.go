@@ -37,6 +37,7 @@ type Store struct {
 	nodesMu   sync.Mutex              // makes nodes
 	reloadAt  atomic.Int64            // monoNow() of the last slot map reload (nodeFailed)
 	reloading atomic.Bool             // a reload runs
+	masters   map[string]bool         // the masters the last reload saw (under nodesMu)
 	breaker   *breaker                // one's; nil: disabled
 	deny      *denycache.Cache        // nil: disabled
 	denyHits  prometheus.Counter
@@ -89,9 +90,6 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o, deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
-	if s.guard = takeGuard(c); s.guard != nil {
-		s.guard.start(o.Logger)
-	}
 	initStoreMetrics()
 	s.nodes.Store(new([]*node))
 	label := o.Node
@@ -100,6 +98,9 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	}
 	s.one = s.newNode(label)
 	s.breaker, s.batch = s.one.breaker, s.one.batch
+	if s.guard = takeGuard(c); s.guard != nil {
+		s.guard.start(o.Logger, s.breaker.probeNow)
+	}
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
