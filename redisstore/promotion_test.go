@@ -1,10 +1,8 @@
 package redisstore
 
 import (
-	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,40 +21,18 @@ func TestSentinelKillResumesAtPromotion(t *testing.T) {
 	ss := redistest.StartSentinel(t)
 	m := sentinelStore(t, ss, ss.SentinelAddr)
 	s := m.Store()
-	reqs := []algorithms.Request{{Zone: "promo", Key: freshKey(t), Limit: limit(t, 1_000_000, time.Hour, 0), Cost: 1}}
-	if err := s.Take(context.Background(), reqs, make([]algorithms.Decision, 1)); err != nil {
-		t.Fatalf("before the kill: %v", err)
-	}
-
-	var killed atomic.Bool
-	var firstOK atomic.Int64 // UnixNano of the first decision after the kill
+	take(t, s, algorithms.Request{Zone: "load", Key: freshKey(t), Limit: limit(t, 1e9, time.Hour, 0), Cost: 1})
+	load := &shardLoad{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out := make([]algorithms.Decision, 1)
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				after := killed.Load()
-				if err := s.Take(context.Background(), reqs, out); err == nil && after {
-					firstOK.CompareAndSwap(0, time.Now().UnixNano())
-				}
-			}
-		}()
-	}
+	load.run(t, s, freshKey(t), 4, stop, &wg)
 	defer func() { close(stop); wg.Wait() }()
 
 	time.Sleep(100 * time.Millisecond)
-	killed.Store(true)
+	t0 := time.Now()
 	ss.Master.Kill()
 	var promoted time.Time
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := t0.Add(30 * time.Second)
 	for promoted.IsZero() {
 		if time.Now().After(deadline) {
 			t.Fatal("the replica was not promoted within 30s of the kill")
@@ -64,18 +40,20 @@ func TestSentinelKillResumesAtPromotion(t *testing.T) {
 		if v, err := ss.Replica.DoErr("ROLE"); err == nil {
 			if role, _ := v.([]any); len(role) > 0 && role[0] == "master" {
 				promoted = time.Now()
-				break
 			}
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	for firstOK.Load() == 0 {
+	var firstOK time.Time
+	for firstOK.IsZero() {
 		if time.Now().After(deadline) {
 			t.Fatalf("no decision succeeded within 30s of the kill (breaker %s)", s.CircuitState())
 		}
 		time.Sleep(5 * time.Millisecond)
+		_, _, _, firstOK = load.since(t0, promoted)
 	}
-	resumed := time.Unix(0, firstOK.Load()).Sub(promoted)
+	t.Logf("promoted %v after the kill", promoted.Sub(t0).Round(time.Millisecond))
+	resumed := firstOK.Sub(promoted)
 	t.Logf("decisions resumed %v after the promotion", resumed)
 	// The breaker's cool-down is 1 s, then 2 s: waiting it out costs more
 	// than this bound; a probe at the promotion costs about a timeout.
