@@ -184,7 +184,8 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		// A concurrency zone's slot is never refunded: it is released
 		// (after.go), the waiter's departure included.
 		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass,
-			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease()})
+			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease(),
+			FailOpen: z.fail == failOpenPolicy})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -217,7 +218,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		if h.storeStats != nil {
 			h.storeStats.failed(err)
 		}
-		return h.failover(r, s)
+		return h.failover(r, s, err)
 	}
 	return h.pick(s)
 }
@@ -335,8 +336,13 @@ func (h *Handler) reportWouldRefuse(s *scratch) {
 // failover applies each zone's fail policy when the store could not decide:
 // a fail-closed zone refuses with 503; fail-local zones are decided by this
 // instance's memory store (all-or-nothing among them); fail-open zones let
-// the request through unmetered.
-func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error) {
+// the request through unmetered. A store that decided the request in part
+// (algorithms.PartialError: a Cluster shard down, its zones all fail open)
+// has the zones it decided stand, the others passed unmetered.
+func (h *Handler) failover(r *http.Request, s *scratch, err error) (verdict, outcome, error) {
+	if pe := (*algorithms.PartialError)(nil); errors.As(err, &pe) && len(pe.Failed) == len(s.reqs) {
+		return h.partial(s, pe.Failed)
+	}
 	for _, z := range s.zones {
 		if z.metrics != nil {
 			switch z.fail {
@@ -374,6 +380,27 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		h.logStoreError(err)
 		return verdict{}, pass, nil
 	}
+	return h.pick(s)
+}
+
+// partial picks the verdict of a request the store decided in part:
+// among the zones it decided (failed marks the others, fail open).
+func (h *Handler) partial(s *scratch, failed []bool) (verdict, outcome, error) {
+	n := 0
+	for i, z := range s.zones {
+		if failed[i] {
+			if z.metrics != nil {
+				z.metrics.failedOpen.Inc()
+			}
+			continue
+		}
+		s.reqs[n], s.decs[n], s.zones[n], s.shown[n] = s.reqs[i], s.decs[i], z, s.shown[i]
+		n++
+	}
+	if n == 0 {
+		return verdict{}, pass, nil
+	}
+	s.reqs, s.decs, s.zones, s.shown = s.reqs[:n], s.decs[:n], s.zones[:n], s.shown[:n]
 	return h.pick(s)
 }
 

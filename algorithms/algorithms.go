@@ -270,6 +270,11 @@ type Request struct {
 	// store counts it in the key's charges in flight until a Refund with
 	// InFlight set (inflight.go). Implies Refundable.
 	InFlight bool
+	// FailOpen marks a zone whose fail policy is open (it passes,
+	// uncharged, when its store cannot decide it): a store that decides a
+	// request in parts (Redis Cluster, a part per shard) may then decide
+	// the request's other zones without it (PartialError).
+	FailOpen bool
 	// Lease identifies, in a concurrency zone, the slot this request takes
 	// (never 0): the store records it when it admits the request, renews
 	// it while the request runs (Redis) and removes it when the request

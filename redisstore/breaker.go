@@ -171,6 +171,12 @@ func (b *breaker) open(cause error, reopen bool) {
 	}
 }
 
+// failsFast reports whether allow would fail a call at once now (open,
+// within its cool-down).
+func (b *breaker) failsFast() bool {
+	return b != nil && b.state.Load() == circuitOpen && monoNow() < b.until.Load()
+}
+
 // probeNow ends an open circuit's cool-down, so that the next call probes:
 // the store learnt that another server took the node's place (a Sentinel
 // promotion, a Cluster slot map showing a new master), which the cool-down
