@@ -687,6 +687,10 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 		r.idx = groups[sl]
 		r.out = make([]algorithms.Decision, len(r.idx))
 		gk, gr := subset(keys, reqs, r.idx)
+		if g == len(order)-1 {
+			r.fast, r.err = s.run(ctx, gk, gr, r.out, false) // the last in this goroutine
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
