@@ -15,13 +15,16 @@ import (
 // fail closed, B fail open: A is decided by Redis alone (exactly its limit
 // admitted among concurrent requests, the rest 429, never 503) and B
 // passes. Site B: A fail open, B fail closed: every request answers 503
-// (B's shard is down), and A is not charged by them.
+// (B's shard is down), and A is not charged by them. Site A /local: A fail
+// closed, B fail local: B is decided in this instance's memory, A by
+// Redis, and A's charges of the requests B refused are given back.
 func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 	cl := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, NodeTimeout: 30 * time.Second, Partial: true})
 	tc := newTester(t)
 	za1, zb1, za2, zb2 := zoneName("span_a"), zoneName("span_b"), zoneName("span_a"), zoneName("span_b")
-	const lim = 5
-	site := func(za, fa, zb, fb string) string {
+	za3, zb3 := zoneName("span_a"), zoneName("span_b")
+	const lim, localLim = 5, 3
+	site := func(za, fa, zb, fb string, limB int) string {
 		return fmt.Sprintf(`
 	rate_limit {
 		zone %s {
@@ -32,7 +35,7 @@ func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 		}
 		zone %s {
 			key {http.request.header.X-B}
-			events 1000
+			events %d
 			window 1h
 			fail %s
 		}
@@ -41,9 +44,10 @@ func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 			timeout 200ms
 		}
 	}
-	respond "ok"`, za, lim, fa, zb, fb)
+	respond "ok"`, za, lim, fa, zb, limB, fb)
 	}
-	load(t, tc, config("", ":@A@ {"+site(za1, "closed", zb1, "open")+"\n}\n:@B@ {"+site(za2, "open", zb2, "closed")+"\n}",
+	load(t, tc, config("", ":@A@ {\nhandle /local {"+site(za3, "closed", zb3, "local", localLim)+"\n}\nhandle {"+site(za1, "closed", zb1, "open", 1000)+
+		"\n}\n}\n:@B@ {"+site(za2, "open", zb2, "closed", 1000)+"\n}",
 		"ADDRS", strings.Join(cl.Addrs(), " ")))
 	c := loopbackClient(8)
 	const healthy, down = 0, 1
@@ -76,6 +80,7 @@ func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 	}
 	va1, vb1 := find(siteA+"/", za1, zb1)
 	va2, vb2 := find(siteB+"/", za2, zb2)
+	va3, vb3 := find(siteA+"/local", za3, zb3)
 
 	cl.Nodes[down].Freeze(t)
 	defer cl.Nodes[down].Thaw(t)
@@ -113,6 +118,17 @@ func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 	if codes[503] != workers*each {
 		t.Errorf("site B: statuses %v; want all %d 503 (B fail closed, its shard down)", codes, workers*each)
 	}
+	// A fail closed (healthy shard), B fail local (down shard): B is
+	// decided by this instance's memory (from zero: localLim admitted), A
+	// by Redis; the requests B refused give A's charges back.
+	codes = burst(siteA+"/local", va3, vb3)
+	t.Logf("A closed (healthy shard), B local (down shard): %v", codes)
+	if codes[200] != localLim || codes[429] != workers*each-localLim {
+		t.Errorf("site A /local: statuses %v; want exactly %d of 200 (B's limit in memory), the other %d 429, no 503",
+			codes, localLim, workers*each-localLim)
+	}
+	time.Sleep(300 * time.Millisecond) // the refunds, sent without waiting
+
 	// The 503s charged A nothing: once the shard is back, A has what the
 	// find left it, less this request.
 	cl.Nodes[down].Thaw(t)
@@ -129,5 +145,11 @@ func TestClusterSpanningShardsFailPolicies(t *testing.T) {
 			t.Fatalf("site B: %d %s 10s after the thaw", r.code, r.body)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// A of /local: charged by the find and the %d admitted only; this is
+	// its last event.
+	r := get(t, c, siteA+"/local", "X-A: "+va3, "X-B: "+vb3+"-fresh")
+	if got := r.header.Get("X-RateLimit-Remaining"); r.code != 200 || got != "0" {
+		t.Errorf("site A /local after the thaw: %d, X-RateLimit-Remaining %q; want 200 with 0 remaining (A charged by the find and the %d admitted only)", r.code, got, localLim)
 	}
 }

@@ -26,7 +26,7 @@ func TestClusterRequestSpanningShards(t *testing.T) {
 	s := newClusterStore(t, c.Addrs(), timeout)
 	const healthy, down, lim = 0, 1, 5
 	zone := func(name string, key algorithms.Key, failOpen bool) algorithms.Request {
-		return algorithms.Request{Zone: name, Key: key, Limit: limit(t, lim, time.Hour, 0), Cost: 1, FailOpen: failOpen}
+		return algorithms.Request{Zone: name, Key: key, Limit: limit(t, lim, time.Hour, 0), Cost: 1, FailApart: failOpen}
 	}
 	// Both shards known to the store before the freeze.
 	a, b := keyOnNode(t, s, c, healthy), keyOnNode(t, s, c, down)

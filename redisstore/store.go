@@ -644,7 +644,7 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 // a multi-zone decision is not atomic.
 //
 // A slot that fails (its node's breaker open, or the call failing): when
-// every zone of the failed slots is FailOpen and another slot decided, the
+// every zone of the failed slots is FailApart and another slot decided, the
 // decided zones stand and failed marks the others (PartialError, see
 // docs/redis.md); otherwise the slots charged are refunded and the request
 // fails as a whole (fast: every failure was an open breaker's). A refusal
@@ -663,10 +663,10 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 		groups[sl] = append(groups[sl], i)
 	}
 	// A slot whose node's breaker fails it at once, and whose zones are
-	// not all FailOpen, fails the request before any slot is charged.
+	// not all FailApart, fails the request before any slot is charged.
 	for _, sl := range order {
 		idx := groups[sl]
-		if anyNotFailOpen(reqs, idx) && s.nodeFor(ctx, keys[idx[0]]).breaker.failsFast() {
+		if anyNotFailApart(reqs, idx) && s.nodeFor(ctx, keys[idx[0]]).breaker.failsFast() {
 			gk, gr := subset(keys, reqs, idx)
 			if fast, err := s.run(ctx, gk, gr, make([]algorithms.Decision, len(idx)), false); err != nil {
 				return fast, nil, err
@@ -713,7 +713,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 			}
 			for _, i := range r.idx {
 				failed[i] = true
-				whole = whole || !reqs[i].FailOpen
+				whole = whole || !reqs[i].FailApart
 			}
 			continue
 		}
@@ -758,10 +758,10 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 	return false, failed, err
 }
 
-// anyNotFailOpen reports whether a zone of reqs at idx is not FailOpen.
-func anyNotFailOpen(reqs []algorithms.Request, idx []int) bool {
+// anyNotFailApart reports whether a zone of reqs at idx is not FailApart.
+func anyNotFailApart(reqs []algorithms.Request, idx []int) bool {
 	for _, i := range idx {
-		if !reqs[i].FailOpen {
+		if !reqs[i].FailApart {
 			return true
 		}
 	}
