@@ -16,10 +16,11 @@ import (
 // shards, one of them frozen (SIGSTOP: its calls time out, then its breaker
 // opens). Zone A's shard is healthy, zone B's is down.
 //
-//   - B fail open: A is decided by Redis, alone: of 24 concurrent requests
-//     exactly A's limit are admitted (the others refused by A), B passes.
-//   - B not fail open (closed or local): the request fails as a whole,
-//     and A, decided meanwhile, is refunded: nothing charged.
+//   - B FailApart (fail open, or local): A is decided by Redis, alone: of
+//     24 concurrent requests exactly A's limit are admitted (the others
+//     refused by A), B is marked failed (PartialError) for its policy.
+//   - B not FailApart (fail closed): the request fails as a whole, and A
+//     is not charged.
 func TestClusterRequestSpanningShards(t *testing.T) {
 	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, NodeTimeout: 30 * time.Second, Partial: true})
 	const timeout = 200 * time.Millisecond // above a busy -race machine's noise
@@ -70,8 +71,8 @@ func TestClusterRequestSpanningShards(t *testing.T) {
 		return ad.Load(), rf.Load(), pa.Load(), wh.Load(), other
 	}
 
-	t.Run("down zone open", func(t *testing.T) {
-		reqs := []algorithms.Request{zone("a", freshKeyOnNode(t, s, c, healthy), false), zone("b", b, true)}
+	t.Run("down zone apart", func(t *testing.T) {
+		reqs := []algorithms.Request{zone("a", keyOnNode(t, s, c, healthy), false), zone("b", b, true)}
 		admitted, refused, partial, whole, other := run(reqs)
 		t.Logf("%d admitted, %d refused by A, %d decided in part, %d failed whole, other %v", admitted, refused, partial, whole, other)
 		if admitted != lim || refused != workers*each-lim || whole != 0 || len(other) != 0 {
@@ -80,8 +81,8 @@ func TestClusterRequestSpanningShards(t *testing.T) {
 		}
 	})
 
-	t.Run("down zone not open", func(t *testing.T) {
-		ka := freshKeyOnNode(t, s, c, healthy)
+	t.Run("down zone not apart", func(t *testing.T) {
+		ka := keyOnNode(t, s, c, healthy)
 		reqs := []algorithms.Request{zone("a", ka, true), zone("b", b, false)}
 		admitted, refused, partial, whole, other := run(reqs)
 		t.Logf("%d admitted, %d refused, %d decided in part, %d failed whole, other %v", admitted, refused, partial, whole, other)
@@ -94,10 +95,4 @@ func TestClusterRequestSpanningShards(t *testing.T) {
 			t.Errorf("A alone after the failed requests: %+v, %v; want allowed with %d remaining (nothing charged before)", out[0], err, lim-1)
 		}
 	})
-}
-
-// freshKeyOnNode is keyOnNode, named for a key used once.
-func freshKeyOnNode(t *testing.T, s *Store, c *redistest.Cluster, i int) algorithms.Key {
-	t.Helper()
-	return keyOnNode(t, s, c, i)
 }
