@@ -666,12 +666,16 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 	// not all FailApart, fails the request before any slot is charged.
 	for _, sl := range order {
 		idx := groups[sl]
-		if anyNotFailApart(reqs, idx) && s.nodeFor(ctx, keys[idx[0]]).breaker.failsFast() {
-			gk, gr := subset(keys, reqs, idx)
-			if fast, err := s.run(ctx, gk, gr, make([]algorithms.Decision, len(idx)), false); err != nil {
-				return fast, nil, err
+		if !anyNotFailApart(reqs, idx) {
+			continue
+		}
+		if n := s.nodeFor(ctx, keys[idx[0]]); n.breaker.failsFast() {
+			probe, err := n.breaker.allow()
+			if err != nil {
+				s.nodeFailed(n)
+				return true, nil, err
 			}
-			break // the cool-down ended meanwhile, and it decided: from the start
+			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
 		}
 	}
 	type slotRun struct {
