@@ -339,8 +339,9 @@ func (h *Handler) reportWouldRefuse(s *scratch) {
 // a fail-closed zone refuses with 503; fail-local zones are decided by this
 // instance's memory store (all-or-nothing among them); fail-open zones let
 // the request through unmetered. A store that decided the request in part
-// (algorithms.PartialError: a Cluster shard down, its zones all fail open)
-// has the zones it decided stand, the others passed unmetered.
+// (algorithms.PartialError: a Cluster shard down, its zones each FailApart)
+// has the zones it decided stand, and only the others follow their policy
+// (partial).
 func (h *Handler) failover(r *http.Request, s *scratch, err error) (verdict, outcome, error) {
 	if pe := (*algorithms.PartialError)(nil); errors.As(err, &pe) && len(pe.Failed) == len(s.reqs) {
 		return h.partial(r, s, pe.Failed)
