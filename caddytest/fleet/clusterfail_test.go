@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -24,6 +25,26 @@ type shardTraffic struct {
 type timedResult struct {
 	at time.Time
 	result
+}
+
+// run sends GET url with headers every 20ms until stop is closed,
+// recording each result.
+func (s *shardTraffic) run(client *http.Client, url string, stop <-chan struct{}, wg *sync.WaitGroup, headers ...string) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 100000 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			r := send(client, url, headers...)
+			s.mu.Lock()
+			s.log = append(s.log, timedResult{time.Now(), r})
+			s.mu.Unlock()
+		}
+	}()
 }
 
 // between returns the results that ended in [from, to).
@@ -133,42 +154,12 @@ func TestClusterFleetShardFailure(t *testing.T) {
 		for sh := range users {
 			l := &shardTraffic{proc: p, shard: sh}
 			loads = append(loads, l)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 100000 {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-					r := send(client, procs[p].url("/"), "X-User: "+users[sh])
-					l.mu.Lock()
-					l.log = append(l.log, timedResult{time.Now(), r})
-					l.mu.Unlock()
-				}
-			}()
+			l.run(client, procs[p].url("/"), stop, &wg, "X-User: "+users[sh])
 		}
-	}
-	for p := range procs {
 		for _, path := range []string{"/span", "/span-closed"} {
 			l := &shardTraffic{proc: p, shard: -1, path: path}
 			spans = append(spans, l)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 100000 {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-					r := send(client, procs[p].url(path), "X-A: "+users[spanA], "X-B: "+users[spanB])
-					l.mu.Lock()
-					l.log = append(l.log, timedResult{time.Now(), r})
-					l.mu.Unlock()
-				}
-			}()
+			l.run(client, procs[p].url(path), stop, &wg, "X-A: "+users[spanA], "X-B: "+users[spanB])
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
