@@ -1,8 +1,10 @@
 package sluice
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -192,7 +194,8 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		// A concurrency zone's slot is never refunded: it is released
 		// (after.go), the waiter's departure included.
 		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass,
-			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease()})
+			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease(),
+			FailApart: z.failApart(h.delaying)})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
 	}
@@ -225,7 +228,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		if h.storeStats != nil {
 			h.storeStats.failed(err)
 		}
-		return h.failover(r, s)
+		return h.failover(r, s, err)
 	}
 	return h.pick(s)
 }
@@ -336,8 +339,14 @@ func (h *Handler) reportWouldRefuse(s *scratch) {
 // failover applies each zone's fail policy when the store could not decide:
 // a fail-closed zone refuses with 503; fail-local zones are decided by this
 // instance's memory store (all-or-nothing among them); fail-open zones let
-// the request through unmetered.
-func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error) {
+// the request through unmetered. A store that decided the request in part
+// (algorithms.PartialError: a Cluster shard down, its zones each FailApart)
+// has the zones it decided stand, and only the others follow their policy
+// (partial).
+func (h *Handler) failover(r *http.Request, s *scratch, err error) (verdict, outcome, error) {
+	if pe := (*algorithms.PartialError)(nil); errors.As(err, &pe) && len(pe.Failed) == len(s.reqs) {
+		return h.partial(r, s, pe.Failed)
+	}
 	for _, z := range s.zones {
 		if z.metrics != nil {
 			switch z.fail {
@@ -376,6 +385,96 @@ func (h *Handler) failover(r *http.Request, s *scratch) (verdict, outcome, error
 		return verdict{}, pass, nil
 	}
 	return h.pick(s)
+}
+
+// partial picks the verdict of a request the store decided in part: the
+// zones it decided stand; of those it could not (failed), each FailApart,
+// the fail open ones pass uncharged and the fail local ones are decided by
+// this instance's memory store. A local refusal refuses the request, and
+// the store's charges of it are given back (docs/redis.md, Redis Cluster).
+func (h *Handler) partial(r *http.Request, s *scratch, failed []bool) (verdict, outcome, error) {
+	n := 0
+	var local []int // positions in the compacted s of the fail local zones
+	for i, z := range s.zones {
+		if failed[i] {
+			if z.fail == failLocalPolicy && h.local != nil {
+				local = append(local, n)
+				if z.metrics != nil {
+					z.metrics.failedLocal.Inc()
+				}
+			} else {
+				if z.metrics != nil {
+					z.metrics.failedOpen.Inc()
+				}
+				continue
+			}
+		}
+		s.reqs[n], s.decs[n], s.zones[n], s.shown[n] = s.reqs[i], s.decs[i], z, s.shown[i]
+		n++
+	}
+	if n == 0 {
+		return verdict{}, pass, nil
+	}
+	s.reqs, s.decs, s.zones, s.shown = s.reqs[:n], s.decs[:n], s.zones[:n], s.shown[:n]
+	if len(local) == 0 {
+		return h.pick(s)
+	}
+	lreqs := make([]algorithms.Request, len(local))
+	ldecs := make([]algorithms.Decision, len(local))
+	for j, i := range local {
+		lreqs[j] = s.reqs[i]
+	}
+	if err := h.local.Take(r.Context(), lreqs, ldecs); err != nil {
+		h.logStoreError(err)
+		for j := range ldecs {
+			ldecs[j] = algorithms.Decision{Allowed: true, Limit: lreqs[j].Limit.Capacity(), Remaining: lreqs[j].Limit.Capacity()}
+		}
+	}
+	refused := false
+	for j, i := range local {
+		s.decs[i] = ldecs[j]
+		refused = refused || !ldecs[j].Allowed && !lreqs[j].ReportOnly
+	}
+	if refused {
+		h.giveBack(s, local)
+	}
+	return h.pick(s)
+}
+
+// failApart reports whether a store failure of z may be handled apart
+// from the request's other zones (algorithms.Request.FailApart): fail
+// open, or fail local on a zone that leaves nothing for after the decision
+// (no count, concurrency slot or wait: those are settled in the one store
+// that decided the request).
+func (z *zone) failApart(delaying bool) bool {
+	return z.fail == failOpenPolicy || z.fail == failLocalPolicy && z.conc == nil && z.counts == nil && !delaying
+}
+
+// giveBack returns what the store charged s's zones (but those at local,
+// decided by the memory store), for a request a fail local zone refused
+// after the store decided the others: as a count zone's refund, without
+// waiting.
+func (h *Handler) giveBack(s *scratch, local []int) {
+	var refunds []algorithms.Refund
+	var leases []algorithms.Request
+	for i := range s.reqs {
+		rq, d := &s.reqs[i], &s.decs[i]
+		if slices.Contains(local, i) || !d.Allowed {
+			continue
+		}
+		if rq.Lease != 0 {
+			leases = append(leases, *rq)
+			continue
+		}
+		refunds = append(refunds, algorithms.Refund{Zone: rq.Zone, Key: rq.Key, Limit: rq.Limit, Cost: rq.Cost, At: d.At, InFlight: rq.InFlight})
+		d.Remaining += rq.Cost
+	}
+	if rf, ok := h.store.(refunder); ok && len(refunds) > 0 {
+		_ = rf.Refund(context.Background(), refunds)
+	}
+	if rl, ok := h.store.(releaser); ok && len(leases) > 0 {
+		_ = rl.Release(context.Background(), leases)
+	}
 }
 
 // violatedPolicies lists the zones that refuse the request (closed: the

@@ -15,7 +15,8 @@ import (
 // never consumes. It writes one decision per request into out, which the
 // caller sizes to len(reqs) (an out parameter, not a returned slice, so the
 // hot path allocates nothing). An error means the store could not decide;
-// out is then meaningless.
+// out is then meaningless, except for an *algorithms.PartialError: the
+// zones it does not mark failed (all FailApart) were decided and charged.
 type Store interface {
 	Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error
 }

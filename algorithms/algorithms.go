@@ -270,6 +270,12 @@ type Request struct {
 	// store counts it in the key's charges in flight until a Refund with
 	// InFlight set (inflight.go). Implies Refundable.
 	InFlight bool
+	// FailApart marks a zone whose store failure may be handled apart from
+	// the request's other zones (its fail policy passes it, or decides it in
+	// this instance's memory, alone): a store that decides a request in
+	// parts (Redis Cluster, a part per shard) may then decide the other
+	// zones without it (PartialError).
+	FailApart bool
 	// Lease identifies, in a concurrency zone, the slot this request takes
 	// (never 0): the store records it when it admits the request, renews
 	// it while the request runs (Redis) and removes it when the request

@@ -430,6 +430,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 		if !plans[i].local {
 			r := reqs[i]
 			r.Cost += plans[i].batch
+			r.FailApart = false // decided whole (no PartialError): the draws are settled for all zones at once
 			sub = append(sub, r)
 			subOut = append(subOut, algorithms.Decision{})
 		}

@@ -76,6 +76,7 @@ type breaker struct {
 	mu       sync.Mutex
 	cooldown time.Duration // current cool-down (doubles on a failed probe)
 	openedAt time.Time     // start of the current outage
+	kick     bool          // probeNow during a probe: its failure waits no cool-down
 
 	// onChange is called (outside the lock) on every state change.
 	onChange func(from, to int32, cause error, cooldown, outage time.Duration, fast int64)
@@ -155,7 +156,12 @@ func (b *breaker) open(cause error, reopen bool) {
 	}
 	b.err.Store(&circuitError{msg: "redis circuit breaker open (Redis not called for " + b.cooldown.String() + "): " + cause.Error()})
 	// until before state: a reader that sees open must see the new until.
-	b.until.Store(monoNow() + int64(b.cooldown))
+	until := monoNow() + int64(b.cooldown)
+	if reopen && b.kick {
+		// The probe was on its way to the server that was replaced.
+		until, b.kick = monoNow(), false
+	}
+	b.until.Store(until)
 	from := b.state.Swap(circuitOpen)
 	b.probing.Store(false)
 	cd, outage, fast := b.cooldown, time.Since(b.openedAt), b.fast.Load()
@@ -163,6 +169,31 @@ func (b *breaker) open(cause error, reopen bool) {
 	if from != circuitOpen && b.onChange != nil {
 		b.onChange(from, circuitOpen, cause, cd, outage, fast)
 	}
+}
+
+// failsFast reports whether allow would fail a call at once now (open,
+// within its cool-down).
+func (b *breaker) failsFast() bool {
+	return b != nil && b.state.Load() == circuitOpen && monoNow() < b.until.Load()
+}
+
+// probeNow ends an open circuit's cool-down, so that the next call probes:
+// the store learnt that another server took the node's place (a Sentinel
+// promotion, a Cluster slot map showing a new master), which the cool-down
+// would otherwise hide for up to max_cooldown. A probe in flight, likely
+// sent to the server replaced, is followed at once by another if it fails.
+func (b *breaker) probeNow() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	switch b.state.Load() {
+	case circuitOpen:
+		b.until.Store(monoNow())
+	case circuitHalfOpen:
+		b.kick = true
+	}
+	b.mu.Unlock()
 }
 
 // transition moves to half-open or closed.
@@ -173,6 +204,7 @@ func (b *breaker) transition(to int32, cause error) {
 		b.fails.Store(0)
 		b.cooldown = b.base
 		b.probing.Store(false)
+		b.kick = false
 	}
 	outage, fast := time.Since(b.openedAt), b.fast.Load()
 	b.mu.Unlock()

@@ -35,6 +35,9 @@ type promotionGuard struct {
 	opt     *redis.FailoverOptions
 	timeout time.Duration
 	logger  *zap.Logger
+	// promoted is called when decisions go to a promoted replica (the
+	// store's breaker probes at once); nil: none.
+	promoted func()
 
 	mu      sync.Mutex
 	conns   map[*trackedConn]string // open connections, and the address dialled
@@ -110,13 +113,13 @@ func closeClient(c redis.UniversalClient) {
 
 // start subscribes to the sentinels, and to those they know of, now and
 // every few seconds.
-func (g *promotionGuard) start(logger *zap.Logger) {
+func (g *promotionGuard) start(logger *zap.Logger, promoted func()) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.logger, g.started = logger, true
+	g.logger, g.started, g.promoted = logger, true, promoted
 	for _, a := range g.opt.SentinelAddrs {
 		g.subscribeLocked(a)
 	}
@@ -317,6 +320,9 @@ func (g *promotionGuard) pollRole(fe *fence) {
 			g.mu.Unlock()
 			g.logger.Info("redis sentinel failover: decisions go to the promoted replica",
 				zap.String("master", fe.old), zap.String("promoted", fe.next), zap.Duration("since_selected", time.Since(fe.since)))
+			if g.promoted != nil {
+				g.promoted()
+			}
 			return
 		}
 		select {

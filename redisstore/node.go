@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -181,7 +182,8 @@ const reloadTimeout = 2 * time.Second
 
 // reloadSlots reloads go-redis's slot map (ForEachMaster reloads it
 // before it lists the masters) and retires the nodes that are no longer
-// masters: a dead master's breaker, open, would otherwise stay so.
+// masters: a dead master's breaker, open, would otherwise stay so. When
+// the masters changed, the open breakers of the others probe at once.
 func (s *Store) reloadSlots() {
 	defer s.reloading.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), reloadTimeout)
@@ -198,6 +200,8 @@ func (s *Store) reloadSlots() {
 		return
 	}
 	s.nodesMu.Lock()
+	changed := !maps.Equal(masters, s.masters)
+	s.masters = masters
 	ns := *s.nodes.Load()
 	keep := make([]*node, 0, len(ns))
 	var gone []*node
@@ -212,6 +216,15 @@ func (s *Store) reloadSlots() {
 		s.nodes.Store(&keep)
 	}
 	s.nodesMu.Unlock()
+	if changed {
+		// A new master, or one gone: slots may have moved to a node whose
+		// breaker is open (or to the node of last resort's); it probes now
+		// rather than after its cool-down.
+		s.one.breaker.probeNow()
+		for _, n := range keep {
+			n.breaker.probeNow()
+		}
+	}
 	for _, n := range gone {
 		if s.opts.Logger != nil {
 			s.opts.Logger.Info("redis cluster node no longer a master: its breaker is retired",

@@ -37,6 +37,7 @@ type Store struct {
 	nodesMu   sync.Mutex              // makes nodes
 	reloadAt  atomic.Int64            // monoNow() of the last slot map reload (nodeFailed)
 	reloading atomic.Bool             // a reload runs
+	masters   map[string]bool         // the masters the last reload saw (under nodesMu)
 	breaker   *breaker                // one's; nil: disabled
 	deny      *denycache.Cache        // nil: disabled
 	denyHits  prometheus.Counter
@@ -93,9 +94,6 @@ func newStore(c redis.UniversalClient, cluster bool, prefix string, timeout time
 func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout time.Duration, o storeOptions) *Store {
 	s := &Store{client: c, cluster: cluster, prefix: prefix, timeout: timeout, opts: o, deny: denycache.New(o.DenySize)}
 	s.scripts.client = c
-	if s.guard = takeGuard(c); s.guard != nil {
-		s.guard.start(o.Logger)
-	}
 	initStoreMetrics()
 	s.nodes.Store(new([]*node))
 	label := o.Node
@@ -104,6 +102,9 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	}
 	s.one = s.newNode(label)
 	s.breaker, s.batch = s.one.breaker, s.one.batch
+	if s.guard = takeGuard(c); s.guard != nil {
+		s.guard.start(o.Logger, s.breaker.probeNow)
+	}
 	lv := []string{"redis", o.Target}
 	s.denyHits = storeMetrics.denyHits.WithLabelValues(lv...)
 	s.unknown = storeMetrics.unknownDecisions.WithLabelValues(lv...)
@@ -295,7 +296,9 @@ func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
 // charged, or none is charged. Any failure (timeout, connection, NOSCRIPT
 // twice, READONLY, OOM, an unexpected reply) is returned as an error for the
 // zones' fail policy; the decision never waits longer than the timeout, plus
-// the late-reply grace once it was sent (batch.go).
+// the late-reply grace once it was sent (batch.go). In a Cluster, a request
+// spanning shards with one down may be decided in part
+// (algorithms.PartialError: takeAcrossSlots).
 //
 // Before Redis: the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
@@ -346,39 +349,69 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 		for i := range reqs {
 			keys[i] = s.keyOf(&reqs[i])
 		}
-		fast, err = s.takeAcrossSlots(dctx, keys, reqs, out)
+		var failed []bool
+		fast, failed, err = s.takeAcrossSlots(dctx, keys, reqs, out)
 		cancel()
+		if failed != nil {
+			return s.partial(ctx, reqs, out, failed, err)
+		}
 	}
 	if fast {
 		return err // an open breaker's: as it is, nothing to account
 	}
 	if err != nil {
-		// The caller gone (its context done first) says nothing about Redis.
-		abandoned := ctx.Err() != nil
-		failed := !abandoned && counts(err)
-		switch {
-		case abandoned:
-		case errors.Is(err, errNotSent):
-			s.notSent.Inc()
-		case errors.As(err, new(*unknownError)):
-			s.unknown.Inc()
-		}
-		if failed {
-			// State may be lost (a restart breaks the pooled connections):
-			// forget every denial.
-			s.deny.Clear()
-			if lost(err) {
-				s.allowForget()
-			}
-		}
-		s.leases.undecided(reqs, err, abandoned)
-		return &storeError{err}
+		return s.takeFailed(ctx, reqs, err)
 	}
 	s.leases.admitted(reqs, out)
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
 	return nil
+}
+
+// takeFailed accounts for a Take of reqs that failed with err (not by an
+// open breaker) and returns the error to report.
+func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err error) error {
+	// The caller gone (its context done first) says nothing about Redis.
+	abandoned := ctx.Err() != nil
+	failed := !abandoned && counts(err)
+	switch {
+	case abandoned:
+	case errors.Is(err, errNotSent):
+		s.notSent.Inc()
+	case errors.As(err, new(*unknownError)):
+		s.unknown.Inc()
+	}
+	if failed {
+		// State may be lost (a restart breaks the pooled connections):
+		// forget every denial.
+		s.deny.Clear()
+		if lost(err) {
+			s.allowForget()
+		}
+	}
+	s.leases.undecided(reqs, err, abandoned)
+	return &storeError{err}
+}
+
+// partial accounts for a request decided in part (takeAcrossSlots): the
+// leases of the zones decided are kept, those of the zones that failed
+// handled as a failed Take's; err is the failed slots' error.
+func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision, failed []bool, err error) error {
+	var done, undone []algorithms.Request
+	var dout []algorithms.Decision
+	for i := range reqs {
+		if failed[i] {
+			undone = append(undone, reqs[i])
+		} else {
+			done, dout = append(done, reqs[i]), append(dout, out[i])
+		}
+	}
+	s.leases.admitted(done, dout)
+	if _, open := err.(*circuitError); !open {
+		err = s.takeFailed(ctx, undone, err)
+	}
+	return &algorithms.PartialError{Err: err, Failed: failed}
 }
 
 // errDecisionDeadline ends the context of a decision across slots at its
@@ -623,16 +656,22 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 	return nil
 }
 
-// takeAcrossSlots decides a request whose keys live in several Cluster slots:
-// one script per slot, in order; when a later slot refuses, the slots already
+// takeAcrossSlots decides a request whose keys live in several Cluster
+// slots: one script per slot, all at once (a slot's shard stalled costs the
+// others no wait, nor their deadline). When a slot refuses, the slots
 // charged are refunded. Between a charge and its refund (one round trip) a
-// concurrent request may see those zones charged: the only window in which a
-// multi-zone decision is not atomic. A slot whose node's breaker is open
-// fails the request at once (fast), the slots charged refunded: the zones'
-// fail policies apply.
-func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, err error) {
+// concurrent request may see those zones charged: the only window in which
+// a multi-zone decision is not atomic.
+//
+// A slot that fails (its node's breaker open, or the call failing): when
+// every zone of the failed slots is FailApart and another slot decided, the
+// decided zones stand and failed marks the others (PartialError, see
+// docs/redis.md); otherwise the slots charged are refunded and the request
+// fails as a whole (fast: every failure was an open breaker's). A refusal
+// by a decided slot refuses the request whatever failed.
+func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, failed []bool, err error) {
 	// out may hold a previous request's decisions (callers reuse it), and
-	// zones in slots never reached must not report them.
+	// zones in slots that failed must not report them.
 	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
@@ -643,30 +682,73 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 		}
 		groups[sl] = append(groups[sl], i)
 	}
-	var charged [][]int
-	refused := false
+	// A slot whose node's breaker fails it at once, and whose zones are
+	// not all FailApart, fails the request before any slot is charged.
 	for _, sl := range order {
 		idx := groups[sl]
-		gk, gr := subset(keys, reqs, idx)
-		gout := make([]algorithms.Decision, len(idx))
-		if fast, err := s.run(ctx, gk, gr, gout, false); err != nil {
-			s.refund(keys, reqs, charged)
-			return fast, err
+		if !anyNotFailApart(reqs, idx) {
+			continue
 		}
-		ok := true
-		for j, i := range idx {
-			out[i] = gout[j]
-			ok = ok && (gout[j].Allowed || gr[j].ReportOnly)
+		if n := s.nodeFor(ctx, keys[idx[0]]); n.breaker.failsFast() {
+			probe, err := n.breaker.allow()
+			if err != nil {
+				s.nodeFailed(n)
+				return true, nil, err
+			}
+			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
 		}
-		if !ok {
-			refused = true
+	}
+	type slotRun struct {
+		idx  []int
+		out  []algorithms.Decision
+		fast bool
+		err  error
+	}
+	runs := make([]slotRun, len(order))
+	var wg sync.WaitGroup
+	for g, sl := range order {
+		r := &runs[g]
+		r.idx = groups[sl]
+		r.out = make([]algorithms.Decision, len(r.idx))
+		gk, gr := subset(keys, reqs, r.idx)
+		if g == len(order)-1 {
+			r.fast, r.err = s.run(ctx, gk, gr, r.out, false) // the last in this goroutine
 			break
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.fast, r.err = s.run(ctx, gk, gr, r.out, false)
+		}()
+	}
+	wg.Wait()
+	var charged [][]int
+	refused, whole, decided := false, false, false
+	fast = true
+	for g := range runs {
+		r := &runs[g]
+		if r.err != nil {
+			if err == nil || fast && !r.fast {
+				err = r.err // a call's failure rather than an open breaker's
+			}
+			fast = fast && r.fast
+			if failed == nil {
+				failed = make([]bool, len(reqs))
+			}
+			for _, i := range r.idx {
+				failed[i] = true
+				whole = whole || !reqs[i].FailApart
+			}
+			continue
+		}
+		decided = true
 		// Only the zones that allowed were charged (a report-only zone that
 		// would refuse was not).
 		var got []int
-		for _, i := range idx {
-			if out[i].Allowed {
+		for j, i := range r.idx {
+			out[i] = r.out[j]
+			refused = refused || !r.out[j].Allowed && !reqs[i].ReportOnly
+			if r.out[j].Allowed {
 				got = append(got, i)
 			}
 		}
@@ -674,7 +756,8 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 			charged = append(charged, got)
 		}
 	}
-	if refused {
+	switch {
+	case refused:
 		s.refund(keys, reqs, charged)
 		// The zones charged and refunded report what they had before.
 		for _, idx := range charged {
@@ -682,17 +765,31 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
-		// Zones of slots never reached are reported as allowed with no
+		// Zones of slots that failed are reported as allowed with no
 		// numbers; the refusal comes from another zone.
-		for _, sl := range order {
-			for _, i := range groups[sl] {
-				if out[i].Limit == 0 {
-					out[i] = algorithms.Decision{Allowed: true, Limit: reqs[i].Limit.Capacity(), Remaining: reqs[i].Limit.Capacity()}
-				}
+		for i := range reqs {
+			if failed != nil && failed[i] {
+				out[i] = algorithms.Decision{Allowed: true, Limit: reqs[i].Limit.Capacity(), Remaining: reqs[i].Limit.Capacity()}
 			}
 		}
+		return false, nil, nil
+	case failed == nil:
+		return false, nil, nil
+	case whole || !decided:
+		s.refund(keys, reqs, charged)
+		return fast, nil, err
 	}
-	return false, nil
+	return false, failed, err
+}
+
+// anyNotFailApart reports whether a zone of reqs at idx is not FailApart.
+func anyNotFailApart(reqs []algorithms.Request, idx []int) bool {
+	for _, i := range idx {
+		if !reqs[i].FailApart {
+			return true
+		}
+	}
+	return false
 }
 
 // refund gives back what the groups in charged were charged. It runs on its

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 // Cluster master) to one Caddy, every interval, with when each ended.
 type shardTraffic struct {
 	proc, shard int
+	path        string // a spanning request's route (shard -1)
 	mu          sync.Mutex
 	log         []timedResult
 }
@@ -23,6 +25,26 @@ type shardTraffic struct {
 type timedResult struct {
 	at time.Time
 	result
+}
+
+// run sends GET url with headers every 20ms until stop is closed,
+// recording each result.
+func (s *shardTraffic) run(client *http.Client, url string, stop <-chan struct{}, wg *sync.WaitGroup, headers ...string) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 100000 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			r := send(client, url, headers...)
+			s.mu.Lock()
+			s.log = append(s.log, timedResult{time.Now(), r})
+			s.mu.Unlock()
+		}
+	}()
 }
 
 // between returns the results that ended in [from, to).
@@ -45,23 +67,54 @@ func (s *shardTraffic) between(from, to time.Time) []timedResult {
 // sleeping master's user gets its fail policy (503). Then kill -9 of a
 // master: every Caddy serves its user again within 2s of the replica's
 // promotion, and the other users never fail. The admin API shows the
-// breaker per node.
+// breaker per node. A request spanning a healthy and the sleeping master
+// (zone A fail closed on the healthy one, B on the sleeping one) gets 200
+// when B is fail open, 503 only when B is fail closed.
 func TestClusterFleetShardFailure(t *testing.T) {
 	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, Replicas: 1, NodeTimeout: 3 * time.Second, Partial: true})
 	const zone = "shards"
-	routes := fmt.Sprintf(`rate_limit {
-	zone %s {
-		key {http.request.header.X-User}
-		events 1000000
-		window 1h
-		fail closed
+	addrs := strings.Join(c.Addrs(), " ")
+	// /span and /span-closed: a request with zone A (key X-A) and zone B
+	// (key X-B), B fail open on /span, fail closed on /span-closed.
+	span := func(path, failA, failB string) string {
+		return fmt.Sprintf(`handle %[1]s {
+	rate_limit {
+		zone %[2]s_a {
+			key {http.request.header.X-A}
+			events 1000000
+			window 1h
+			fail %[3]s
+		}
+		zone %[2]s_b {
+			key {http.request.header.X-B}
+			events 1000000
+			window 1h
+			fail %[4]s
+		}
+		store redis {
+			cluster %[5]s
+			timeout 250ms
+		}
 	}
-	store redis {
-		cluster %s
-		timeout 250ms
-	}
+	respond "ok"
 }
-respond "ok"`, zone, strings.Join(c.Addrs(), " "))
+`, path, strings.Trim(strings.ReplaceAll(path, "-", "_"), "/"), failA, failB, addrs)
+	}
+	routes := span("/span", "closed", "open") + span("/span-closed", "open", "closed") + fmt.Sprintf(`handle {
+	rate_limit {
+		zone %s {
+			key {http.request.header.X-User}
+			events 1000000
+			window 1h
+			fail closed
+		}
+		store redis {
+			cluster %s
+			timeout 250ms
+		}
+	}
+	respond "ok"
+}`, zone, addrs)
 	procs := make([]*caddyProc, 3)
 	for i := range procs {
 		procs[i] = startCaddy(t, fmt.Sprintf("shards-%d", i), "", routes)
@@ -89,7 +142,10 @@ respond "ok"`, zone, strings.Join(c.Addrs(), " "))
 		t.Fatalf("users on %d of %d masters: %q", found, len(c.Nodes), users)
 	}
 
-	var loads []*shardTraffic
+	// A spanning request: A on master 2 (never sick), B on master 1 (the
+	// sleeping one).
+	const spanA, spanB = 2, 1
+	var loads, spans []*shardTraffic
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
@@ -98,21 +154,12 @@ respond "ok"`, zone, strings.Join(c.Addrs(), " "))
 		for sh := range users {
 			l := &shardTraffic{proc: p, shard: sh}
 			loads = append(loads, l)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 100000 {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-					r := send(client, procs[p].url("/"), "X-User: "+users[sh])
-					l.mu.Lock()
-					l.log = append(l.log, timedResult{time.Now(), r})
-					l.mu.Unlock()
-				}
-			}()
+			l.run(client, procs[p].url("/"), stop, &wg, "X-User: "+users[sh])
+		}
+		for _, path := range []string{"/span", "/span-closed"} {
+			l := &shardTraffic{proc: p, shard: -1, path: path}
+			spans = append(spans, l)
+			l.run(client, procs[p].url(path), stop, &wg, "X-A: "+users[spanA], "X-B: "+users[spanB])
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -153,6 +200,27 @@ respond "ok"`, zone, strings.Join(c.Addrs(), " "))
 		}
 		time.Sleep(500 * time.Millisecond)
 		healthyOK(t, sick, t0, time.Now())
+		// The spanning requests: A (fail closed, healthy master) decided,
+		// B (fail open, sleeping master) passed: all 200, never waiting for
+		// the stall; with B fail closed, 503s, and nothing else but 200s.
+		for _, l := range spans {
+			counts, slowest := map[int]int{}, time.Duration(0)
+			for _, r := range l.between(t0, time.Now()) {
+				counts[r.code]++
+				slowest = max(slowest, r.dur)
+			}
+			t.Logf("caddy %d, %s (A on master %d, B on the sleeping master): %v, slowest %v", l.proc, l.path, spanA, counts, slowest)
+			switch l.path {
+			case "/span":
+				if len(counts) != 1 || counts[200] == 0 || slowest >= time.Second {
+					t.Errorf("caddy %d, /span: statuses %v, slowest %v; want only 200s (B fail open), each under 1s", l.proc, counts, slowest)
+				}
+			default:
+				if counts[503] == 0 || len(counts) > 2 || len(counts) == 2 && counts[200] == 0 {
+					t.Errorf("caddy %d, /span-closed: statuses %v; want 503s (B fail closed) and 200s only", l.proc, counts)
+				}
+			}
+		}
 		for _, l := range loads {
 			if l.shard != sick {
 				continue
