@@ -104,7 +104,7 @@ func TestClusterShardFailure(t *testing.T) {
 	// the other masters serve (with full coverage required, Redis answers
 	// CLUSTERDOWN for every slot then: docs/redis.md).
 	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, Replicas: 1, NodeTimeout: 3 * time.Second, Partial: true})
-	const timeout = 200 * time.Millisecond // above a busy -race machine's noise, far below the faults
+	const timeout = 400 * time.Millisecond // above a busy -race machine's noise, far below the faults
 	s := newClusterStore(t, c.Addrs(), timeout)
 	keys := make([]algorithms.Key, len(c.Nodes))
 	loads := make([]*shardLoad, len(c.Nodes))
