@@ -180,6 +180,8 @@ func TestValueErrorsNameTheLine(t *testing.T) {
 	zone := func(body string) string { return site("", "\t\tzone z1 {\n"+body+"\n\t\t} #zone") }
 	rate := func(extra string) string { return zone("\t\t\tevents 5\n\t\t\twindow 1m\n" + extra) }
 	conc := func(extra string) string { return zone("\t\t\tconcurrent 5\n" + extra) }
+	store := func(spec string) string { return site("", zoneZ+"\t\tstore "+spec) }
+	redis := func(field string) string { return store("redis redis://127.0.0.1:1 {\n\t\t\t" + field + "\n\t\t}") }
 	cases := []struct {
 		name, caddyfile string
 		want            []string
@@ -236,6 +238,22 @@ func TestValueErrorsNameTheLine(t *testing.T) {
 		{"bad response status", site("", zoneZ+"\t\tresponse { #here\n\t\t\tstatus 200\n\t\t}"), []string{"response", "status must be between 400 and 599"}},
 		{"response problem with a body", site("", zoneZ+"\t\tresponse problem { #here\n\t\t\tbody x\n\t\t}"), []string{"response", "problem", "not body"}},
 		{"store memory sweep_interval 1ns", site("", zoneZ+"\t\tstore memory {\n\t\t\tsweep_interval 1ns #here\n\t\t}"), []string{"store memory", "sweep_interval", "at least 1s"}},
+		// The stores' own values (a value holding a placeholder is checked at
+		// load: TestStorePlaceholderCheckedAtLoad).
+		{"store memory max_keys huge", store("memory {\n\t\t\tmax_keys 99999999999999 #here\n\t\t}"), []string{"store memory", "max_keys must be between 1 and 1000000000"}},
+		{"store redis url ftp", store("redis ftp://x #here"), []string{"store redis", "url", `unsupported scheme "ftp"`}},
+		{"store redis url in the block", store("redis {\n\t\t\turl ftp://x #here\n\t\t}"), []string{"store redis", "url", `unsupported scheme "ftp"`}},
+		{"store redis url bad db", store("redis redis://127.0.0.1:1/x #here"), []string{"store redis", "url"}},
+		{"store redis sentinel without master", store("redis redis+sentinel://127.0.0.1:1 #here"), []string{"store redis", "url", "master_name"}},
+		{"store redis cluster address", store("redis {\n\t\t\tcluster 127.0.0.1 #here\n\t\t}"), []string{"store redis", "cluster address"}},
+		{"store redis timeout 1ns", redis("timeout 1ns #here"), []string{"store redis", "timeout must be between 1ms and 1m0s"}},
+		{"store redis timeout 2m", redis("timeout 2m #here"), []string{"store redis", "timeout must be between 1ms and 1m0s"}},
+		{"store redis late_reply_grace 1ns", redis("late_reply_grace 1ns #here"), []string{"store redis", "late_reply_grace must be 0 (off) or between 1ms and 1s"}},
+		{"store redis key_prefix with a space", redis("key_prefix \"a b\" #here"), []string{"store redis", "key_prefix", `"a b"`}},
+		{"store redis key_prefix with a glob", redis("key_prefix app* #here"), []string{"store redis", "key_prefix", `"app*"`}},
+		{"store redis key_prefix too long", redis("key_prefix " + strings.Repeat("p", 129) + " #here"), []string{"store redis", "key_prefix", "at most 128 bytes"}},
+		{"store redis deny_cache_size 1", redis("deny_cache_size 1 #here"), []string{"store redis", "deny_cache_size must be 0 (off) or between 100 and 100000000"}},
+		{"store redis deny_cache_size huge", redis("deny_cache_size 1000000000 #here"), []string{"store redis", "deny_cache_size must be 0 (off) or between 100 and 100000000"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -286,5 +304,43 @@ func TestJSONConcurrentZero(t *testing.T) {
 	// A zone is still read strictly.
 	if err := load(`{"r":{"max_events":5,"window":"1m","colour":1}}`); err == nil || !strings.Contains(err.Error(), `unknown field "colour"`) {
 		t.Fatalf("an unknown zone field: %v", err)
+	}
+}
+
+// TestStorePlaceholderCheckedAtLoad (issue 23, item 9): a store value
+// holding a placeholder adapts, and is checked once resolved, at load.
+func TestStorePlaceholderCheckedAtLoad(t *testing.T) {
+	t.Setenv("SLUICE_TEST_STORE_URL", "")
+	cf := site("", zoneZ+"\t\tstore redis {env.SLUICE_TEST_STORE_URL}")
+	if _, err := adapt(t, cf); err != nil {
+		t.Fatalf("refused at adapt time, want at load: %v", err)
+	}
+	err := validateCaddyfile(t, cf)
+	if err == nil || !strings.Contains(err.Error(), "url") || !strings.Contains(err.Error(), "SLUICE_TEST_STORE_URL is not set") {
+		t.Fatalf("error %v, want it to name url and the unset variable", err)
+	}
+}
+
+// TestJSONStoreValueErrors (issue 23, item 9): a JSON store value out of
+// bounds is refused at load, naming the store and the field.
+func TestJSONStoreValueErrors(t *testing.T) {
+	for _, c := range []struct{ store, want string }{
+		{`{"module":"redis","url":"ftp://x"}`, `url: unsupported scheme "ftp"`},
+		{`{"module":"redis","url":"redis://127.0.0.1:1","timeout":"1ns"}`, "timeout must be between"},
+		{`{"module":"redis","url":"redis://127.0.0.1:1","late_reply_grace":"1ns"}`, "late_reply_grace must be"},
+		{`{"module":"redis","url":"redis://127.0.0.1:1","key_prefix":"a b"}`, "key_prefix"},
+		{`{"module":"redis","url":"redis://127.0.0.1:1","deny_cache_size":1}`, "deny_cache_size must be"},
+		{`{"module":"memory","max_keys":99999999999999}`, "max_keys must be between"},
+	} {
+		js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[{"handler":"rate_limit","store":` + c.store +
+			`,"rate_limits":{"z":{"max_events":5,"window":"1m"}}}]}]}}}}}`
+		var cfg caddy.Config
+		if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		err := caddy.Validate(&cfg)
+		if err == nil || !strings.Contains(err.Error(), "store") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("store %s: error %v, want it to mention %q", c.store, err, c.want)
+		}
 	}
 }

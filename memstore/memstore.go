@@ -33,6 +33,9 @@ const (
 	// second keeps a core busy for nothing (keys are back to full after a
 	// window, rarely sooner).
 	MinSweepInterval = time.Second
+	// MaxMaxKeys bounds max_keys: about 150 GB of keys, more than one
+	// process should hold.
+	MaxMaxKeys = 1_000_000_000
 )
 
 // Config configures a Store.

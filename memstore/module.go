@@ -30,8 +30,8 @@ type Memory struct {
 	// MaxKeys bounds the keys (zone × client) held, rounded up to a
 	// multiple of 64 (the shards). A full shard drops its keys back to
 	// full, then the key closest to full of a sample of 8 (the rule and
-	// its memory: docs/reference.md, "Store memory"). Default: 1000000
-	// (about 150 MB at most).
+	// its memory: docs/reference.md, "Store memory"). At most
+	// 1000000000. Default: 1000000 (about 150 MB at most).
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// SweepInterval is how often keys that are back to full are dropped.
@@ -93,8 +93,8 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 
 // Validate checks the configuration.
 func (m *Memory) Validate() error {
-	if m.MaxKeys < 0 {
-		return fmt.Errorf("store memory: max_keys must be positive, got %d", m.MaxKeys)
+	if m.MaxKeys < 0 || m.MaxKeys > MaxMaxKeys {
+		return fmt.Errorf("store memory: max_keys must be between 1 and %d, got %d", MaxMaxKeys, m.MaxKeys)
 	}
 	if m.SweepInterval != 0 && time.Duration(m.SweepInterval) < MinSweepInterval {
 		return fmt.Errorf("store memory: sweep_interval must be at least %s, got %s", MinSweepInterval, time.Duration(m.SweepInterval))
@@ -163,11 +163,11 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("store memory: sweep_interval must be a positive duration, got %q", val)
 			}
 			m.SweepInterval = caddy.Duration(dur)
-			if err := m.Validate(); err != nil {
-				return d.WrapErr(err) // named at its line, as JSON is at load
-			}
 		default:
 			return d.Errf("store memory: unknown option %q (known: max_keys, sweep_interval)", field)
+		}
+		if err := m.Validate(); err != nil {
+			return d.WrapErr(err) // named at its line, as JSON is at load
 		}
 	}
 	return nil

@@ -56,6 +56,17 @@ const (
 	DefaultLateReplyGrace = 100 * time.Millisecond
 	// MaxLateReplyGrace bounds the option.
 	MaxLateReplyGrace = time.Second
+	// MinTimeout and MaxTimeout bound the decision timeout: below 1ms not
+	// even a loopback round trip fits, above 1m a request waits longer
+	// than any client would.
+	MinTimeout = time.Millisecond
+	MaxTimeout = time.Minute
+	// MaxKeyPrefix bounds key_prefix's length in bytes.
+	MaxKeyPrefix = 128
+	// MinDenyCacheSize and MaxDenyCacheSize bound a deny cache that is on
+	// (about 25 GB at the maximum).
+	MinDenyCacheSize = 100
+	MaxDenyCacheSize = 100_000_000
 )
 
 // Redis is the shared store. Configure exactly one of URL (a standalone
@@ -85,16 +96,18 @@ type Redis struct {
 
 	// Timeout bounds each decision end to end (pool wait, connect, the
 	// call, one reload retry); then the zones' fail policy decides.
-	// Default: 100ms.
+	// 1ms to 1m. Default: 100ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 
 	// LateReplyGrace is how much longer a decision already sent when the
 	// timeout passes waits for its reply, which then decides; past it the
-	// fail policy applies. 0 is off; at most 1s. Default: 100ms.
+	// fail policy applies. 0 is off, else 1ms to 1s. Default: 100ms.
 	LateReplyGrace *caddy.Duration `json:"late_reply_grace,omitempty"`
 
-	// KeyPrefix starts every key Sluice writes; no '{' or '}'. Default:
-	// "sluice:v1:".
+	// KeyPrefix starts every key Sluice writes: at most 128 printable
+	// ASCII characters, no space, '{' or '}' (the Cluster hash tag) and no
+	// '*', '?', '[', ']' or '\' (so the pattern <prefix>* of an ACL or a
+	// --scan matches exactly its keys). Default: "sluice:v1:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// PoolSize is the number of connections per node. Default: go-redis's
@@ -115,8 +128,8 @@ type Redis struct {
 
 	// DenyCacheSize bounds this instance's deny cache, which answers a
 	// refused client's next requests locally while Redis would still
-	// refuse them, exactly. 0 turns it off. Default: 10000 entries (about
-	// 2.5 MB).
+	// refuse them, exactly. 0 turns it off, else 100 to 100000000.
+	// Default: 10000 entries (about 2.5 MB).
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 
 	store   *Store
@@ -272,24 +285,44 @@ func (r *Redis) validate() error {
 		return errors.New("store redis: url or cluster is required")
 	case r.URL != "" && len(r.Cluster) > 0:
 		return errors.New("store redis: set url or cluster, not both")
-	case r.Timeout < 0:
-		return fmt.Errorf("store redis: timeout must be positive, got %s", time.Duration(r.Timeout))
+	}
+	return r.checkValues()
+}
+
+// checkValues checks each field set (0 and nil are defaults) on its own:
+// Validate's rules, which UnmarshalCaddyfile applies after each field so
+// that an error names its line. A URL holding a placeholder is checked once
+// resolved, at Provision.
+func (r *Redis) checkValues() error {
+	switch {
+	case r.Timeout != 0 && (time.Duration(r.Timeout) < MinTimeout || time.Duration(r.Timeout) > MaxTimeout):
+		return fmt.Errorf("store redis: timeout must be between %s and %s, got %s", MinTimeout, MaxTimeout, time.Duration(r.Timeout))
 	case r.PoolSize < 0:
 		return fmt.Errorf("store redis: pool_size must be positive, got %d", r.PoolSize)
 	case r.Pipelines < 0 || r.Pipelines > maxWorkers:
 		return fmt.Errorf("store redis: pipelines must be between 1 and %d, got %d", maxWorkers, r.Pipelines)
-	case r.LateReplyGrace != nil && (*r.LateReplyGrace < 0 || time.Duration(*r.LateReplyGrace) > MaxLateReplyGrace):
-		return fmt.Errorf("store redis: late_reply_grace must be between 0 (off) and %s, got %s", MaxLateReplyGrace, time.Duration(*r.LateReplyGrace))
-	case r.DenyCacheSize != nil && *r.DenyCacheSize < 0:
-		return fmt.Errorf("store redis: deny_cache_size must be 0 (off) or positive, got %d", *r.DenyCacheSize)
+	case r.LateReplyGrace != nil && *r.LateReplyGrace != 0 &&
+		(time.Duration(*r.LateReplyGrace) < time.Millisecond || time.Duration(*r.LateReplyGrace) > MaxLateReplyGrace):
+		return fmt.Errorf("store redis: late_reply_grace must be 0 (off) or between 1ms and %s, got %s", MaxLateReplyGrace, time.Duration(*r.LateReplyGrace))
+	case r.DenyCacheSize != nil && *r.DenyCacheSize != 0 && (*r.DenyCacheSize < MinDenyCacheSize || *r.DenyCacheSize > MaxDenyCacheSize):
+		return fmt.Errorf("store redis: deny_cache_size must be 0 (off) or between %d and %d, got %d", MinDenyCacheSize, MaxDenyCacheSize, *r.DenyCacheSize)
 	case r.Breaker != nil && (r.Breaker.Failures < 0 || r.Breaker.Cooldown < 0 || r.Breaker.MaxCooldown < 0):
 		return errors.New("store redis: breaker: failures, cooldown and max_cooldown must be positive")
 	case strings.ContainsAny(r.KeyPrefix, "{}"):
 		return fmt.Errorf("store redis: key_prefix %q must not contain '{' or '}' (they would change the Cluster hash tag)", r.KeyPrefix)
+	case len(r.KeyPrefix) > MaxKeyPrefix:
+		return fmt.Errorf("store redis: key_prefix must be at most %d bytes, got %d", MaxKeyPrefix, len(r.KeyPrefix))
+	case strings.IndexFunc(r.KeyPrefix, func(c rune) bool { return c <= ' ' || c > '~' || strings.ContainsRune(`*?[]\`, c) }) >= 0:
+		return fmt.Errorf("store redis: key_prefix %q must be printable ASCII without spaces or the pattern characters * ? [ ] \\", r.KeyPrefix)
 	}
 	for _, a := range r.Cluster {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Errorf("store redis: cluster address %q: %v", a, err)
+		}
+	}
+	if r.URL != "" && !strings.Contains(r.URL, "{") {
+		if _, _, err := parseURL(r.URL, r.Password); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -423,20 +456,12 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewClusterClient(opt), true, nil
 	}
-	u, err := url.Parse(c.URL)
+	opt, fopt, err := parseURL(c.URL, c.Password)
 	if err != nil {
-		return nil, false, errors.New("store redis: url: malformed URL")
+		return nil, false, err
 	}
-	switch u.Scheme {
-	case "redis+sentinel", "rediss+sentinel":
-		u.Scheme = strings.TrimSuffix(u.Scheme, "+sentinel")
-		opt, err := redis.ParseFailoverURL(u.String())
-		if err != nil {
-			return nil, false, fmt.Errorf("store redis: url: %v", redactErr(err, c.URL, c.Password))
-		}
-		if opt.MasterName == "" {
-			return nil, false, errors.New("store redis: url: a Sentinel URL needs ?master_name=<name>")
-		}
+	if fopt != nil {
+		opt := fopt
 		if c.PoolSize > 0 {
 			opt.PoolSize = c.PoolSize
 		}
@@ -444,20 +469,42 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return newGuardedFailoverClient(opt, c.Timeout), false, nil
-	case "redis", "rediss", "unix":
-		opt, err := redis.ParseURL(c.URL)
-		if err != nil {
-			return nil, false, fmt.Errorf("store redis: url: %v", redactErr(err, c.URL, c.Password))
-		}
-		if c.PoolSize > 0 {
-			opt.PoolSize = c.PoolSize
-		}
-		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
-			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
-		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
-		return redis.NewClient(opt), false, nil
 	}
-	return nil, false, fmt.Errorf("store redis: url: unsupported scheme %q (use redis://, rediss://, redis+sentinel:// or rediss+sentinel://)", u.Scheme)
+	if c.PoolSize > 0 {
+		opt.PoolSize = c.PoolSize
+	}
+	bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
+		&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+	opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
+	return redis.NewClient(opt), false, nil
+}
+
+// parseURL reads a resolved url: a server's options, or a Sentinel
+// setup's. Its errors never hold the URL or the password.
+func parseURL(rawURL, password string) (*redis.Options, *redis.FailoverOptions, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, errors.New("store redis: url: malformed URL")
+	}
+	switch u.Scheme {
+	case "redis+sentinel", "rediss+sentinel":
+		u.Scheme = strings.TrimSuffix(u.Scheme, "+sentinel")
+		opt, err := redis.ParseFailoverURL(u.String())
+		if err != nil {
+			return nil, nil, fmt.Errorf("store redis: url: %v", redactErr(err, rawURL, password))
+		}
+		if opt.MasterName == "" {
+			return nil, nil, errors.New("store redis: url: a Sentinel URL needs ?master_name=<name>")
+		}
+		return nil, opt, nil
+	case "redis", "rediss", "unix":
+		opt, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store redis: url: %v", redactErr(err, rawURL, password))
+		}
+		return opt, nil, nil
+	}
+	return nil, nil, fmt.Errorf("store redis: url: unsupported scheme %q (use redis://, rediss://, redis+sentinel:// or rediss+sentinel://)", u.Scheme)
 }
 
 // workers is the number of pipeline workers (batch.go) of a store with
@@ -541,6 +588,9 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if d.NextArg() {
 			return d.ArgErr()
 		}
+		if err := r.checkValues(); err != nil {
+			return d.WrapErr(err)
+		}
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
@@ -577,6 +627,9 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return err
 		}
+		if err := r.checkValues(); err != nil {
+			return d.WrapErr(err) // at the field's line, as JSON is refused at load
+		}
 	}
 	if err := r.validate(); err != nil {
 		return d.Err(err.Error())
@@ -609,8 +662,8 @@ func (r *Redis) setOption(field, v string) error {
 		dur := time.Duration(0)
 		if v != "off" {
 			var err error
-			if dur, err = caddy.ParseDuration(v); err != nil || dur < 0 || dur > MaxLateReplyGrace {
-				return bad("off or a duration from 0 to " + MaxLateReplyGrace.String())
+			if dur, err = caddy.ParseDuration(v); err != nil {
+				return bad("off or a duration")
 			}
 		}
 		g := caddy.Duration(dur)
