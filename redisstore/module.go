@@ -569,7 +569,7 @@ func redactErr(err error, secrets ...string) error {
 //	    password   <password>
 //	    tls
 //	    timeout    <duration>
-//	    late_reply_grace <duration> | off  # a sent decision's late reply still decides; default 100ms, max 1s
+//	    late_reply_grace <duration> | off  # a sent decision's late reply still decides; default 100ms, 1ms to 1s
 //	    key_prefix <string>
 //	    pool_size  <n>
 //	    pipelines  <n>                # pipeline workers; default 2
