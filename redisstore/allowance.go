@@ -16,58 +16,20 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// The local allowance (zone setting local_allowance; docs/redis.md): a hot
-// key's budget drawn from Redis in batches and spent here.
+// The local allowance (zone setting local_allowance): a hot key's budget
+// drawn from Redis in batches and spent here. docs/redis.md, "Local
+// allowance", tells how it works, why it never admits more than the limit,
+// its bound (refusing early), which algorithms it takes and its failures.
 //
-// A request of a zone with an allowance first looks for a lease on its key
-// (zone, key and limit): budget this instance drew from Redis and has not
-// spent. When the lease holds the request's cost and has not expired, the
-// request is decided here, without Redis. Otherwise it goes to Redis as
-// always, in the same script call as the request's other zones, with its
-// cost raised by a batch: the units it draws for the key's next requests.
-// The batch is charged in Redis like any admission (a drawn batch is
-// already spent as far as every other instance can see), so the fleet never
-// admits more than the limit; what it costs is that another instance may
-// be refused while this one holds unspent units. That is bounded:
-//
-//   - a lease holds at most maxBatch units (drawn and being drawn): the
-//     zone's max, and never more than a tenth of the capacity;
-//   - a batch is sized to the key's demand on this instance over the last
-//     expiry period (a key seen less than twice in it draws none), and to
-//     what Redis last said was left;
-//   - a lease expires after the zone's expiry (100ms by default): its
-//     unspent units are then returned to Redis (the script's refund mode)
-//     by a sweeper.
-//
-// So at any moment the units the fleet holds unspent for one key are at
-// most maxBatch per instance, and a unit stays unspent at most the expiry
-// (plus a sweep) after the last request that could have spent it.
-//
-// Exact only where drawing early and returning late change nothing but the
-// timing in the limiter's favour: token_bucket and gcra (a charge made
-// early counts against the refill sooner; a refund gives back exactly what
-// was charged, never more than the debt). fixed_window, sliding_window and
-// sliding_log are refused at load: a batch charged in one window and
-// spent or returned in the next would be counted in the wrong window.
-//
-// All-or-nothing with the request's other zones: a lease's units are
-// reserved first and spent only when the whole request is allowed (when
-// another zone refuses, they go back to the lease); a batch travels in the
-// request's one script call, so a refusal charges nothing. A draw that
-// Redis refuses (the batch did not fit) is retried once without batches.
-//
-// Failures: a request whose zones cannot all be decided here goes to Redis
-// and fails as any other (the zones' fail policies apply); after a failed
-// call no batch is drawn until a call succeeds, and none before the
-// watch's first successful poll (see allowances.watch). A lease is
-// forgotten, unspent, when the store loses its connection to Redis or the
-// deny cache's watch sees Redis restarted or flushed (its state, and with
-// it the charge, may be gone: spending the lease then could admit more
-// than the limit); the units are counted lost (a key refills them). A
-// batch whose draw got no reply is lost too (Redis may have charged it). A
-// refund that was not sent is retried by the next sweep, for up to
-// refundGiveUp; one that got no reply is not (it may have been applied:
-// sending it again could give the units back twice).
+// What the code below keeps to: a lease (zone, key, limit) decides a
+// request alone when it holds the cost and has not expired; otherwise the
+// request goes to Redis in its one script call with its cost raised by a
+// batch, so a refusal charges nothing. A lease holds at most maxBatch
+// units; its unspent units go back by the sweep (refund mode). A lease is
+// forgotten, unspent, when Redis's state may be gone (lost connection, or
+// the watch sees a restart or flush); no batch is drawn after a failed
+// call until one succeeds, nor before the watch's first successful poll.
+// A refund is sent again only when it surely did not reach Redis.
 
 // Allowance settings and bounds.
 const (
