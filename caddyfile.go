@@ -262,9 +262,9 @@ func (h *Handler) checkParsed(at *fieldPlaces, places map[string]*fieldPlaces) e
 	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
 		z := h.RateLimits[name]
 		c := *z // compile needs the defaults, the adapted JSON leaves them out
-		c.setDefaults()
+		c.SetDefaults()
 		c.ReportOnly = c.ReportOnly || h.ReportOnly
-		_, err := c.compile(name)
+		_, err := compileZone(&c, name)
 		if err == nil {
 			one := &Handler{ReportOnly: h.ReportOnly, RateLimits: map[string]*Zone{name: z}}
 			if err = one.validateZoneModes(); err != nil {
