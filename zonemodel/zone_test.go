@@ -44,12 +44,12 @@ func TestCompileDefaults(t *testing.T) {
 // root package's config tests cover the rest through the Caddyfile).
 func TestCompileErrorsNameTheField(t *testing.T) {
 	for js, want := range map[string]string{
-		`{"window":"1m"}`:                                   "events (max_events) is required",
-		`{"concurrent":0}`:                                  "concurrent must be between 1 and 1000000, got 0",
-		`{"max_events":5,"window":"1m","penalty":"1500us"}`: "penalty must be a whole number of milliseconds, got 1.5ms",
+		`{"window":"1m"}`:  "events (max_events) is required",
+		`{"concurrent":0}`: "concurrent must be between 1 and 1000000, got 0",
+		`{"max_events":5,"window":"1m","penalty":"1500us"}`:                      "penalty must be a whole number of milliseconds, got 1.5ms",
 		`{"max_events":5,"window":"1m","algorithm":"fixed_window","delay":"1s"}`: "delay: fixed_window: " + algorithms.ErrDelayNotAllowed.Error(),
-		`{"max_events":5,"window":"1m","cost":"9"}`:                               "cost 9 exceeds the zone's capacity 5: no request could ever pass",
-		`{"max_events":5,"window":"1m","fail":"maybe"}`:                           `fail: unknown policy "maybe" (known: open, closed, local)`,
+		`{"max_events":5,"window":"1m","cost":"9"}`:                              "cost 9 exceeds the zone's capacity 5: no request could ever pass",
+		`{"max_events":5,"window":"1m","fail":"maybe"}`:                          `fail: unknown policy "maybe" (known: open, closed, local)`,
 	} {
 		if _, err := compile(t, js); err == nil || err.Error() != want {
 			t.Errorf("%s: error %v, want %q", js, err, want)
