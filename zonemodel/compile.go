@@ -196,7 +196,8 @@ func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
 }
 
 // penalty returns the zone's penalty in milliseconds (0: none), checked.
-// What a penalty does: algorithms/penalty.go.
+// It travels in the limit (Limit.Penalty), so one zone name carries one
+// penalty, as it carries one limit; what it does: docs/algorithms.md.
 func (z *Zone) penalty() (int64, error) {
 	p := time.Duration(z.Penalty)
 	switch {
@@ -213,7 +214,7 @@ func (z *Zone) penalty() (int64, error) {
 }
 
 // delay returns the zone's delay and delay_after into l, checked. What a
-// delay does: algorithms/delay.go.
+// delay does: docs/algorithms.md ("Smooth or refuse").
 func (z *Zone) delay(l *algorithms.Limit) error {
 	d := time.Duration(z.Delay)
 	switch {
