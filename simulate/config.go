@@ -269,9 +269,13 @@ type directive struct {
 // the handler's own error for it.
 func (rw *rewritten) zonesOf(h map[string]any, ov Overrides, zones map[string]*ZoneConfig) error {
 	var d directive
-	if b, err := json.Marshal(h); err != nil || json.Unmarshal(b, &d) != nil {
-		return nil // the handler refuses its config when Caddy loads it
+	b, err := json.Marshal(h)
+	if err == nil {
+		// A field of the wrong type is left out, the others read: Caddy's
+		// load refuses the handler for it.
+		err = json.Unmarshal(b, &d)
 	}
+	rw.invalid = cmp.Or(rw.invalid, err)
 	for name, raw := range d.RateLimits {
 		if len(raw) == 0 || raw[0] != '{' {
 			continue
