@@ -255,7 +255,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return h.checkParsed(at, places)
 }
 
-// checkParsed runs the load-time checks (Zone.compile, Handler.Validate) on
+// checkParsed runs the load-time checks (compileZone, Handler.Validate) on
 // the parsed directive, and names in an error the file and line of the
 // field it is about.
 func (h *Handler) checkParsed(at *fieldPlaces, places map[string]*fieldPlaces) error {
