@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 func init() {
@@ -364,7 +365,7 @@ func serveRateLimit(w http.ResponseWriter, r *http.Request, rest string) error {
 	name := parts[0]
 	az := activeZones()[name]
 	if az == nil {
-		if validZoneName(name) != nil {
+		if zonemodel.ValidName(name) != nil {
 			return apiErr(http.StatusNotFound, "unknown zone (not a valid zone name)")
 		}
 		return apiErr(http.StatusNotFound, "unknown zone %q: no such zone in the active configuration (GET %szones lists them)", name, adminPrefix)

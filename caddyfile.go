@@ -255,16 +255,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return h.checkParsed(at, places)
 }
 
-// checkParsed runs the load-time checks (Zone.compile, Handler.Validate) on
+// checkParsed runs the load-time checks (compileZone, Handler.Validate) on
 // the parsed directive, and names in an error the file and line of the
 // field it is about.
 func (h *Handler) checkParsed(at *fieldPlaces, places map[string]*fieldPlaces) error {
 	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
 		z := h.RateLimits[name]
 		c := *z // compile needs the defaults, the adapted JSON leaves them out
-		c.setDefaults()
+		c.SetDefaults()
 		c.ReportOnly = c.ReportOnly || h.ReportOnly
-		_, err := c.compile(name)
+		_, err := compileZone(&c, name)
 		if err == nil {
 			one := &Handler{ReportOnly: h.ReportOnly, RateLimits: map[string]*Zone{name: z}}
 			if err = one.validateZoneModes(); err != nil {

@@ -2,21 +2,16 @@ package sluice
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
-	"github.com/sluicehq/caddy-sluice/identity"
 )
 
 // Concurrency zones: `concurrent <n>` limits how many requests of one key
@@ -50,12 +45,6 @@ import (
 //     concurrency zone: when a slot frees is in no state it could run
 //     forward.
 
-// defaultLease is a concurrency zone's lease when `lease` is not set:
-// well above a typical request, so a slow one is renewed rather than lost,
-// and short enough that a crashed instance's slots come back within a
-// minute.
-const defaultLease = time.Minute
-
 // maxConcurrencyRetry caps the Retry-After a concurrency refusal derives
 // from observed hold times (concurrencyZone.retryHint).
 const maxConcurrencyRetry = time.Minute
@@ -79,93 +68,12 @@ type concurrencyZone struct {
 	slots prometheus.Gauge
 }
 
-// isConcurrency reports whether the zone is configured as a concurrency
-// zone.
-func (z *Zone) isConcurrency() bool {
-	return z.Concurrent != 0 || z.ConcurrentFrom != "" || z.Lease != 0
-}
-
-// UnmarshalJSON reads a zone as Caddy reads a module (an unknown field is
-// an error), noting an explicit "concurrent": 0 so that the check can name
-// concurrent rather than the events a rate zone would need.
-func (z *Zone) UnmarshalJSON(b []byte) error {
-	type plain Zone // without this method
-	if err := caddy.StrictUnmarshalJSON(b, (*plain)(z)); err != nil {
-		return err
+// compileConcurrency sets up a concurrency zone's run time; nothing for a
+// rate zone. (Its limit and concurrent_from: zonemodel.)
+func (z *zone) compileConcurrency() {
+	if z.limit.Algorithm == algorithms.Concurrency {
+		z.conc = new(concurrencyZone)
 	}
-	var set struct {
-		Concurrent *int64 `json:"concurrent"`
-	}
-	z.concurrentZero = json.Unmarshal(b, &set) == nil && set.Concurrent != nil && *set.Concurrent == 0
-	return nil
-}
-
-// concurrencyLimit compiles a concurrency zone's limit (see Zone.limit),
-// with errors naming the field.
-func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
-	if z.Concurrent == 0 && z.ConcurrentFrom == "" {
-		return algorithms.Limit{}, errors.New("lease applies only to a concurrency zone (set concurrent); a rate zone has no lease")
-	}
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
-		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
-		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
-	} {
-		if f.set {
-			return algorithms.Limit{}, fmt.Errorf("%s does not apply to a concurrency zone (concurrent): it limits the requests in flight, not a rate; put the rate in a zone of its own", f.name)
-		}
-	}
-	switch {
-	case len(z.Count) > 0:
-		return algorithms.Limit{}, errors.New("count does not apply to a concurrency zone (concurrent): its slot is given back when the request ends, whatever the response's status; count in a rate zone of its own")
-	case z.Penalty != 0:
-		return algorithms.Limit{}, errors.New("penalty does not apply to a concurrency zone (concurrent): a key is refused while its slots are in use, and no longer; put the penalty on a rate zone")
-	case z.Delay != 0 || z.DelayAfter != 0:
-		return algorithms.Limit{}, errors.New("delay does not apply to a concurrency zone (concurrent): a request over its slots is refused, it does not wait for one; delay a rate zone (a request admitted to wait holds its slot while it waits)")
-	}
-	switch {
-	case z.Concurrent == 0:
-		return algorithms.Limit{}, errors.New("concurrent_from needs a default: set concurrent too (the limit used when the placeholder's value is unusable)")
-	case z.Concurrent < 1 || z.Concurrent > algorithms.MaxConcurrent:
-		return algorithms.Limit{}, fmt.Errorf("concurrent must be between 1 and %d, got %d", algorithms.MaxConcurrent, z.Concurrent)
-	}
-	lease := time.Duration(z.Lease)
-	if lease == 0 {
-		lease = defaultLease
-	}
-	if lease%time.Millisecond != 0 {
-		return algorithms.Limit{}, fmt.Errorf("lease must be a whole number of milliseconds, got %s", lease)
-	}
-	l, err := algorithms.NewConcurrencyLimit(z.Concurrent, lease)
-	if err != nil {
-		return l, fmt.Errorf("lease must be between %s and %s, got %s", time.Duration(algorithms.MinLease)*time.Millisecond,
-			time.Duration(algorithms.MaxLease)*time.Millisecond, lease)
-	}
-	return l, nil
-}
-
-// compileConcurrency sets up a concurrency zone's run time and its limit
-// chosen per request (concurrent_from); nothing for a rate zone.
-func (z *zone) compileConcurrency(cfg *Zone) error {
-	if z.limit.Algorithm != algorithms.Concurrency {
-		return nil
-	}
-	z.conc = new(concurrencyZone)
-	raw := strings.TrimSpace(cfg.ConcurrentFrom)
-	if raw == "" {
-		return nil
-	}
-	c, err := identity.Compile(raw)
-	if err != nil || c.Placeholders() == nil {
-		return fmt.Errorf("concurrent_from must be a placeholder, such as {plan_concurrent}, got %q", raw)
-	}
-	// The slots resolve as events do (limitOf), in one count per key.
-	z.dyn = &dynamicLimit{events: &c}
-	z.dynSpec = "concurrent_from " + raw
-	return nil
 }
 
 // concurrencyPolicyItem is a concurrency zone's RateLimit-Policy member

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // validateCaddyfile adapts a whole Caddyfile and provisions it the way
@@ -149,8 +151,8 @@ func TestPrefixZeroMeansDefault(t *testing.T) {
 		}
 	}`, nil)
 	v4, v6 := h.zones[0].deriver.Prefixes()
-	if v4 != defaultIPv4Prefix || v6 != defaultIPv6Prefix {
-		t.Fatalf("prefixes /%d /%d, want /%d /%d", v4, v6, defaultIPv4Prefix, defaultIPv6Prefix)
+	if v4 != zonemodel.DefaultIPv4Prefix || v6 != zonemodel.DefaultIPv6Prefix {
+		t.Fatalf("prefixes /%d /%d, want /%d /%d", v4, v6, zonemodel.DefaultIPv4Prefix, zonemodel.DefaultIPv6Prefix)
 	}
 }
 

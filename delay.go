@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -58,30 +57,6 @@ var errWaitAbandoned = errors.New("the client went away while its request waited
 // statusClientClosed is the status Caddy gives a request whose client went
 // away (nginx's 499).
 const statusClientClosed = 499
-
-// delay returns the zone's delay and delay_after into l, checked.
-func (z *Zone) delay(l *algorithms.Limit) error {
-	d := time.Duration(z.Delay)
-	switch {
-	case d == 0 && z.DelayAfter != 0:
-		return errors.New("delay_after needs delay (the longest a request may wait for its turn)")
-	case d == 0:
-		return nil
-	case !l.Algorithm.AllowsBurst():
-		return fmt.Errorf("delay: %s: %w", l.Algorithm, algorithms.ErrDelayNotAllowed)
-	case d < time.Millisecond:
-		return fmt.Errorf("delay must be at least 1ms, got %s", d)
-	case d%time.Millisecond != 0:
-		return fmt.Errorf("delay must be a whole number of milliseconds, got %s", d)
-	case z.DelayAfter < 0 || z.DelayAfter > l.Capacity():
-		return fmt.Errorf("delay_after must be between 1 and the capacity %d, got %d", l.Capacity(), z.DelayAfter)
-	}
-	l.Delay, l.DelayAfter = d.Milliseconds(), z.DelayAfter
-	if err := l.Validate(); err != nil {
-		return fmt.Errorf("delay: %w", err)
-	}
-	return nil
-}
 
 // waitingRoom counts the requests of a handler holding a place to wait
 // (n), at most max.

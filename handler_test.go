@@ -313,7 +313,7 @@ func TestZoneRegistry(t *testing.T) {
 func mustLimit(t *testing.T, events int64) (l algorithms.Limit) {
 	t.Helper()
 	z := Zone{MaxEvents: events, Window: caddy.Duration(60e9)}
-	l, err := z.limit()
+	l, err := z.Limit()
 	if err != nil {
 		t.Fatal(err)
 	}

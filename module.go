@@ -233,11 +233,11 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if cfg == nil {
 			return zoneErr(name, errors.New("empty configuration"))
 		}
-		cfg.setDefaults()
+		cfg.SetDefaults()
 		if h.ReportOnly {
 			cfg.ReportOnly = true
 		}
-		z, err := cfg.compile(name)
+		z, err := compileZone(cfg, name)
 		if err != nil {
 			return zoneErr(name, err)
 		}
@@ -254,7 +254,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 			h.logger.Info("rate limit zone switched off (enabled false)", zap.String("zone", name))
 			continue
 		}
-		for _, w := range cfg.keyWarnings() {
+		for _, w := range cfg.KeyWarnings() {
 			h.logger.Warn(w, zap.String("zone", name))
 		}
 		if z.fail == failLocalPolicy && h.local == nil {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // oddZoneNames are names caddy-ratelimit accepts that Sluice once refused,
@@ -36,7 +37,7 @@ func TestZoneNameRules(t *testing.T) {
 	ok := append([]string{"z", "login", "api.v2-EU_1", "a", ".", "..", " ", strings.Repeat("x", maxZoneNameLen),
 		strings.Repeat("é", maxZoneNameLen/2)}, oddZoneNames...)
 	for _, name := range ok {
-		if err := validZoneName(name); err != nil {
+		if err := zonemodel.ValidName(name); err != nil {
 			t.Errorf("%q refused: %v", name, err)
 		}
 	}
@@ -54,7 +55,7 @@ func TestZoneNameRules(t *testing.T) {
 		{"bad\xffutf8", "UTF-8"},
 		{"\xc3", "UTF-8"},
 	} {
-		err := validZoneName(bad.name)
+		err := zonemodel.ValidName(bad.name)
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%q: error %v, want one mentioning %q", bad.name, err, bad.want)
 		}

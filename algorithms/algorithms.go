@@ -7,20 +7,11 @@
 // (testdata/*.json, loaded by package vectortest) can check every
 // implementation: Step, the memory store, and the Lua twin in Redis.
 //
-// Each algorithm's file documents its semantics, its precision, where its
-// Retry-After is exact, and what a changed limit does to existing state.
-// Common to all: a refusal never consumes; a cost above the capacity is
-// refused with RetryAfter = Window (it can never pass: that RetryAfter is
-// a back-off hint, the one case where waiting it out does not help); and
-// after waiting exactly RetryAfter, the same request passes if nobody else
-// spent, and one millisecond sooner it does not (exact for all five).
-//
-// Time is measured in whole milliseconds everywhere in this package: it is
-// the resolution of every Retry-After and reset instant Sluice reports, and it
-// keeps all arithmetic in exact integers (a Lua twin running in Redis works
-// in doubles, which are exact for integers below 2^53).
-//
-// This package imports nothing of Sluice's own.
+// Time is in whole milliseconds throughout, and every quantity an exact
+// integer (below 2^53, so that the Lua twins' doubles are exact too). The
+// contract every algorithm keeps, and how each decides, precision and
+// changed limits included: docs/algorithms.md. This package imports nothing
+// of Sluice's own.
 package algorithms
 
 import (
@@ -315,24 +306,16 @@ type Decision struct {
 // counts as none. The numeric fields mean, per algorithm:
 //
 //   - token bucket: Debt is what the key has spent and not yet got back, in
-//     tokens scaled by Scale (tokens × Scale, an exact integer), counted at
-//     At (Unix milliseconds). Keeping the debt rather than the tokens left
-//     makes a changed limit apply at once and fairly: raising the capacity
-//     from 3 to 10 gives a client who spent 3 its 7 at once; lowering it
-//     from 10 to 3 after 4 were spent refuses it.
-//   - gcra: the theoretical arrival time At + Debt/Scale ms (whole
-//     milliseconds plus a fraction in units of 1/Scale ms).
+//     tokens × Scale (an exact integer), counted at At (Unix ms).
+//   - gcra: the theoretical arrival time At + Debt/Scale ms.
 //   - fixed_window: Debt events counted in the window [At, At+Scale).
 //   - sliding_window: Debt events in the current aligned window [At,
 //     At+Scale), Prev in the one before.
 //   - sliding_log: Log, the admitted events of the last window.
 //
-// Penalized, for every algorithm, is the instant the key's penalty started
-// (Unix ms; penalty.go), 0 for none. A state may hold a penalty and nothing
-// else (Scale 0 and no Log): then the algorithm's part counts as none.
-//
-// State is small and stored by value; only the sliding log points to
-// memory of its own (bounded by Events entries).
+// Penalized is when the key's penalty started (Unix ms, penalty.go), 0 for
+// none; a state may hold a penalty and nothing else (Scale 0, no Log).
+// State is stored by value; only the sliding log points to memory.
 type State struct {
 	Debt  int64
 	At    int64

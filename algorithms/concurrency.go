@@ -74,24 +74,14 @@ func (l Limit) validateConcurrency() error {
 	return nil
 }
 
-// concurrency is the concurrency zone's step function.
-//
-// Semantics: State.Debt is the number of slots in use (the leases a store
-// holds for the key: a shared store drops expired ones before it counts).
-// A request costing c (1: a request takes one slot) passes when the slots
-// in use plus c are at most Events; cost 0 is the key's view. Remaining is
-// the slots free after the decision. A refusal's RetryAfter and ResetAfter
-// are ConcurrencyRetry: when a slot frees depends on when requests end,
-// which no state holds. An allowed decision's ResetAfter is 0: the key has
-// no instant at which it is back to full.
-//
-// The key may be forgotten (fullAt) once no slot is in use: now; while one
-// is, never (math.MaxInt64), so that a memory store never sweeps or evicts
-// a slot a request still holds.
-//
-// A changed limit applies at once: raised, the key may take more slots;
-// lowered below the slots in use, it is refused until enough requests end.
-// State written by a rate algorithm counts as no slot in use.
+// concurrency is the concurrency zone's step function. State.Debt is the
+// number of slots in use (a shared store drops expired leases before it
+// counts); a request costing c (1: one slot) passes when the slots in use
+// plus c are at most Events, and cost 0 is the key's view. A refusal's
+// RetryAfter and ResetAfter are ConcurrencyRetry; an allowed decision's
+// ResetAfter is 0. fullAt is now once no slot is in use, else never
+// (math.MaxInt64), so that a memory store never sweeps or evicts a slot a
+// request still holds. Changed limits: docs/algorithms.md.
 func concurrency(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
 	n := l.Events
 	used := int64(0)

@@ -1,34 +1,14 @@
 package algorithms
 
-// gcra is the GCRA (generic cell rate algorithm) step function.
-//
-// Semantics: the token bucket's, exactly. A request costing c passes when
-// the key's theoretical arrival time (TAT) plus c emission intervals lies at
-// most capacity emission intervals after now, where the emission interval is
-// Window/Events and capacity is Burst (or Events). Admissions, Remaining,
-// RetryAfter and ResetAfter equal the token bucket's for the same limit and
-// traffic (a test checks it on random traffic); only the state differs: one
-// instant, the TAT, instead of a debt and its time.
-//
-// Precision: integer-exact. Time is counted in units of 1/u ms, u = Events /
-// gcd(Events, Window), so the emission interval is the whole number
-// Window/gcd(Events, Window) of units and every quantity is an integer. The
-// TAT is stored as whole milliseconds plus a fraction: At + Debt/Scale ms,
-// Scale = u. Validate bounds u by MaxGCRAUnit and capacity × Window by 2^53,
-// so every intermediate is exact in Lua's doubles.
-//
-// Retry-After is exact: after waiting exactly RetryAfter the same request
-// passes, and one millisecond sooner it does not.
-//
-// A changed limit applies at once: the TAT is kept (its fraction is
-// rescaled to the new unit, rounded up: in the limiter's favour, by less
-// than one unit), so the key owes the same time. A TAT further ahead than
-// the new capacity allows (a lowered burst, a slower rate) is waited out in
-// full: unlike the token bucket, which caps a debt at its new capacity,
-// GCRA does not forgive owed time, and so its Retry-After stays exact across
-// the change. A clock stepping back makes the TAT further ahead: the key
-// waits the lag too (the token bucket instead refills nothing until the
-// clock catches up; neither ever admits more).
+// gcra is the GCRA (generic cell rate algorithm) step function: the token
+// bucket's decisions exactly, with one instant of state, the theoretical
+// arrival time (TAT). A request costing c passes when TAT + c emission
+// intervals (Window/Events) lies at most capacity intervals after now.
+// Time is counted in units of 1/u ms, u = Events / gcd(Events, Window), so
+// that the emission interval is a whole number of units; the TAT is stored
+// as At + Debt/Scale ms, Scale = u (bounded by MaxGCRAUnit). A changed
+// limit keeps the TAT, its fraction rescaled to the new unit, rounded up;
+// owed time is never forgiven. The rest: docs/algorithms.md.
 func gcra(st State, fresh bool, l Limit, now, cost int64, mayWait bool) (Decision, State, int64) {
 	capacity := l.Capacity()
 	g := gcd(l.Events, l.Window)

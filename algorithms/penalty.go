@@ -1,37 +1,14 @@
 package algorithms
 
 // The penalty box: a limit with a Penalty refuses a key for that long once
-// it has refused it, whatever the algorithm would allow sooner.
-//
-// Semantics, the same for every algorithm:
-//
-//   - A refusal by the algorithm (its own decision, not a veto by another
-//     zone of the request; a cost above the capacity included) starts the
-//     penalty: the key is refused from now until now + Penalty. The state
-//     to store is the refused state (advanced to now) with Penalized = now,
-//     so a store writes it although the request is refused; every other
-//     refusal writes nothing, as before.
-//   - During the penalty every request is refused and nothing is written:
-//     requests refused meanwhile do not extend it, so Retry-After counts
-//     down to its end. RetryAfter is the time to the penalty's end, or the
-//     algorithm's own RetryAfter for this request if that is later (so that
-//     waiting exactly RetryAfter still lets the same request pass, rather
-//     than meeting a bucket that refuses it into a new penalty); Remaining
-//     is 0; ResetAfter covers the penalty. Cost 0 (a view) is refused too,
-//     without effect.
-//   - The algorithm's state keeps evolving underneath (a bucket refills
-//     during the penalty); when the penalty ends, the key is decided by the
-//     algorithm alone again, and its next admission clears Penalized.
-//   - The state records when the penalty started, not when it ends, so a
-//     changed Penalty applies at once to running penalties, like any
-//     changed limit: shortened, they end sooner; removed, they end now
-//     (the stored instant is ignored, and dropped by the next write);
-//     lengthened, they last longer, while the key is still held (a store
-//     forgets a key once its state as written is back to full and its
-//     penalty as written is over).
-//
-// A penalty is part of the key's state: the stores keep it with the
-// algorithm's, and an admin reset, which deletes the state, ends it.
+// the algorithm itself has refused it, whatever the algorithm would allow
+// sooner. The refusal that starts it stores the refused state with
+// Penalized = now; during the penalty every request is refused, nothing is
+// written (so it is not extended), and RetryAfter is the time to its end
+// or the algorithm's own RetryAfter if later. The algorithm's state keeps
+// evolving underneath; its next admission clears Penalized. Storing the
+// start, not the end, makes a changed Penalty apply at once to running
+// penalties. The rules in full: docs/algorithms.md.
 
 // Step runs one decision of the limit's algorithm and its penalty (see
 // above and step). It returns the decision, the state to store, and the

@@ -4,34 +4,12 @@ package algorithms
 // a request before it runs, so that it can be refused atomically with the
 // request's other zones, and gives the charge back when the response's
 // status does not match. Refund is that give-back, per algorithm, mirrored
-// by each Lua twin's *_refund.
-//
-// Exactness, measured against a run that never sent the refunded requests:
-//
-//   - fixed_window, sliding_window, sliding_log: exact in every order. The
-//     refund names the instant of its charge (At, the store's clock), so it
-//     takes the cost off the very window the charge was counted in (or,
-//     for the sliding log, removes that event); a charge whose window, or
-//     event, has already left the sliding window is gone already and gives
-//     nothing back. Unless the store's clock stepped back between (the
-//     charge then went to a window or an instant other than At's), or the
-//     zone's window changed between the charge and its refund.
-//   - token_bucket, gcra: the cost is given back at the refund's instant,
-//     never below an empty debt (a TAT before now). Exact when no other
-//     charge of the key lands between the charge and its refund (one
-//     client's sequential requests; a bucket that refills only continuously
-//     in between). When others land in between and the key would have been
-//     back to full meanwhile without this charge, the refund forgives up to
-//     min(cost, rate × the time between) more than that run would: the
-//     refill the bucket would have wasted while full. It never gives back
-//     more than was charged, so a key never admits more than its capacity
-//     plus its refill over any span of time. Exactness is impossible here
-//     without the key's whole history: how much of a charge the bucket has
-//     already refilled depends on whether the debt touched zero since, for
-//     every charge still refundable.
-//
-// A refund keeps the key's penalty as it is (a penalty started while a
-// refundable charge was in flight is not undone).
+// by each Lua twin's *_refund. The window algorithms take the cost off the
+// window (or the event) of the charge's instant At: exact in any order. The
+// buckets give it back at the refund's instant, never below an empty debt:
+// exact when no other charge lands in between, else in the client's favour
+// by at most the refill a full bucket would have wasted, never more than the
+// cost. A refund keeps the key's penalty. The bounds: docs/algorithms.md.
 
 // Refund asks a store to give back a charge a Take made.
 type Refund struct {

@@ -1,31 +1,14 @@
 package algorithms
 
-// slidingLog is the sliding log step function.
-//
-// Semantics: the key keeps every admitted event of the last Window as
-// (time, cost), oldest first. An event admitted at t counts while now < t +
-// Window. A request costing c passes when the costs still counting plus c
-// are at most Events: exactly at most Events in any span of Window, with no
-// estimate and no boundary burst. There is no burst (Validate refuses one).
-// Remaining is Events minus the costs counting; ResetAfter is when the
-// newest entry leaves the window.
-//
-// Memory: one entry per admitted request still in the window, so at most
-// Events entries (every cost is at least 1); Validate bounds Events by
-// MaxLogEvents. Use it for small N where exactness matters (five password
-// resets a day), sliding_window for large N.
-//
-// Precision: integer-exact. Retry-After is exact: the request passes when
-// enough of the oldest entries have left the window, which is the instant
-// computed (an entry's time + Window); one millisecond sooner the entry
-// still counts and the request is refused.
-//
-// A changed limit applies at once, naturally: a changed Events against the
-// entries kept, a changed Window to their times (a longer window counts
-// older entries only if they were still kept: entries are dropped once out
-// of the window in force when the key was last written). A clock stepping
-// back records the new entry at the newest entry's time, keeping the log in
-// order (the entry then leaves the window no sooner than it would have).
+// slidingLog is the sliding log step function: the key keeps every
+// admitted event of the last Window as (time, cost), oldest first, and an
+// event admitted at t counts while now < t + Window. A request costing c
+// passes when the costs still counting plus c are at most Events. There is
+// no burst (Validate refuses one). Remaining is Events minus the costs
+// counting; ResetAfter is when the newest entry leaves the window. At most
+// Events entries (every cost is at least 1), bounded by MaxLogEvents. A
+// clock stepping back records the new entry at the newest entry's time,
+// keeping the log in order. Changed limits: docs/algorithms.md.
 func slidingLog(st State, fresh bool, l Limit, now, cost int64) (Decision, State, int64) {
 	n, w := l.Events, l.Window
 	var live []LogEntry

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -8,12 +9,13 @@ import (
 	"strings"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
-	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
-// ZoneConfig is what the simulator knows of one zone from the configuration
-// (the handler decides with its own compiled form; this is for the report,
-// the traffic sources and --compare).
+// ZoneConfig is what the simulator reports of one zone: its compiled model
+// (zonemodel, the handler's own) as the report shows it. The handler decides
+// with its runtime form of the same model; this is for the report, the
+// traffic sources and --compare.
 type ZoneConfig struct {
 	Name       string   `json:"name"`
 	Algorithm  string   `json:"algorithm"`
@@ -30,14 +32,28 @@ type ZoneConfig struct {
 	// "concurrency", Events the slots too and WindowMs 0); 0 for a rate
 	// zone.
 	Concurrent int64 `json:"concurrent,omitempty"`
+
+	model *zonemodel.Compiled
 }
 
-// Capacity is what the zone's key can spend at once.
-func (z *ZoneConfig) Capacity() int64 {
-	if z.Burst > 0 {
-		return z.Burst
+// Model returns the zone's compiled model, as the handler compiles it.
+func (z *ZoneConfig) Model() *zonemodel.Compiled { return z.model }
+
+// zoneConfigOf is the report's view of a compiled zone; enabled is the
+// directive's switch.
+func zoneConfigOf(m *zonemodel.Compiled, cost string, enabled bool) *ZoneConfig {
+	zc := &ZoneConfig{Name: m.Name, Algorithm: m.Limit.Algorithm.String(), Events: m.Limit.Events,
+		WindowMs: m.Limit.Window, Burst: m.Limit.Burst, Cost: cost, ReportOnly: m.ReportOnly,
+		Enabled: enabled && m.Enabled, Dynamic: m.Dynamic(), Concurrent: m.Concurrent(), model: m}
+	if zc.Concurrent > 0 {
+		zc.WindowMs = 0 // the limit's window is the slots' lease
 	}
-	return z.Events
+	if m.Deriver != nil {
+		for _, c := range m.Deriver.Candidates() {
+			zc.Key = append(zc.Key, c.String())
+		}
+	}
+	return zc
 }
 
 // rewritten is a configuration prepared for the simulator.
@@ -50,6 +66,9 @@ type rewritten struct {
 	untouched []string
 	// hasAuth: an authentication handler was replaced by the simulated one.
 	hasAuth bool
+	// invalid is the first zone that the zone model refuses; the handler
+	// refuses it too, when Caddy loads the config.
+	invalid error
 	// hosts lists, per server, the hosts its top-level routes match, in
 	// order (read here: provisioning drops the routes' raw matchers).
 	hosts map[string][]string
@@ -236,71 +255,56 @@ func (rw *rewritten) handler(name string, m map[string]any, runID string, ov Ove
 	return nil, nil
 }
 
-// zonesOf records a rate_limit handler's zones and applies the overrides.
+// directive is what the simulator reads of a rate_limit handler: its zones,
+// in the zone model, and the two switches that apply to all of them.
+type directive struct {
+	RateLimits map[string]json.RawMessage `json:"rate_limits"`
+	ReportOnly bool                       `json:"report_only"`
+	Enabled    *bool                      `json:"enabled"`
+}
+
+// zonesOf records a rate_limit handler's zones, compiled by the zone model
+// as the handler compiles them, and applies the overrides. A zone the model
+// refuses is recorded by its name only: loading the config then fails with
+// the handler's own error for it.
 func (rw *rewritten) zonesOf(h map[string]any, ov Overrides, zones map[string]*ZoneConfig) error {
-	hReport, _ := h["report_only"].(bool)
-	hEnabled := true
-	if e, ok := h["enabled"].(bool); ok {
-		hEnabled = e
+	var d directive
+	b, err := json.Marshal(h)
+	if err == nil {
+		// A field of the wrong type is left out, the others read: Caddy's
+		// load refuses the handler for it.
+		err = json.Unmarshal(b, &d)
 	}
-	rls, _ := h["rate_limits"].(map[string]any)
-	for name, raw := range rls {
-		zm, ok := raw.(map[string]any)
-		if !ok {
+	rw.invalid = cmp.Or(rw.invalid, err)
+	for name, raw := range d.RateLimits {
+		if len(raw) == 0 || raw[0] != '{' {
 			continue
 		}
-		if name == ov.Zone && ov.Algorithm != "" {
-			zm["algorithm"] = ov.Algorithm
+		cfg := new(zonemodel.Zone)
+		err := json.Unmarshal(raw, cfg)
+		if err == nil && name == ov.Zone && ov.Algorithm != "" {
 			alg, err := algorithms.ParseAlgorithm(ov.Algorithm)
 			if err != nil {
 				return err
 			}
+			cfg.Algorithm = ov.Algorithm
 			if !alg.AllowsBurst() {
-				delete(zm, "burst")
-				delete(zm, "burst_from")
+				cfg.Burst, cfg.BurstFrom = 0, ""
 			}
+			h["rate_limits"].(map[string]any)[name] = cfg
 		}
-		zc := &ZoneConfig{Name: name, Enabled: hEnabled, ReportOnly: hReport}
-		zc.Algorithm, _ = zm["algorithm"].(string)
-		if zc.Algorithm == "" {
-			zc.Algorithm = algorithms.TokenBucket.String()
+		var m *zonemodel.Compiled
+		if err == nil {
+			c := *cfg // the config handed to Caddy keeps its own defaults
+			c.SetDefaults()
+			c.ReportOnly = c.ReportOnly || d.ReportOnly
+			m, err = c.Compile(name)
 		}
-		zc.Events = jsonInt(zm["max_events"])
-		zc.WindowMs = jsonInt(zm["window"]) / 1e6
-		zc.Burst = jsonInt(zm["burst"])
-		if n := jsonInt(zm["concurrent"]); n != 0 {
-			zc.Algorithm, zc.Concurrent, zc.Events = algorithms.Concurrency.String(), n, n
+		if err != nil {
+			rw.invalid = cmp.Or(rw.invalid, fmt.Errorf("zone %q: %w", name, err))
+			m = &zonemodel.Compiled{Name: name}
 		}
-		switch k := zm["key"].(type) {
-		case string:
-			zc.Key = []string{k}
-		case []any:
-			for _, e := range k {
-				if s, ok := e.(string); ok {
-					zc.Key = append(zc.Key, s)
-				}
-			}
-		}
-		if len(zc.Key) == 0 {
-			zc.Key = []string{"{http.vars.client_ip}"}
-		}
-		switch c := zm["cost"].(type) {
-		case string:
-			zc.Cost = c
-		case float64:
-			zc.Cost = fmt.Sprint(int64(c))
-		}
-		if r, ok := zm["report_only"].(bool); ok && r {
-			zc.ReportOnly = true
-		}
-		if e, ok := zm["enabled"].(bool); ok && !e {
-			zc.Enabled = false
-		}
-		for _, f := range []string{"max_events_from", "window_from", "burst_from", "concurrent_from"} {
-			if s, _ := zm[f].(string); s != "" {
-				zc.Dynamic = true
-			}
-		}
+		zc := zoneConfigOf(m, string(cfg.Cost), d.Enabled == nil || *d.Enabled)
 		if old := zones[name]; old != nil {
 			old.Enabled = old.Enabled || zc.Enabled
 			continue
@@ -310,29 +314,14 @@ func (rw *rewritten) zonesOf(h map[string]any, ov Overrides, zones map[string]*Z
 	return nil
 }
 
-// jsonInt reads a JSON number (or a Go duration string, for window) as an
-// int64.
-func jsonInt(v any) int64 {
-	switch v := v.(type) {
-	case float64:
-		return int64(v)
-	case string:
-		if d, err := parseDuration(v); err == nil {
-			return int64(d)
-		}
-	}
-	return 0
-}
-
 // placeholders returns the placeholders (without braces) of every key
 // candidate of the zone, in order.
 func (z *ZoneConfig) placeholders() []string {
+	if z.model.Deriver == nil {
+		return nil
+	}
 	var out []string
-	for _, k := range z.Key {
-		c, err := identity.Compile(k)
-		if err != nil {
-			continue
-		}
+	for _, c := range z.model.Deriver.Candidates() {
 		out = append(out, c.Placeholders()...)
 	}
 	return out
@@ -340,12 +329,8 @@ func (z *ZoneConfig) placeholders() []string {
 
 // costPlaceholders returns the placeholders of a per-request cost.
 func (z *ZoneConfig) costPlaceholders() []string {
-	if !strings.Contains(z.Cost, "{") {
+	if z.model.CostFrom == nil {
 		return nil
 	}
-	c, err := identity.Compile(z.Cost)
-	if err != nil {
-		return nil
-	}
-	return c.Placeholders()
+	return z.model.CostFrom.Placeholders()
 }

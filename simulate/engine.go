@@ -132,6 +132,12 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 		e.Close()
 		return nil, fmt.Errorf("loading the config: %w", err)
 	}
+	if rw.invalid != nil {
+		// The handler refuses the zone's config at load: not reached unless
+		// the zone is somewhere Caddy does not provision.
+		e.Close()
+		return nil, fmt.Errorf("loading the config: %w", rw.invalid)
+	}
 	appMod, err := ctx.App("http")
 	if err != nil {
 		e.Close()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -34,8 +33,6 @@ const (
 // runs maps a simulation's id to its state, for the modules its
 // configuration loads.
 var runs sync.Map // string → *run
-
-func parseDuration(s string) (time.Duration, error) { return caddy.ParseDuration(s) }
 
 // Store is the simulator's rate limit store
 // (http.handlers.rate_limit.stores.simulate): the memory store on the
