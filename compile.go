@@ -117,12 +117,6 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.Penalty, err = z.penalty(); err != nil {
-		return nil, err
-	}
-	if err := z.delay(&l); err != nil {
-		return nil, err
-	}
 	if z.IPv4Prefix < 1 || z.IPv4Prefix > 32 {
 		return nil, fmt.Errorf("ipv4_prefix must be between 0 and 32 (0: the default, 32), got %d", z.IPv4Prefix)
 	}
@@ -150,9 +144,6 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err := z.checkAllowance(); err != nil {
 		return nil, err
 	}
-	if err := zn.compileOutcomes(z); err != nil {
-		return nil, err
-	}
 	zn.setNames()
 	if err := zn.compileCost(z); err != nil {
 		return nil, err
@@ -161,7 +152,7 @@ func (z *Zone) compile(name string) (*zone, error) {
 	if err := zn.compileDynamic(z); err != nil {
 		return nil, err
 	}
-	if err := zn.compileConcurrency(z); err != nil {
+	if err := compileControls(zn, z); err != nil {
 		return nil, err
 	}
 	if zn.costExpr != nil || zn.dyn != nil {

@@ -116,7 +116,7 @@ func (h *Handler) addLimitHeaders(s *headerSet, hdr http.Header, v *verdict, ref
 // priorLegacyWins reports whether the response already carries the
 // X-RateLimit-* headers of a zone at least as constrained as this
 // directive's verdict (refused or not, with Retry-After retry, remaining
-// and reset Unix seconds), ranked as pick ranks the zones of one directive
+// and reset Unix seconds), ranked as admission.rank ranks the zones of one directive
 // (rank.go): another rate_limit decided the request before this one.
 // Without parsable headers (the first directive), it reports false.
 func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
@@ -209,7 +209,7 @@ func (z *zone) draftUnit() int64 {
 // one list member per zone, with the available quota r (in the zone's
 // unit: see formatPolicyItem) and, where the decision tells it, the
 // effective window t (see effectiveWindow).
-func draftFields(s *scratch) (policy, state string) {
+func draftFields(s *admission) (policy, state string) {
 	var pb, sb []byte
 	var pbuf, sbuf [256]byte
 	pb, sb = pbuf[:0], sbuf[:0]

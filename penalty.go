@@ -7,13 +7,23 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// A zone's penalty (`penalty <duration>`): once the zone refuses a key, the
-// key is refused for that long, whatever its bucket would allow sooner
-// (algorithms/penalty.go has the semantics; both stores keep the penalty
-// with the key's state, in the one store call, and an admin reset ends it).
-// It travels in the zone's limit (algorithms.Limit.Penalty), so one zone
-// name carries one penalty across the configuration, as it carries one
-// limit.
+// penaltyControl: once the zone refuses a key, the key stays refused for
+// `penalty <duration>`, whatever its bucket would allow sooner
+// (algorithms/penalty.go). It travels in the zone's limit (Limit.Penalty),
+// kept by the stores with the key's state in the one take, so it joins no
+// stage of the request.
+var penaltyControl = control{
+	name: "penalty",
+	compile: func(z *zone, cfg *Zone) (err error) {
+		z.limit.Penalty, err = cfg.penalty()
+		return err
+	},
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.limit.Penalty > 0 {
+			info.Penalty = (time.Duration(z.limit.Penalty) * time.Millisecond).String()
+		}
+	},
+}
 
 // penalty returns the zone's penalty in milliseconds (0: none), checked.
 func (z *Zone) penalty() (int64, error) {
