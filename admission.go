@@ -179,48 +179,44 @@ func (a *admission) sizeDecs() {
 // verdict.
 func (a *admission) verdict() {
 	if a.out == decided {
-		a.rank()
+		h := a.h
+		for _, f := range h.on.rank {
+			f(a)
+		}
+		best, top := -1, standing{}
+		for i := range a.decs {
+			d := &a.decs[i]
+			st := standing{refused: !d.Allowed && !a.reqs[i].ReportOnly, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
+			if best < 0 || st.tighter(top) {
+				best, top = i, st
+			}
+		}
+		refused := top.refused
+		countDecisions(a, refused)
+		if !refused {
+			h.reportWouldRefuse(a)
+		}
+		a.v = verdict{zone: a.zones[best], shown: a.shown[best], key: a.reqs[best].Key, Decision: a.decs[best], cost: a.reqs[best].Cost}
+		if !refused {
+			a.out = allow
+			for _, f := range h.on.verdict {
+				f(a)
+			}
+		}
+		if h.draft {
+			a.v.policy, a.v.state = draftFields(a)
+		}
+		if refused {
+			a.out = refuse
+			if h.resp.problem {
+				a.v.violated = violatedPolicies(a, false)
+			}
+		}
 	}
 	if a.wait == 0 {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
 	a.now = time.Now()
-}
-
-func (a *admission) rank() {
-	h := a.h
-	for _, f := range h.on.rank {
-		f(a)
-	}
-	best, top := -1, standing{}
-	for i := range a.decs {
-		d := &a.decs[i]
-		st := standing{refused: !d.Allowed && !a.reqs[i].ReportOnly, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
-		if best < 0 || st.tighter(top) {
-			best, top = i, st
-		}
-	}
-	refused := top.refused
-	countDecisions(a, refused)
-	if !refused {
-		h.reportWouldRefuse(a)
-	}
-	a.v = verdict{zone: a.zones[best], shown: a.shown[best], key: a.reqs[best].Key, Decision: a.decs[best], cost: a.reqs[best].Cost}
-	if !refused {
-		a.out = allow
-		for _, f := range h.on.verdict {
-			f(a)
-		}
-	}
-	if h.draft {
-		a.v.policy, a.v.state = draftFields(a)
-	}
-	if refused {
-		a.out = refuse
-		if h.resp.problem {
-			a.v.violated = violatedPolicies(a, false)
-		}
-	}
 }
 
 // reserve records, once, what the store that decided charged an allowed

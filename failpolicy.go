@@ -12,8 +12,7 @@ import (
 
 // taker is a layer of the take stage: it decides an admission's planned
 // zones (a.decs, a.store) or says why it could not. The stage is composed
-// at Provision (Handler.takeStage): the fail policy, over the controls'
-// take hooks, over the store call.
+// at Provision (Handler.takeStage): the fail policy over the store call.
 type taker interface {
 	take(a *admission) error
 }
@@ -24,17 +23,17 @@ func (h *Handler) takeStage() taker {
 	for i, z := range h.zones {
 		h.planned[i].FailApart = z.failApart(h.delaying)
 	}
-	var t taker = storeCall{store: h.store, stats: h.storeStats}
-	if len(h.on.take) > 0 {
-		t = takeHooks{next: t, hooks: h.on.take}
-	}
-	return &failPolicy{next: t, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
+	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on.take}
+	return &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
 }
 
-// storeCall is the take stage's innermost layer: one Take of every zone.
+// storeCall is the take stage's innermost layer: one Take of every zone,
+// then the controls' take hooks on its decisions (a wait for charges in
+// flight, inflight.go).
 type storeCall struct {
 	store Store
 	stats *storeMetrics // nil without metrics
+	hooks []func(a *admission) error
 }
 
 func (c storeCall) take(a *admission) error {
@@ -44,26 +43,13 @@ func (c storeCall) take(a *admission) error {
 	if c.stats != nil {
 		c.stats.observe(start)
 	}
-	return err
-}
-
-// takeHooks runs the controls' take hooks on the store's decisions (a
-// wait for charges in flight, inflight.go).
-type takeHooks struct {
-	next  taker
-	hooks []func(a *admission) error
-}
-
-func (t takeHooks) take(a *admission) error {
-	if err := t.next.take(a); err != nil {
-		return err
-	}
-	for _, f := range t.hooks {
-		if err := f(a); err != nil {
-			return err
+	for _, f := range c.hooks {
+		if err != nil {
+			break
 		}
+		err = f(a)
 	}
-	return nil
+	return err
 }
 
 // failPolicy is the take stage's outer layer: when the store cannot
