@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -208,7 +209,7 @@ func (p *failPolicy) partial(a *admission, failed []bool) {
 // given back.
 func (p *failPolicy) giveBack(a *admission, local []int) {
 	for i := range a.reqs {
-		if a.decs[i].Allowed && a.zones[i].conc == nil && !skipped(local, i) {
+		if a.decs[i].Allowed && a.zones[i].conc == nil && !slices.Contains(local, i) {
 			a.decs[i].Remaining += a.reqs[i].Cost
 		}
 	}

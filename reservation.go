@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -54,20 +55,11 @@ const (
 func (rs *reservation) reserve(store Store, reqs []algorithms.Request, decs []algorithms.Decision, zones []*zone, skip []int) {
 	rs.store = store
 	for i := range reqs {
-		if !decs[i].Allowed || skipped(skip, i) {
+		if !decs[i].Allowed || slices.Contains(skip, i) {
 			continue
 		}
 		rs.charges = append(rs.charges, charge{zone: zones[i], req: reqs[i], at: decs[i].At})
 	}
-}
-
-func skipped(skip []int, i int) bool {
-	for _, j := range skip {
-		if j == i {
-			return true
-		}
-	}
-	return false
 }
 
 // hold counts the reserved slots as held from now (the slots gauge, the
