@@ -139,8 +139,8 @@ func (a *admission) plan() error {
 		}
 		rq.Cost, a.buf = z.costOf(repl, a.buf, h.logger)
 		a.reqs = append(a.reqs, rq)
-		for _, f := range h.on.plan {
-			f(a, z, &a.reqs[len(a.reqs)-1])
+		for _, c := range h.on[atPlan] {
+			c.plan(a, z, &a.reqs[len(a.reqs)-1])
 		}
 		a.zones = append(a.zones, z)
 		a.shown = append(a.shown, shown)
@@ -156,8 +156,8 @@ func (a *admission) take() error {
 		return nil
 	}
 	a.sizeDecs()
-	for _, f := range a.h.on.admit {
-		f(a)
+	for _, c := range a.h.on[atAdmit] {
+		c.admit(a)
 	}
 	return a.h.take.take(a)
 }
@@ -180,8 +180,8 @@ func (a *admission) sizeDecs() {
 func (a *admission) verdict() {
 	if a.out == decided {
 		h := a.h
-		for _, f := range h.on.rank {
-			f(a)
+		for _, c := range h.on[atRank] {
+			c.rank(a)
 		}
 		best, top := -1, standing{}
 		for i := range a.decs {
@@ -199,8 +199,8 @@ func (a *admission) verdict() {
 		a.v = verdict{zone: a.zones[best], shown: a.shown[best], key: a.reqs[best].Key, Decision: a.decs[best], cost: a.reqs[best].Cost}
 		if !refused {
 			a.out = allow
-			for _, f := range h.on.verdict {
-				f(a)
+			for _, c := range h.on[atVerdict] {
+				c.verdict(a)
 			}
 		}
 		if h.draft {
@@ -239,8 +239,8 @@ func (a *admission) respond(w http.ResponseWriter) {
 // serve runs the controls' last steps before the next handlers (marks, a
 // wait for its turn), on an allowed or unmetered request.
 func (a *admission) serve() error {
-	for _, f := range a.h.on.serve {
-		if err := f(a); err != nil {
+	for _, c := range a.h.on[atServe] {
+		if err := c.serve(a); err != nil {
 			return err
 		}
 	}
@@ -284,8 +284,8 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 // statusKnown is called once, with the response's status (statuswriter.go
 // says which).
 func (a *admission) statusKnown(status int) {
-	for _, f := range a.h.on.status {
-		f(a, status)
+	for _, c := range a.h.on[atStatus] {
+		c.status(a, status)
 	}
 }
 
@@ -294,8 +294,8 @@ func (a *admission) statusKnown(status int) {
 // obligations (its slots back), then the admission is recycled.
 func (a *admission) exit() {
 	if a.reserved {
-		for _, f := range a.h.on.exit {
-			f(a)
+		for _, c := range a.h.on[atExit] {
+			c.exit(a)
 		}
 	}
 	a.leaveRoom()

@@ -231,7 +231,7 @@ type slotHeir interface {
 // provisionConcurrency checks that the stores of a handler with
 // concurrency zones can hold slots, sets up their metrics, and has the
 // store inherit the slots held elsewhere in its zones.
-func provisionConcurrency(h *Handler) (stage, error) {
+func provisionConcurrency(h *Handler) (stages, error) {
 	var names []string
 	for _, z := range h.zones {
 		if z.conc == nil {
@@ -255,7 +255,7 @@ func provisionConcurrency(h *Handler) (stage, error) {
 	if !h.concurrent {
 		return 0, nil
 	}
-	return atPlan | atRank | atVerdict | atExit, nil
+	return joins(atPlan, atRank, atVerdict, atExit), nil
 }
 
 // concurrencyInfo fills in a concurrency zone's fields of the admin API's

@@ -17,9 +17,9 @@ type control struct {
 	// the errors name the field (the caller names the zone).
 	compile func(z *zone, cfg *Zone) error
 	// provision checks what the control needs of h (its store) and returns
-	// the stages it joins in h, 0 for none. It runs once the zones are
-	// compiled, in the order of the table below.
-	provision func(h *Handler) (stage, error)
+	// the stages it joins in h, none for a directive that does not use it.
+	// It runs once the zones are compiled, in the order of the table below.
+	provision func(h *Handler) (stages, error)
 	// cleanup undoes what provision registered outside h.
 	cleanup func(h *Handler)
 	// admin adds the control's fields to a zone's admin listing.
@@ -51,11 +51,11 @@ type hooks struct {
 	exit func(a *admission)
 }
 
-// stage is a step of an admission a control may join (a bit set).
-type stage uint16
+// stage is a step of an admission a control may join.
+type stage uint8
 
 const (
-	atPlan stage = 1 << iota
+	atPlan stage = iota
 	atAdmit
 	atTake
 	atRank
@@ -63,7 +63,43 @@ const (
 	atServe
 	atStatus
 	atExit
+	numStages
 )
+
+// stages is a set of stages.
+type stages uint16
+
+// joins returns the set of the stages given.
+func joins(sts ...stage) stages {
+	var set stages
+	for _, s := range sts {
+		set |= 1 << s
+	}
+	return set
+}
+
+// hookAt reports whether c has a hook for stage s.
+func (c *control) hookAt(s stage) bool {
+	switch s {
+	case atPlan:
+		return c.plan != nil
+	case atAdmit:
+		return c.admit != nil
+	case atTake:
+		return c.take != nil
+	case atRank:
+		return c.rank != nil
+	case atVerdict:
+		return c.verdict != nil
+	case atServe:
+		return c.serve != nil
+	case atStatus:
+		return c.status != nil
+	case atExit:
+		return c.exit != nil
+	}
+	return false
+}
 
 // controls is the registration table: one line per control, in the order
 // their hooks run within a stage (pass marks before delay waits; count
@@ -75,19 +111,6 @@ var controls = [...]*control{
 	&delayControl,       // delay.go
 	&inflightControl,    // inflight.go
 	&concurrencyControl, // concurrency.go
-}
-
-// joined are the hooks of the controls that joined each stage of a
-// handler, in table order.
-type joined struct {
-	plan    []func(a *admission, z *zone, rq *algorithms.Request)
-	admit   []func(a *admission)
-	take    []func(a *admission) error
-	rank    []func(a *admission)
-	verdict []func(a *admission)
-	serve   []func(a *admission) error
-	status  []func(a *admission, status int)
-	exit    []func(a *admission)
 }
 
 // compileControls runs every control's config checks on zone z.
@@ -102,42 +125,22 @@ func compileControls(z *zone, cfg *Zone) error {
 	return nil
 }
 
-// provisionControls asks each control which stages it joins in h and
-// gathers their hooks. Called by Provision once the zones are compiled.
+// provisionControls asks each control which stages it joins in h, and
+// lists, per stage, the controls that joined it with a hook for it (h.on).
+// Called by Provision once the zones are compiled.
 func (h *Handler) provisionControls() error {
 	for _, c := range controls {
 		if c.provision == nil {
 			continue
 		}
-		st, err := c.provision(h)
+		set, err := c.provision(h)
 		if err != nil {
 			return err
 		}
-		h.stages |= st
-		add := func(s stage, ok bool) bool { return st&s != 0 && ok }
-		if add(atPlan, c.plan != nil) {
-			h.on.plan = append(h.on.plan, c.plan)
-		}
-		if add(atAdmit, c.admit != nil) {
-			h.on.admit = append(h.on.admit, c.admit)
-		}
-		if add(atTake, c.take != nil) {
-			h.on.take = append(h.on.take, c.take)
-		}
-		if add(atRank, c.rank != nil) {
-			h.on.rank = append(h.on.rank, c.rank)
-		}
-		if add(atVerdict, c.verdict != nil) {
-			h.on.verdict = append(h.on.verdict, c.verdict)
-		}
-		if add(atServe, c.serve != nil) {
-			h.on.serve = append(h.on.serve, c.serve)
-		}
-		if add(atStatus, c.status != nil) {
-			h.on.status = append(h.on.status, c.status)
-		}
-		if add(atExit, c.exit != nil) {
-			h.on.exit = append(h.on.exit, c.exit)
+		for s := range numStages {
+			if set&(1<<s) != 0 && c.hookAt(s) {
+				h.on[s] = append(h.on[s], c)
+			}
 		}
 	}
 	return nil

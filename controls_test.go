@@ -1,8 +1,7 @@
 package sluice
 
 import (
-	"reflect"
-	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -17,9 +16,10 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 			window 1m
 		}
 	}`, nil)
-	if plain.stages != 0 || len(plain.on.plan)+len(plain.on.admit)+len(plain.on.take)+len(plain.on.rank)+
-		len(plain.on.verdict)+len(plain.on.serve)+len(plain.on.status)+len(plain.on.exit) != 0 {
-		t.Errorf("a rate zone alone joined stages %b: %+v", plain.stages, plain.on)
+	for s, joined := range plain.on {
+		if len(joined) != 0 {
+			t.Errorf("a rate zone alone: %d controls joined stage %d", len(joined), s)
+		}
 	}
 
 	all := newHandler(t, `rate_limit {
@@ -39,27 +39,20 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 			on_exceed pass
 		}
 	}`, nil)
-	want := map[string]int{
-		"plan":    1, // concurrency: the holder id
-		"admit":   1, // delay: the waiting room
-		"take":    1, // charges in flight
-		"rank":    1, // concurrency: the Retry-After hint
-		"verdict": 4, // count, pass, delay, concurrency
-		"serve":   2, // pass, delay
-		"status":  2, // count, charges in flight
-		"exit":    1, // concurrency: the slots back
+	want := [numStages][]*control{
+		atPlan:    {&concurrencyControl}, // the holder id
+		atAdmit:   {&delayControl},       // the waiting room
+		atTake:    {&inflightControl},    // the wait for charges in flight
+		atRank:    {&concurrencyControl}, // the Retry-After hint
+		atVerdict: {&countControl, &passControl, &delayControl, &concurrencyControl},
+		atServe:   {&passControl, &delayControl}, // pass marks before a delay waits
+		atStatus:  {&countControl, &inflightControl},
+		atExit:    {&concurrencyControl}, // the slots back
 	}
-	got := map[string]int{"plan": len(all.on.plan), "admit": len(all.on.admit), "take": len(all.on.take), "rank": len(all.on.rank),
-		"verdict": len(all.on.verdict), "serve": len(all.on.serve), "status": len(all.on.status), "exit": len(all.on.exit)}
-	for stage, n := range want {
-		if got[stage] != n {
-			t.Errorf("every control on: %d hooks at %s, want %d", got[stage], stage, n)
+	for s := range numStages {
+		if !slices.Equal(all.on[s], want[s]) {
+			t.Errorf("every control on, stage %d: %s, want %s", s, names(all.on[s]), names(want[s]))
 		}
-	}
-	// Pass marks before a delay waits: a waiter that leaves still carries
-	// its marks.
-	if len(all.on.serve) == 2 && funcName(all.on.serve[0]) != funcName(markPass) {
-		t.Errorf("the first serve hook is %s, want markPass", funcName(all.on.serve[0]))
 	}
 
 	seen := map[string]bool{}
@@ -71,7 +64,11 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 	}
 }
 
-// funcName names a function value.
-func funcName(f any) string {
-	return runtime.FuncForPC(reflect.ValueOf(f).Pointer()).Name()
+// names lists the controls' names.
+func names(cs []*control) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.name)
+	}
+	return out
 }

@@ -97,7 +97,7 @@ type refunder interface {
 // provisionCount refuses count zones on a store that cannot give charges
 // back; with one, the count zones' charges are refundable and in flight,
 // and the status settles them.
-func provisionCount(h *Handler) (stage, error) {
+func provisionCount(h *Handler) (stages, error) {
 	_, canRefund := h.store.(refunder)
 	for i, z := range h.zones {
 		if z.counts == nil {
@@ -113,7 +113,7 @@ func provisionCount(h *Handler) (stage, error) {
 		return 0, nil
 	}
 	h.holdStore()
-	return atVerdict | atStatus, nil
+	return joins(atVerdict, atStatus), nil
 }
 
 // holdStore keeps the store open across a reload while this directive's

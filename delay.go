@@ -81,7 +81,7 @@ type waitingRoom struct {
 // provisionDelay sets up the waiting room (shared with the waits for
 // charges in flight, inflight.go) and refuses delay zones on a store that
 // cannot give a departed waiter's reservation back.
-func provisionDelay(h *Handler) (stage, error) {
+func provisionDelay(h *Handler) (stages, error) {
 	h.room = &waitingRoom{max: defaultMaxWaiting}
 	if h.MaxWaiting > 0 {
 		h.room.max = int64(h.MaxWaiting)
@@ -103,7 +103,7 @@ func provisionDelay(h *Handler) (stage, error) {
 		h.planned[i].Refundable = z.conc == nil
 	}
 	h.holdStore()
-	return atAdmit | atVerdict | atServe, nil
+	return joins(atAdmit, atVerdict, atServe), nil
 }
 
 // enterWaitingRoom takes a place in the handler's waiting room for the

@@ -24,7 +24,7 @@ func (h *Handler) takeStage() taker {
 	for i, z := range h.zones {
 		h.planned[i].FailApart = z.failApart(h.delaying)
 	}
-	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on.take}
+	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
 	return &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
 }
 
@@ -34,7 +34,7 @@ func (h *Handler) takeStage() taker {
 type storeCall struct {
 	store Store
 	stats *storeMetrics // nil without metrics
-	hooks []func(a *admission) error
+	hooks []*control
 }
 
 func (c storeCall) take(a *admission) error {
@@ -44,11 +44,11 @@ func (c storeCall) take(a *admission) error {
 	if c.stats != nil {
 		c.stats.observe(start)
 	}
-	for _, f := range c.hooks {
+	for _, h := range c.hooks {
 		if err != nil {
 			break
 		}
-		err = f(a)
+		err = h.take(a)
 	}
 	return err
 }

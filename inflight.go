@@ -59,16 +59,16 @@ func settleWaitOf(d *caddy.Duration) (time.Duration, error) {
 // provisionInflight sets settle_wait up for a directive that counts: its
 // requests wait for charges in flight (take), and its settlements wake
 // them (status).
-func provisionInflight(h *Handler) (stage, error) {
+func provisionInflight(h *Handler) (stages, error) {
 	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
 	h.settled = new(settleSignal)
 	if !h.counting {
 		return 0, nil
 	}
 	if h.settleWait > 0 {
-		return atTake | atStatus, nil
+		return joins(atTake, atStatus), nil
 	}
-	return atStatus, nil
+	return joins(atStatus), nil
 }
 
 // waitsForCharges reports whether s's decisions refuse the request only

@@ -99,9 +99,9 @@ type Handler struct {
 	// planned are the zones' requests as far as Provision knows them (the
 	// controls set their fields); a request's plan fills in the rest.
 	planned []algorithms.Request
-	stages  stage  // the stages some control joined (controls.go)
-	on      joined // their hooks
-	take    taker  // the take stage's layers (failpolicy.go)
+	// on lists, per stage, the controls that joined it (controls.go).
+	on   [numStages][]*control
+	take taker // the take stage's layers (failpolicy.go)
 	// concurrent: a zone is a concurrency zone (concurrency.go).
 	concurrent  bool
 	store       Store

@@ -70,7 +70,7 @@ func compileOnExceed(z *zone, cfg *Zone) error {
 
 // provisionPass sends the pass zones to the store as report-only, and has
 // every request the directive lets through marked.
-func provisionPass(h *Handler) (stage, error) {
+func provisionPass(h *Handler) (stages, error) {
 	for i, z := range h.zones {
 		if z.pass {
 			h.planned[i].ReportOnly = true
@@ -81,7 +81,7 @@ func provisionPass(h *Handler) (stage, error) {
 		return 0, nil
 	}
 	passDirectives.Add(1) // cleanup takes it back
-	return atVerdict | atServe, nil
+	return joins(atVerdict, atServe), nil
 }
 
 // passedOf notes, for an allowed request, the on_exceed pass zone that
