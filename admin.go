@@ -235,8 +235,7 @@ func (az *adminZone) info() adminZoneInfo {
 		Enabled:    az.enabled,
 		Store:      storeInfo(az.h.store),
 	}
-	outcomesInfo(z, &info)
-	return info.concurrency(z)
+	return adminControls(z, info)
 }
 
 // storeInfo describes a store for the listing.

@@ -6,24 +6,13 @@ import (
 	"sync/atomic"
 )
 
-// Noticing a client that leaves while its request is held back (a delay
-// zone's wait for its turn, or any other wait of the handler): every wait
-// selects on watchClient(r).done() and ends with stop.
-//
-// net/http's HTTP/1.x server ends a request's context when its connection
-// fails or closes, but it reads the connection (and so notices) only once
-// the handler has read the request's body to its end; while the body is
-// unread, a client that hangs up goes unseen. So for an HTTP/1.x request
-// with a body, the watch reads the body ahead while the handler waits: a
-// body read to its end lets net/http watch the connection, and a client
-// that leaves in the middle of its upload fails the read, which ends the
-// context too. The next handler gets every byte, in order: what was read
-// ahead, then the rest. At most readAheadMax bytes are read ahead (a
-// shorter body whole): a client that sent as much and then left is
-// noticed only once the wait ends and the body is read on.
-//
-// HTTP/2 (and HTTP/3) end the context when the client resets the stream or
-// the connection goes, whether or not the body is read: nothing to do.
+// Noticing a client that leaves while its request is held back (a wait of
+// the handler): every wait selects on watchClient(r).done() and ends with
+// stop. net/http's HTTP/1.x server notices a hang-up only once the body is
+// read to its end, so for an HTTP/1.x request with a body the watch reads
+// up to readAheadMax of it ahead; the next handler still gets every byte,
+// in order. HTTP/2 and HTTP/3 need nothing. docs/architecture.md ("A
+// client that leaves") has the details.
 
 // readAheadMax bounds the body a waiting request reads ahead (net/http's
 // own bound on a body it reads after the handler): with max_waiting

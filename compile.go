@@ -75,16 +75,15 @@ func compileZone(cfg *Zone, name string) (*zone, error) {
 	}
 	zn := &zone{name: name, limit: m.Limit, cost: m.Cost, costExpr: m.CostFrom, deriver: m.Deriver, fail: m.Fail,
 		reportOnly: m.ReportOnly, allowance: m.Allowance}
-	if err := zn.compileOutcomes(cfg); err != nil {
-		return nil, err
-	}
 	zn.setNames()
 	zn.shown = zn.showLimit(m.Limit)
 	if m.Dynamic() {
 		zn.dyn = &dynamicLimit{events: m.EventsFrom, window: m.WindowFrom, burst: m.BurstFrom}
 		zn.dynSpec = m.DynamicSpec
 	}
-	zn.compileConcurrency()
+	if err := compileControls(zn, cfg); err != nil {
+		return nil, err
+	}
 	if zn.costExpr != nil || zn.dyn != nil {
 		zn.badValue = newSampledLog(1, badValueInterval)
 	}

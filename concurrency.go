@@ -14,36 +14,26 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Concurrency zones: `concurrent <n>` limits how many requests of one key
-// are in flight at once. A request takes a slot when it is admitted, in the
-// same store call as the request's rate zones (all-or-nothing: refused by
-// any zone, it takes no slot and spends no token), and gives it back when
-// the handler chain after this one returns, whatever way it returns: a
-// response written, an error, a panic, the client gone, a streamed response
-// ended (ServeHTTP's deferred done, after.go). The store holds each slot
-// under the request's lease id (algorithms.Request.Lease): exactly that
-// slot is given back, once.
-//
-// Beside the other kinds of zone:
-//
-//   - count (count.go): a concurrency zone counts no status (its slot goes
-//     back whatever the response); a request with both gets its count
-//     zones' refund and its slots' release in the one post-response step,
-//     on every exit path.
-//   - delay (delay.go): a slot is taken at admission, and a request
-//     admitted to wait for its turn is admitted: it holds its slot while
-//     it waits (the slots count the requests admitted and not ended, a
-//     waiting one included). A waiter whose client leaves gives its rate
-//     zones' reservations back (its waiter) and its slots (the
-//     post-response step). A concurrency zone has no delay itself: a
-//     request over its slots is refused.
-//   - penalty: not for a concurrency zone (a key is refused while it has
-//     no free slot, and no longer).
-//   - on_exceed pass and report_only: as for a rate zone, a request over
-//     the slots passes and takes none.
-//   - the deny cache (redisstore) never answers a request with a
-//     concurrency zone: when a slot frees is in no state it could run
-//     forward.
+// concurrencyControl: `concurrent <n>` limits how many requests of one key
+// are in flight at once. A request takes a slot at admission, in the one
+// take with its other zones, under its holder id (algorithms.Request.Lease),
+// and gives exactly that slot back on every exit (the exit hook). A
+// refusal's Retry-After is raised to a hint from the hold times seen here.
+// docs/architecture.md says how it combines with count, delay and pass.
+var concurrencyControl = control{
+	name:      "concurrency",
+	compile:   func(z *zone, _ *Zone) error { z.compileConcurrency(); return nil },
+	provision: provisionConcurrency,
+	admin:     concurrencyInfo,
+	hooks: hooks{
+		plan: func(_ *admission, z *zone, rq *algorithms.Request) { rq.Lease = z.holder() },
+		rank: concurrencyHints,
+		verdict: func(a *admission) {
+			a.reserve().hold()
+		},
+		exit: releaseHeld,
+	},
+}
 
 // maxConcurrencyRetry caps the Retry-After a concurrency refusal derives
 // from observed hold times (concurrencyZone.retryHint).
@@ -83,10 +73,10 @@ func (z *zone) concurrencyPolicyItem(l algorithms.Limit) string {
 	return z.sfName + ";q=" + strconv.FormatInt(l.Events, 10) + `;qu="concurrent-requests"`
 }
 
-// lease returns a new lease id for a request in zone z (never 0), or 0 in
-// a rate zone. Random 64-bit ids: two requests of one key in flight at
-// once share one with a probability of about n²/2^65.
-func (z *zone) lease() uint64 {
+// holder returns a new holder id for a request's slot in zone z (never
+// 0), or 0 in a rate zone. Random 64-bit ids: two requests of one key in
+// flight at once rarely share one (about n²/2^65).
+func (z *zone) holder() uint64 {
 	if z.conc == nil {
 		return 0
 	}
@@ -119,7 +109,7 @@ func (c *concurrencyZone) observe(d time.Duration) {
 
 // concurrencyHints raises the RetryAfter (and ResetAfter) of the
 // concurrency refusals among s's decisions to the zone's retryHint.
-func concurrencyHints(s *scratch) {
+func concurrencyHints(s *admission) {
 	for i := range s.decs {
 		d, z := &s.decs[i], s.zones[i]
 		if d.Allowed || z.conc == nil {
@@ -131,65 +121,12 @@ func concurrencyHints(s *scratch) {
 	}
 }
 
-// heldSlots are the concurrency slots one running request holds: a part
-// of its post-response step (after.go).
-type heldSlots struct {
-	store releaser
-	reqs  []algorithms.Request
-	zones []*zone
-	start time.Time
-	rbuf  [2]algorithms.Request
-	zbuf  [2]*zone
-}
-
-// holdSlots adds to a (nil: none yet) what the allowed request of s must
-// give back, and returns it: the slots s.store (the store that decided)
-// granted its concurrency zones (those that allowed; a report-only zone
-// that would refuse took none).
-func (h *Handler) holdSlots(s *scratch, a *after) *after {
-	for i := range s.reqs {
-		z := s.zones[i]
-		if z.conc == nil || !s.decs[i].Allowed {
-			continue
-		}
-		if a == nil {
-			a = h.newAfter()
-		}
-		hs := &a.slots
-		if hs.reqs == nil {
-			hs.store, _ = s.store.(releaser) // checked at Provision
-			hs.reqs, hs.zones, hs.start = hs.rbuf[:0], hs.zbuf[:0], time.Now()
-		}
-		hs.reqs = append(hs.reqs, s.reqs[i])
-		hs.zones = append(hs.zones, z)
-		if z.conc.slots != nil {
-			z.conc.slots.Inc()
-		}
+// releaseHeld gives an allowed request's slots back to the store that
+// granted them (its reservation) and records how long they were held.
+func releaseHeld(a *admission) {
+	if err := a.res.give(releaseSlots, 0); err != nil {
+		a.h.storeErrors.log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
 	}
-	return a
-}
-
-// releaseSlots gives the slots back to the store that granted them, and
-// records how long they were held. Nothing for none.
-func (h *Handler) releaseSlots(hs *heldSlots) {
-	if len(hs.reqs) == 0 {
-		return
-	}
-	held := time.Since(hs.start)
-	if hs.store != nil {
-		if err := hs.store.Release(context.Background(), hs.reqs); err != nil {
-			h.storeErrors.log(h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
-		}
-	}
-	for _, z := range hs.zones {
-		z.conc.observe(held)
-		if z.conc.slots != nil {
-			z.conc.slots.Dec()
-		}
-	}
-	clear(hs.rbuf[:])
-	clear(hs.zbuf[:])
-	hs.reqs, hs.zones, hs.store = nil, nil, nil
 }
 
 // slotHeir is a store that can count the slots other stores of the
@@ -201,9 +138,8 @@ type slotHeir interface {
 
 // provisionConcurrency checks that the stores of a handler with
 // concurrency zones can hold slots, sets up their metrics, and has the
-// store inherit the slots held elsewhere in its zones. Called by Provision
-// once the zones and their metrics exist.
-func (h *Handler) provisionConcurrency() error {
+// store inherit the slots held elsewhere in its zones.
+func provisionConcurrency(h *Handler) (stages, error) {
 	var names []string
 	for _, z := range h.zones {
 		if z.conc == nil {
@@ -212,31 +148,33 @@ func (h *Handler) provisionConcurrency() error {
 		h.concurrent = true
 		names = append(names, z.name)
 		if _, ok := h.store.(releaser); !ok {
-			return zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
+			return 0, zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
 		}
 		if z.metrics != nil {
 			z.conc.slots = metrics.concurrentSlots.WithLabelValues(z.name)
 		}
 	}
 	if _, ok := h.local.(releaser); h.concurrent && h.local != nil && !ok {
-		return fmt.Errorf("concurrent: the fail-local store (%T) cannot hold concurrency slots", h.local)
+		return 0, fmt.Errorf("concurrent: the fail-local store (%T) cannot hold concurrency slots", h.local)
 	}
 	if heir, ok := h.store.(slotHeir); ok && names != nil {
 		heir.InheritSlots(names)
 	}
-	return nil
+	if !h.concurrent {
+		return 0, nil
+	}
+	return joins(atPlan, atRank, atVerdict, atExit), nil
 }
 
-// concurrency fills in a concurrency zone's fields of the admin API's
+// concurrencyInfo fills in a concurrency zone's fields of the admin API's
 // listing.
-func (i adminZoneInfo) concurrency(z *zone) adminZoneInfo {
+func concurrencyInfo(z *zone, i *adminZoneInfo) {
 	if z.conc == nil {
-		return i
+		return
 	}
 	lease := time.Duration(z.limit.Window) * time.Millisecond
 	i.Concurrent, i.Lease, i.LeaseMs = z.limit.Events, lease.String(), z.limit.Window
 	i.Events, i.Window, i.WindowMs, i.Burst = 0, "", 0, 0
-	return i
 }
 
 // showInUse adds the slots in use to a concurrency zone's peek.

@@ -24,7 +24,7 @@ func concHandler(t testing.TB, block string) (*Handler, *memstore.Store) {
 	h := newHandler(t, block, nil)
 	st := memstore.New(memstore.Config{SweepInterval: -1})
 	t.Cleanup(st.Close)
-	h.store = st
+	useStores(h, st, nil)
 	return h, st
 }
 
@@ -398,7 +398,7 @@ func TestConcurrencyNeedsAReleaser(t *testing.T) {
 		}
 	}`, nil)
 	h.store = failingStore{}
-	if err := h.provisionConcurrency(); err == nil || !strings.Contains(err.Error(), "cannot hold concurrency slots") {
+	if _, err := provisionConcurrency(h); err == nil || !strings.Contains(err.Error(), "cannot hold concurrency slots") {
 		t.Fatalf("provisionConcurrency with a store without Release: %v", err)
 	}
 }

@@ -9,43 +9,29 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Smoothing (`delay <max_wait>`, `delay_after <n>`; token_bucket and gcra):
-// a request a zone would refuse, but whose turn comes within max_wait, is
-// admitted later instead. The store reserves its slot in the one call that
-// decides the request's zones (algorithms/delay.go: all-or-nothing, the
-// schedule decided atomically, the same in memory and in Redis) and says
-// how long to wait; the handler sends nothing meanwhile, then passes the
-// request on, with the headers of its decision and {http.rate_limit.delay}
-// (the wait, in milliseconds) for the access log.
-//
-// Bounded: a directive holds at most max_waiting requests in its waiting
-// room. A request takes its place before the store call (one atomic add);
-// when the room is full it is decided as if it could not wait
-// (Request.NoDelay): it passes if it fits the bucket, else it is refused,
-// and nothing is reserved for a request that will not wait. A request
-// that need not wait gives its place back at once.
-//
-// A waiting request whose client goes away (the client closed the
-// connection or reset the stream, which clientgone.go notices even before
-// the request's body is read; or the server is shutting down and gave up
-// on it) stops waiting at once and gives every charge of the request back, its
-// reservation included: for the delay zones exactly, as if it had never
-// come (algorithms/delay.go); the requests already waiting keep their
-// turns. Its handler returns a 499 error (Caddy's status for a client that
-// went away). A reload or a shutdown does not cut a wait short: Caddy lets
-// the old server's requests finish, and a wait ends within max_wait; a
-// server that stops waiting for its requests ends their contexts, as a
-// client going away does.
-//
-// Beside a concurrency zone (concurrency.go): the request's slot is taken
-// in the same store call, at admission, and an admission that waits is
-// admitted, so a waiting request holds its slot while it waits (a key's
-// slots bound its requests waiting and running together). A waiter whose
-// client leaves gives its slots back too, with its reservations.
+// delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
+// token_bucket and gcra). A request a zone would refuse, but whose turn
+// comes within max_wait, is admitted later instead: the store reserves its
+// turn in the one take (algorithms/delay.go) and says how long to wait; the
+// request then waits here, holding a place in its directive's waiting room
+// (max_waiting; room full: decided as if it could not wait, NoDelay). A
+// waiter whose client leaves (clientgone.go) cancels its reservation (every
+// charge back) and gets a 499. A waiter holds its concurrency slots while
+// it waits. delay and delay_after are checked by the zone model
+// (zonemodel.Zone.Limit).
+var delayControl = control{
+	name:      "delay",
+	provision: provisionDelay,
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.limit.Delay > 0 {
+			info.Delay = (time.Duration(z.limit.Delay) * time.Millisecond).String()
+			info.DelayAfter = z.limit.DelayAfter
+		}
+	},
+	hooks: hooks{admit: enterWaitingRoom, verdict: waitOf, serve: await},
+}
 
 // defaultMaxWaiting is max_waiting's default.
 const defaultMaxWaiting = 1000
@@ -65,18 +51,44 @@ type waitingRoom struct {
 	max int64
 }
 
+// provisionDelay sets up the waiting room (shared with the waits for
+// charges in flight, inflight.go) and refuses delay zones on a store that
+// cannot give a departed waiter's reservation back.
+func provisionDelay(h *Handler) (stages, error) {
+	h.room = &waitingRoom{max: defaultMaxWaiting}
+	if h.MaxWaiting > 0 {
+		h.room.max = int64(h.MaxWaiting)
+	}
+	_, canRefund := h.store.(refunder)
+	for _, z := range h.zones {
+		if z.limit.Delay > 0 {
+			if !canRefund {
+				return 0, zoneErr(z.name, errors.New("delay: the store cannot give a departed request's reservation back (use store memory or store redis)"))
+			}
+			h.delaying = true
+		}
+	}
+	if !h.delaying {
+		return 0, nil
+	}
+	for i, z := range h.zones {
+		// A concurrency zone's slot is released, never refunded.
+		h.planned[i].Refundable = z.conc == nil
+	}
+	h.holdStore()
+	return joins(atAdmit, atVerdict, atServe), nil
+}
+
 // enterWaitingRoom takes a place in the handler's waiting room for the
-// request decided in s, or, when the room is full, marks its zones as
-// unable to wait.
-//
-// (One compare-and-swap per request of a directive with a delay zone.)
-func (h *Handler) enterWaitingRoom(s *scratch) {
-	if h.room.enter() {
-		s.slot = &h.room.n
+// planned request, or, when the room is full, marks its zones as unable
+// to wait.
+func enterWaitingRoom(a *admission) {
+	if a.h.room.enter() {
+		a.place = &a.h.room.n
 		return
 	}
-	for i := range s.reqs {
-		s.reqs[i].NoDelay = true
+	for i := range a.reqs {
+		a.reqs[i].NoDelay = true
 	}
 }
 
@@ -91,98 +103,63 @@ func (room *waitingRoom) enter() bool {
 	return false
 }
 
-// waiter is an allowed request's wait for its turn: how long, the zone
-// that asks it longest (for the metrics), what to give back if its client
-// goes away (every charge of the request's rate zones; its concurrency
-// slots go back with its post-response step, after.go), and its place in
-// the waiting room. Pooled.
-type waiter struct {
-	delay   time.Duration
-	zone    *zone
-	store   refunder
-	refunds []algorithms.Refund
-	zones   []*zone
-	slot    interface{ Add(int64) int64 }
-}
-
-var waiterPool = sync.Pool{New: func() any { return &waiter{refunds: make([]algorithms.Refund, 0, 2)} }}
-
-// waiterOf returns the wait of a decided, allowed request, or nil when it
-// need not wait (its place in the waiting room then goes back with the
-// scratch).
-func (h *Handler) waiterOf(s *scratch) *waiter {
+// waitOf notes the wait of an allowed request: the longest its enforcing
+// zones ask (a report-only or on_exceed pass zone never holds a request
+// up: its reservation is made, as under enforcement, and not waited for).
+// Only a request holding a place in the waiting room waits.
+func waitOf(a *admission) {
 	best := -1
-	for i := range s.decs {
-		// A report-only (or on_exceed pass) zone never holds a request up:
-		// its reservation is made, as under enforcement, and not waited for.
-		if s.decs[i].Allowed && s.decs[i].Delay > 0 && !s.reqs[i].ReportOnly && (best < 0 || s.decs[i].Delay > s.decs[best].Delay) {
+	for i := range a.decs {
+		if a.decs[i].Allowed && a.decs[i].Delay > 0 && !a.reqs[i].ReportOnly && (best < 0 || a.decs[i].Delay > a.decs[best].Delay) {
 			best = i
 		}
 	}
-	if best < 0 || s.slot == nil {
-		return nil
+	if best < 0 || a.place == nil {
+		return
 	}
-	rf, ok := s.store.(refunder)
-	if !ok {
-		return nil
+	if _, ok := a.store.(refunder); !ok {
+		return
 	}
-	w := waiterPool.Get().(*waiter)
-	w.delay, w.zone, w.store = s.decs[best].Delay, s.zones[best], rf
-	for i := range s.reqs {
-		// Charged (a report-only zone that would refuse was not); a
-		// concurrency zone's slot is released, not refunded.
-		if s.decs[i].Allowed && s.zones[i].conc == nil {
-			r := &s.reqs[i]
-			w.refunds = append(w.refunds, algorithms.Refund{Zone: r.Zone, Key: r.Key, Limit: r.Limit, Cost: r.Cost, At: s.decs[i].At, InFlight: r.InFlight})
-			w.zones = append(w.zones, s.zones[i])
-		}
-	}
-	w.slot, s.slot = s.slot, nil // the place is the waiter's now
-	return w
+	a.wait, a.waitZone = a.decs[best].Delay, a.zones[best]
+	a.reserve()
 }
 
-// await waits for the request's turn. If its client went away meanwhile
-// (clientgone.go), it gives every charge back and returns a 499 error;
-// the request's post-response step (after.go) then only gives its
-// concurrency slots back (no status is known: its count zones, whose
-// charges the waiter gave back, are not settled).
-func (h *Handler) await(r *http.Request, w *waiter) error {
-	defer w.release()
-	if m := w.zone.metrics; m != nil {
-		m.delay.Observe(w.delay.Seconds())
+// await waits for an allowed request's turn, holding its place in the
+// waiting room, and sets {http.rate_limit.delay} (0 for a request that
+// did not wait, or an unmetered one). If its client went away meanwhile
+// (clientgone.go), it cancels the reservation's charges and returns a 499
+// error; the slots go back at exit.
+func await(a *admission) error {
+	if a.wait == 0 {
+		markDelay(a.r, 0)
+		return nil
+	}
+	defer a.leaveRoom()
+	if m := a.waitZone.metrics; m != nil {
+		m.delay.Observe(a.wait.Seconds())
 		metrics.waiting.Inc()
 		defer metrics.waiting.Dec()
 	}
 	t := timerPool.Get().(*time.Timer)
-	t.Reset(w.delay)
+	t.Reset(a.wait)
 	defer func() {
 		t.Stop()
 		timerPool.Put(t)
 	}()
-	c := watchClient(r) // net/http alone misses a client leaving before its body is read
+	c := watchClient(a.r) // net/http alone misses a client leaving before its body is read
 	select {
 	case <-t.C:
 	case <-c.done():
 	}
 	if !c.stop() {
-		markDelay(r, w.delay)
+		markDelay(a.r, a.wait)
 		return nil
 	}
-	_ = w.store.Refund(r.Context(), w.refunds) // the stores give back whatever the context
-	if m := w.zone.metrics; m != nil {
+	_ = a.res.give(cancelCharges, 0) // refunds only: no error
+	if m := a.waitZone.metrics; m != nil {
 		m.abandoned.Inc()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)
-}
-
-// release gives the waiter's place in the waiting room back and returns
-// it to the pool.
-func (w *waiter) release() {
-	w.slot.Add(-1)
-	clear(w.refunds)
-	clear(w.zones)
-	*w = waiter{refunds: w.refunds[:0], zones: w.zones[:0]}
-	waiterPool.Put(w)
 }
 
 // timerPool holds stopped timers for the waits (a timer per wait would be

@@ -2,21 +2,31 @@
 // directive: per-zone rate limits keyed by client, enforced exactly and
 // atomically in an embedded memory store or a shared Redis store.
 //
-// A request, in four stages:
-//   - Plan: Handler.ServeHTTP calls decide (handler.go), which keeps the
-//     zones whose matchers match, derives each key's token (identity) and
-//     resolves each zone's limit and cost (limits.go).
-//   - Take: one Store.Take (store.go) decides every zone at once, all or
-//     nothing; on an error, failover applies each zone's fail policy.
-//   - Verdict: pick ranks the decisions (rank.go); refuse answers a
-//     refusal (response.go); an admitted request gets its headers
-//     (headers.go) and pass marks (pass.go), and may wait for its turn
-//     (delay.go) or for charges in flight (inflight.go).
-//   - Obligations: serveAfter (after.go) learns the status and the count
-//     zones give back what it does not count (count.go); on every exit
-//     after.done releases the concurrency slots (concurrency.go).
+// One request is one admission (admission.go), whose stages
+// Handler.ServeHTTP (handler.go) runs top to bottom:
 //
-// docs/architecture.md has the diagrams, the store's layers, where each
+//   - plan: the zones whose matchers match, each one's key token
+//     (identity), limit and cost (limits.go), as one algorithms.Request.
+//   - take: one Store.Take (store.go) decides every zone at once, all or
+//     nothing; the fail policy (failpolicy.go) is the layer around it that
+//     applies each zone's fail open, closed or local when the store fails.
+//   - verdict: the decisions ranked (rank.go); a refusal is answered
+//     (response.go); an allowed request gets its headers (headers.go).
+//   - serve: the marks of on_exceed pass, a delay's wait for its turn.
+//   - forward: the next handlers; when the response's status is known, a
+//     count zone's charge is settled (statuswriter.go).
+//   - exit: on every exit, the concurrency slots go back.
+//
+// What a request gives back (a count refund, a departed waiter's charges,
+// its slots) is one reservation (reservation.go), given back once into the
+// store that decided.
+//
+// Each control (count, on_exceed pass, delay, charges in flight,
+// concurrency, penalty) lives in its own file, registered by one line in
+// the controls table (controls.go); at Provision it says which stages it
+// joins, and only those hooks run.
+//
+// docs/architecture.md has the diagram, the store's layers, where each
 // control plugs in, and the function hops of one request.
 package sluice
 

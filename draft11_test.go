@@ -300,7 +300,7 @@ func TestProblemResponse(t *testing.T) {
 		t.Errorf("headers %v", w.Header())
 	}
 
-	h.store = failingStore{}
+	useStores(h, failingStore{}, nil)
 	w = serve(t, h, "GET", "/", user)
 	pb = problemBody{}
 	if w.Code != 503 || w.Header().Get("Content-Type") != "application/problem+json" || json.Unmarshal(w.Body.Bytes(), &pb) != nil {

@@ -62,9 +62,19 @@ func newHandler(t testing.TB, block string, clock *fakeClock) *Handler {
 	if clock != nil {
 		st := memstore.New(memstore.Config{Now: clock.now, SweepInterval: -1})
 		t.Cleanup(st.Close)
-		h.store = st
+		useStores(h, st, nil)
 	}
 	return h
+}
+
+// useStores swaps h's store, and its fail-local store unless local is
+// nil, after Provision, and composes its take stage again.
+func useStores(h *Handler, store, local Store) {
+	h.store = store
+	if local != nil {
+		h.local = local
+	}
+	h.take = h.takeStage()
 }
 
 var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {

@@ -116,7 +116,7 @@ func (h *Handler) addLimitHeaders(s *headerSet, hdr http.Header, v *verdict, ref
 // priorLegacyWins reports whether the response already carries the
 // X-RateLimit-* headers of a zone at least as constrained as this
 // directive's verdict (refused or not, with Retry-After retry, remaining
-// and reset Unix seconds), ranked as pick ranks the zones of one directive
+// and reset Unix seconds), ranked as admission.rank ranks the zones of one directive
 // (rank.go): another rate_limit decided the request before this one.
 // Without parsable headers (the first directive), it reports false.
 func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
@@ -209,7 +209,7 @@ func (z *zone) draftUnit() int64 {
 // one list member per zone, with the available quota r (in the zone's
 // unit: see formatPolicyItem) and, where the decision tells it, the
 // effective window t (see effectiveWindow).
-func draftFields(s *scratch) (policy, state string) {
+func draftFields(s *admission) (policy, state string) {
 	var pb, sb []byte
 	var pbuf, sbuf [256]byte
 	pb, sb = pbuf[:0], sbuf[:0]
@@ -232,29 +232,20 @@ func draftFields(s *scratch) (policy, state string) {
 	return string(pb), string(sb)
 }
 
-// effectiveWindow is the t parameter of RateLimit (draft -11, section
-// 4.1.2: "the number of seconds within which the client can use no more
-// than the available quota") for decision d under limit l, with r counted
-// in units of unit events: the time until the key has more than r units
-// available, or, when it holds all it can, until a client that spent them
-// all now could spend one more. In whole seconds rounded up (as Retry-After
-// is), so a client that waits t is sure to find more; never 0.
+// effectiveWindow is the t parameter of RateLimit (draft -11, 4.1.2) for
+// decision d under limit l, r counted in units of unit events: the time
+// until the key has more than r units (when full, until a client that spent
+// everything now could spend one more), in whole seconds rounded up, never
+// 0. ok false: not sent.
 //
-//   - token_bucket, gcra: the next unit's refill. The key is full in
-//     ResetAfter and refills Events per Window, so it holds the next unit
-//     (Capacity − target)·Window/Events earlier. Exact to the millisecond
-//     when that product divides evenly, else at most 1ms late.
-//   - fixed_window: the end of the current window (ResetAfter); when
-//     nothing was counted in it, its end is not in the decision and the
-//     whole window, which bounds it, is sent.
-//   - sliding_window, sliding_log: not sent (ok false). Their quota comes
-//     back as older events leave the window, which the decision does not
-//     record; what it does tell (the time to full) would overstate t up to
-//     a whole window. t is optional; Retry-After on a refusal is exact.
+//   - token_bucket, gcra: the next unit's refill, (Capacity − target)·
+//     Window/Events before ResetAfter (at most 1ms late when not exact).
+//   - fixed_window: the window's end (ResetAfter), else the whole window.
+//   - sliding_window, sliding_log: not sent: the decision does not record
+//     when older events leave the window.
 //
-// On a refusal of a request costing one unit the result is at most its
-// Retry-After, which the draft asks not to end before the effective
-// window.
+// On a refusal of a one-unit request it is at most its Retry-After, which
+// the draft asks not to end before the effective window.
 func effectiveWindow(l algorithms.Limit, d *algorithms.Decision, unit, cost int64) (int64, bool) {
 	var ms int64
 	switch l.Algorithm {

@@ -3,7 +3,6 @@ package sluice
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,20 +12,22 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// Charges in flight (count.go): a count zone's charge is taken before the
-// request runs and settled when its status is known, so while responses
-// are on their way a key may look spent with charges that will come back
-// (right-password logins). The store knows how much of a key is in flight
-// (algorithms/inflight.go); a request that it refuses only because of them
-// (Decision.InFlight: given back, they would admit it) starts no penalty,
-// and waits, up to settle_wait, for them to settle: the store is asked
-// again on a short pause that doubles, so a charge given back on another
-// instance is seen too. The waiter holds a place in the directive's
-// waiting room (max_waiting; room full: refused at once). When its client
-// leaves, it stops waiting, charges nothing and returns 499. When the wait
-// ends with the charges still in flight, the request is refused (no
-// penalty); when they settled as counted, the store's refusal stands (and
-// a penalty may start then).
+// inflightControl: charges in flight (count.go). While count zones' charges
+// wait for their statuses, a key may look spent with charges that will
+// come back. A request the store refuses only because of them
+// (Decision.InFlight) starts no penalty and waits, up to settle_wait, for
+// them to settle, asking the store again on a pause that doubles (another
+// instance's settlements are seen too), woken at once by this process's
+// (settleSignal). It holds a place in the waiting room meanwhile (room
+// full: refused at once); a client that leaves gets a 499, charged nothing.
+var inflightControl = control{
+	name:      "charges in flight",
+	provision: provisionInflight,
+	hooks: hooks{
+		take:   awaitCharges,
+		status: func(a *admission, _ int) { a.h.settled.notify() },
+	},
+}
 
 // defaultSettleWait is settle_wait's default; maxSettleWait its bound.
 const (
@@ -55,10 +56,25 @@ func settleWaitOf(d *caddy.Duration) (time.Duration, error) {
 	return time.Duration(*d), nil
 }
 
+// provisionInflight sets settle_wait up for a directive that counts: its
+// requests wait for charges in flight (take), and its settlements wake
+// them (status).
+func provisionInflight(h *Handler) (stages, error) {
+	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
+	h.settled = new(settleSignal)
+	if !h.counting {
+		return 0, nil
+	}
+	if h.settleWait > 0 {
+		return joins(atTake, atStatus), nil
+	}
+	return joins(atStatus), nil
+}
+
 // waitsForCharges reports whether s's decisions refuse the request only
 // because of charges in flight: an enforcing zone refuses, and every one
 // that does says its charges in flight would admit it.
-func waitsForCharges(s *scratch) bool {
+func waitsForCharges(s *admission) bool {
 	refused := false
 	for i := range s.decs {
 		if d := &s.decs[i]; !d.Allowed && !s.reqs[i].ReportOnly {
@@ -71,16 +87,21 @@ func waitsForCharges(s *scratch) bool {
 	return refused
 }
 
-// awaitCharges waits, up to settle_wait, until the store's decisions in s
-// (s.store decided them) no longer rest on charges in flight, asking it
-// again on each pause. It returns nil with s's last decisions, the store's
-// error, or a 499 error if the client leaves first (nothing charged).
-func (h *Handler) awaitCharges(r *http.Request, s *scratch) error {
-	if s.slot == nil {
+// awaitCharges waits, when the store's decisions in s refuse the request
+// only because of charges in flight, up to settle_wait, until they no
+// longer do, asking the store that decided again on each pause. It returns
+// nil with s's last decisions, the store's error, or a 499 error if the
+// client leaves first (nothing charged).
+func awaitCharges(s *admission) error {
+	if !waitsForCharges(s) {
+		return nil
+	}
+	h, r := s.h, s.r
+	if s.place == nil {
 		if !h.room.enter() {
 			return nil // the room is full: refused now
 		}
-		s.slot = &h.room.n // given back with the scratch
+		s.place = &h.room.n // given back after the verdict
 	}
 	c := watchClient(r) // net/http alone misses a client leaving before its body is read
 	defer c.stop()

@@ -391,8 +391,7 @@ func TestFailLocalCountAndConcurrency(t *testing.T) {
 	}`, nil)
 	local := memstore.New(memstore.Config{SweepInterval: -1})
 	t.Cleanup(local.Close)
-	h.local = local
-	h.store = failingStore{}
+	useStores(h, failingStore{}, local)
 	const user = "ivan"
 	slotTok, failsTok := keyToken(t, h, "fl_slots", user), keyToken(t, h, "fl_fails", user)
 	fails := zoneLimit(t, h, "fl_fails")

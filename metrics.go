@@ -172,7 +172,7 @@ func errorKind(err error) string {
 }
 
 // countDecisions records the outcome of every zone of a decided request.
-func countDecisions(s *scratch, refused bool) {
+func countDecisions(s *admission, refused bool) {
 	if len(s.zones) > 0 && s.zones[0].metrics != nil {
 		recordActivity(s, refused) // for the live page (recent.go)
 	}

@@ -95,8 +95,15 @@ type Handler struct {
 	// At most 1m. Default: 1s.
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
 
-	zones       []*zone
-	concurrent  bool // a zone is a concurrency zone (concurrency.go)
+	zones []*zone
+	// planned are the zones' requests as far as Provision knows them (the
+	// controls set their fields); a request's plan fills in the rest.
+	planned []algorithms.Request
+	// on lists, per stage, the controls that joined it (controls.go).
+	on   [numStages][]*control
+	take taker // the take stage's layers (failpolicy.go)
+	// concurrent: a zone is a concurrency zone (concurrency.go).
+	concurrent  bool
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
@@ -179,9 +186,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
-	if err := h.provisionOutcomes(); err != nil {
-		return err
-	}
 	if err := h.provisionAllowances(); err != nil {
 		return err
 	}
@@ -199,11 +203,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.storeStats = newStoreMetrics(name)
 	}
-	if err := h.provisionConcurrency(); err != nil {
+	h.planned = make([]algorithms.Request, len(h.zones))
+	for i, z := range h.zones {
+		h.planned[i] = algorithms.Request{Zone: z.name, ReportOnly: z.reportOnly}
+	}
+	if err := h.provisionControls(); err != nil {
 		return err
 	}
-
 	h.resp = h.Response.compile()
+	h.take = h.takeStage()
 
 	ev, err := ctx.App("events")
 	if err != nil {
@@ -346,10 +354,7 @@ func (h *Handler) provisionAllowances() error {
 
 // Cleanup releases the zone names registered by Provision.
 func (h *Handler) Cleanup() error {
-	if h.passing {
-		h.passing = false
-		passDirectives.Add(-1)
-	}
+	h.cleanupControls()
 	for _, release := range h.releases {
 		release()
 	}

@@ -2,31 +2,35 @@ package sluice
 
 import (
 	"fmt"
-	"net/http"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// A zone's soft mode (`on_exceed pass`): a request the zone would refuse is
-// forwarded, and the decision is handed to the next handlers: the
-// placeholders {http.rate_limit.exceeded} (true) and {http.rate_limit.zone}
-// (with retry_after, limit, remaining and reset, as on a refusal), which
-// request_header or reverse_proxy's header_up can pass to the upstream.
-// Toward the store the zone is report-only: it never vetoes the request,
-// charges nothing when it would refuse (a refusal never consumes), and is
-// charged when it allows and the request passes, so its state evolves as
-// under enforcement. It is counted (outcome exceeded_passed) and logged
-// like a report-only zone's would-be refusal.
-//
-// The difference from report_only: report_only is for trying a limit out
-// (a dry run: decide, record, send the headers, hand nothing on); pass is
-// a soft limit in production: the application is told, per request, that
-// the client is over, and decides (degrade, bill, warn). An enforcing zone
-// of the same request still refuses it.
+// passControl: a zone's soft mode (`on_exceed pass`). A request the zone
+// would refuse is forwarded, marked for the next handlers by the
+// placeholders {http.rate_limit.exceeded} and {http.rate_limit.zone} (with
+// its numbers, as on a refusal). Toward the store the zone is report-only;
+// it is counted (exceeded_passed) and logged like a report-only zone's
+// would-be refusal. report_only is a dry run; pass is a soft limit whose
+// breach the application is told of, per request.
+var passControl = control{
+	name:      "on_exceed pass",
+	compile:   compileOnExceed,
+	provision: provisionPass,
+	cleanup: func(h *Handler) {
+		if h.passing {
+			h.passing = false
+			passDirectives.Add(-1)
+		}
+	},
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.pass {
+			info.OnExceed = onExceedPass
+		}
+	},
+	hooks: hooks{verdict: passedOf, serve: markPass},
+}
 
 // on_exceed's actions.
 const (
@@ -36,7 +40,7 @@ const (
 
 // validateZoneModes refuses a zone that is both report_only and on_exceed
 // pass: one records, the other hands the decision on. (A report-only
-// directive makes its pass zones report-only instead: see compileOutcomes.)
+// directive makes its pass zones report-only instead: see compileOnExceed.)
 func (h *Handler) validateZoneModes() error {
 	if h.ReportOnly {
 		return nil
@@ -49,43 +53,44 @@ func (h *Handler) validateZoneModes() error {
 	return nil
 }
 
-// passInfo is the zone a forwarded request would have been refused by.
-type passInfo struct {
-	zone *zone
-	algorithms.Decision
+// compileOnExceed compiles what the zone does with a request it would
+// refuse.
+func compileOnExceed(z *zone, cfg *Zone) error {
+	switch cfg.OnExceed {
+	case "", onExceedRefuse:
+	case onExceedPass:
+		// Under a report-only directive, the zone is report-only: nothing
+		// is handed on (Handler.Validate refuses both on one zone).
+		z.pass = !cfg.ReportOnly
+	default:
+		return fmt.Errorf("on_exceed: unknown action %q (known: refuse, pass)", cfg.OnExceed)
+	}
+	return nil
 }
 
-// passedOf returns, for an allowed request, the on_exceed pass zone that
-// would refuse it with the longest Retry-After, or nil.
-func passedOf(s *scratch) *passInfo {
-	best := -1
-	for i, z := range s.zones {
-		if z.pass && !s.decs[i].Allowed && (best < 0 || s.decs[i].RetryAfter > s.decs[best].RetryAfter) {
-			best = i
+// provisionPass sends the pass zones to the store as report-only, and has
+// every request the directive lets through marked.
+func provisionPass(h *Handler) (stages, error) {
+	for i, z := range h.zones {
+		if z.pass {
+			h.planned[i].ReportOnly = true
+			h.passing = true
 		}
 	}
-	if best < 0 {
-		return nil
+	if !h.passing {
+		return 0, nil
 	}
-	return &passInfo{zone: s.zones[best], Decision: s.decs[best]}
+	passDirectives.Add(1) // cleanup takes it back
+	return joins(atVerdict, atServe), nil
 }
 
-// completeVerdict adds to the verdict of an allowed request what its zones
-// leave for later: its post-response step (after.go: the count zones'
-// settlement, the concurrency slots to give back), the pass zone it
-// exceeded and its wait for its turn.
-func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
-	if refused {
-		return
-	}
-	if h.counting || h.concurrent {
-		v.after = h.afterOf(s)
-	}
-	if h.passing {
-		v.passed = passedOf(s)
-	}
-	if h.delaying {
-		v.wait = h.waiterOf(s)
+// passedOf notes, for an allowed request, the on_exceed pass zone that
+// would refuse it with the longest Retry-After, if any.
+func passedOf(a *admission) {
+	for i, z := range a.zones {
+		if z.pass && !a.decs[i].Allowed && (a.passed < 0 || a.decs[i].RetryAfter > a.decs[a.passed].RetryAfter) {
+			a.passed = i
+		}
 	}
 }
 
@@ -94,26 +99,28 @@ func (h *Handler) completeVerdict(s *scratch, v *verdict, refused bool) {
 // {http.rate_limit.exceeded} false and {http.rate_limit.zone} empty (known
 // values: header_up and request_header would send an unknown placeholder
 // as its literal text), unless an earlier directive marked the request
-// already; over an on_exceed pass zone (p), the zone and its numbers.
-// They are static values, so a later directive overwrites them, and its
-// refusal's too (publishPlaceholders, which sees markedByPass).
-func (h *Handler) markPass(r *http.Request, p *passInfo, now time.Time) {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if p == nil {
+// already; over an on_exceed pass zone, the zone and its numbers. They are
+// static values, so a later directive overwrites them, and its refusal's
+// too (publishPlaceholders, which sees markedByPass).
+func markPass(a *admission) error {
+	repl := a.r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if a.out != allow || a.passed < 0 {
 		if _, marked := repl.Get(phExceeded); !marked {
 			repl.Set(phExceeded, false)
 			repl.Set(phZone, "")
 			repl.Set(phExceededName, "")
 		}
-		return
+		return nil
 	}
-	vars := refusalVars{zone: p.zone.name, retry: h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
-		remaining: p.Remaining, reset: resetUnix(now, p.ResetAfter)}
+	z, p := a.zones[a.passed], &a.decs[a.passed]
+	vars := refusalVars{zone: z.name, retry: a.h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
+		remaining: p.Remaining, reset: resetUnix(a.now, p.ResetAfter)}
 	for _, ph := range placeholders {
 		if ph.pass {
 			repl.Set(ph.name, ph.value(vars))
 		}
 	}
+	return nil
 }
 
 // passDirectives counts the provisioned directives with an on_exceed pass

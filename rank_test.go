@@ -11,7 +11,7 @@ import (
 
 // TestRankingAgrees runs one table of decision pairs through the three
 // places that show the most constrained zone: the verdict of one directive
-// (pick), the rate limit headers of a later directive (priorLegacyWins) and
+// (admission.verdict), the rate limit headers of a later directive (priorLegacyWins) and
 // the admin API's peek (mostConstrained). They must choose the same one.
 func TestRankingAgrees(t *testing.T) {
 	allowed := func(rem, reset int64) algorithms.Decision {
@@ -41,13 +41,10 @@ func TestRankingAgrees(t *testing.T) {
 			pair := []algorithms.Decision{c.a, c.b}
 			// The refusal and the headers of one directive.
 			zones := []*zone{{name: "a"}, {name: "b"}}
-			s := &scratch{reqs: make([]algorithms.Request, 2), decs: pair, zones: zones, shown: make([]*shownLimit, 2)}
-			v, _, err := (&Handler{}).pick(s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if v.zone != zones[c.want] {
-				t.Errorf("pick chose %s, want %s", v.zone.name, zones[c.want].name)
+			a := &admission{h: &Handler{}, out: decided, reqs: make([]algorithms.Request, 2), decs: pair, zones: zones, shown: make([]*shownLimit, 2)}
+			a.verdict()
+			if v := a.v; v.zone != zones[c.want] {
+				t.Errorf("the verdict chose %s, want %s", v.zone.name, zones[c.want].name)
 			}
 			// A later directive's headers, a having decided first.
 			h := http.Header{}

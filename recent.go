@@ -86,7 +86,7 @@ func ptrActivity(m *map[string]*zoneActivity) map[string]*zoneActivity {
 
 // recordActivity counts the zones of a decided request (refused: some
 // enforcing zone refused it), as countDecisions does for the metrics.
-func recordActivity(s *scratch, refused bool) {
+func recordActivity(s *admission, refused bool) {
 	var now int64
 	for i, z := range s.zones {
 		a := activityOf(z.name)

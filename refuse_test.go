@@ -89,6 +89,21 @@ func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verd
 	return nil
 }
 
+// decideOnly runs r's admission through its verdict, and returns it.
+func decideOnly(h *Handler, r *http.Request) (verdict, outcome, error) {
+	a := h.admit(r)
+	defer a.exit()
+	err := a.plan()
+	if err == nil {
+		err = a.take()
+	}
+	if err != nil {
+		return verdict{}, unmetered, err
+	}
+	a.verdict()
+	return a.v, a.out, nil
+}
+
 // refusalRequest is a request with its own replacer, as Caddy makes one.
 func refusalRequest(method string) (*http.Request, *caddy.Replacer) {
 	r := httptest.NewRequest(method, "/", nil)
@@ -163,7 +178,7 @@ func TestRefusalMatchesReference(t *testing.T) {
 			clock.add(1234) // Retry-After and the reset are not whole seconds
 
 			r, _ := refusalRequest(method)
-			v, out, err := h.decide(r)
+			v, out, err := decideOnly(h, r)
 			if err != nil || out != refuse {
 				t.Fatalf("decide: outcome %d, err %v; want a refusal", out, err)
 			}

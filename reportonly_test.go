@@ -64,7 +64,7 @@ func TestReportOnly(t *testing.T) {
 			window 1h
 		}
 	}`, nil)
-	h2.store = h.store
+	useStores(h2, h.store, nil)
 	if w := serve(t, h2, "GET", "/", user); w.Code != 200 {
 		t.Fatalf("after one refill, enforced: %d, want 200", w.Code)
 	}

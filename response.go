@@ -246,13 +246,11 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 }
 
 // autoContentLength is the longest body whose Content-Length the server
-// writes itself: net/http (and its HTTP/2 server) sets Content-Length for
-// a body written whole before the handler returns and that fits its 2 KiB
-// response buffer, without a header map entry (an entry costs every
-// response a copy of the map, a sort and its own write: measured with
-// BenchmarkServeHTTPWire, about 2,000 instructions). So a refusal sets
-// Content-Length only for a HEAD request (no body is written) or a longer
-// body.
+// writes itself: net/http (and its HTTP/2 server) sets it for a body
+// written whole before the handler returns that fits its 2 KiB response
+// buffer, without a header map entry, which costs every response a copy of
+// the map (docs/performance.md). So a refusal sets Content-Length only for
+// a HEAD request (no body is written) or a longer body.
 const autoContentLength = 2048
 
 // bodyPool holds the buffers refusal bodies are rendered into. A buffer goes

@@ -84,7 +84,7 @@ func newJSONHandler(t testing.TB, cfg map[string]any, clock *fakeClock) *Handler
 	h.logger = zap.NewNop()
 	st := memstore.New(memstore.Config{Now: clock.now, SweepInterval: -1})
 	t.Cleanup(st.Close)
-	h.store = st
+	useStores(h, st, nil)
 	return h
 }
 

@@ -1,0 +1,317 @@
+package sluice
+
+import (
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/identity"
+)
+
+// admission is one request through a rate_limit handler, from its plan to
+// its exit; ServeHTTP (handler.go) runs its stages in order:
+//
+//	plan → take → verdict → respond → serve → forward (status) → exit
+//
+// The controls (controls.go) join the stages through their hooks. Pooled:
+// the hot path allocates nothing for it.
+type admission struct {
+	h *Handler
+	r *http.Request
+
+	// plan: one request per zone that applies, in zone order, with its
+	// decision once taken and what its responses show of its limit.
+	reqs  []algorithms.Request
+	decs  []algorithms.Decision
+	zones []*zone
+	shown []*shownLimit
+	buf   []byte
+	// place is the waiting room's count this request holds a place in
+	// (delay.go, inflight.go), nil for none.
+	place *atomic.Int64
+
+	// take: the outcome, and the store that decided.
+	out   outcome
+	store Store
+
+	// verdict: what ServeHTTP answers with.
+	v   verdict
+	now time.Time
+	// passed is the on_exceed pass zone an allowed request exceeded
+	// (pass.go), -1 for none.
+	passed int
+	// wait is an allowed request's wait for its turn, asked by waitZone
+	// (delay.go); 0 for none.
+	wait     time.Duration
+	waitZone *zone
+
+	// obligations: what an allowed request gives back (reservation.go),
+	// and whether it waits for the response's status to do it.
+	res         reservation
+	reserved    bool
+	wantsStatus bool
+}
+
+// outcome is what a request's take and verdict came to.
+type outcome uint8
+
+const (
+	unmetered  outcome = iota // no zone applies, or the store failed open
+	decided                   // the store decided: the verdict ranks
+	allow                     // allowed: headers from the verdict
+	refuse                    // refused with 429
+	failClosed                // the store failed and a fail-closed zone refuses: 503
+)
+
+// verdict is the decision a response shows: the most constrained zone.
+type verdict struct {
+	zone  *zone
+	shown *shownLimit
+	key   identity.Token
+	algorithms.Decision
+	// policy and state are the RateLimit-Policy and RateLimit field values
+	// (headers draft or both), covering every zone decided.
+	policy, state string
+	// cost is what the request would have spent in the verdict's zone.
+	cost int64
+	// violated lists the refusing zones (response problem only), as the
+	// members of a JSON array: their policy identifiers, quoted.
+	violated string
+}
+
+var admissionPool = sync.Pool{New: func() any {
+	return &admission{
+		reqs:  make([]algorithms.Request, 0, 8),
+		decs:  make([]algorithms.Decision, 0, 8),
+		zones: make([]*zone, 0, 8),
+		shown: make([]*shownLimit, 0, 8),
+		buf:   make([]byte, 0, 256),
+		res:   reservation{charges: make([]charge, 0, 4)},
+	}
+}}
+
+// admit starts the admission of r.
+func (h *Handler) admit(r *http.Request) *admission {
+	a := admissionPool.Get().(*admission)
+	a.h, a.r, a.passed = h, r, -1
+	return a
+}
+
+// plan keeps the zones whose matchers match r and makes each one request:
+// key token, limit and cost, and the controls' fields. An error is this
+// handler's own answer (an ambiguous key's 400).
+func (a *admission) plan() error {
+	h, r := a.h, a.r
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	for i, z := range h.zones {
+		if len(z.matchers) > 0 {
+			match, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return err
+			}
+			if !match {
+				continue
+			}
+		}
+		var tok identity.Token
+		var amb *identity.Ambiguity
+		tok, a.buf, amb = z.deriver.DeriveRequest(repl, r, a.buf)
+		if amb != nil {
+			if err := h.ambiguousKey(z, amb); err != nil {
+				return err
+			}
+			continue // report only: this zone decides nothing for the request
+		}
+		rq := h.planned[i] // the zone's fields, set at Provision
+		rq.Key, rq.Limit = tok, z.limit
+		shown := &z.shown
+		if z.dyn != nil {
+			// The limit is chosen per request; a limit other than the
+			// default has a bucket of its own (zone.limitOf), and its own
+			// header values (zone.shownFor).
+			rq.Limit, rq.Key, a.buf = z.limitOf(repl, tok, a.buf, h.logger)
+			shown = z.shownFor(rq.Limit)
+		}
+		rq.Cost, a.buf = z.costOf(repl, a.buf, h.logger)
+		a.reqs = append(a.reqs, rq)
+		for _, c := range h.on[atPlan] {
+			c.plan(a, z, &a.reqs[len(a.reqs)-1])
+		}
+		a.zones = append(a.zones, z)
+		a.shown = append(a.shown, shown)
+	}
+	return nil
+}
+
+// take decides every planned zone in one store call, through the take
+// stage's layers (failpolicy.go). No zone: unmetered.
+func (a *admission) take() error {
+	if len(a.reqs) == 0 {
+		a.out = unmetered
+		return nil
+	}
+	a.sizeDecs()
+	for _, c := range a.h.on[atAdmit] {
+		c.admit(a)
+	}
+	return a.h.take.take(a)
+}
+
+// sizeDecs makes a.decs as long as a.reqs.
+func (a *admission) sizeDecs() {
+	if n := len(a.reqs); cap(a.decs) < n {
+		a.decs = make([]algorithms.Decision, n)
+	} else {
+		a.decs = a.decs[:n]
+	}
+}
+
+// verdict ranks the decisions and chooses the verdict to report: the
+// refusing zone with the longest Retry-After, else the zone with the least
+// remaining. A report-only zone that would refuse does not refuse: it is
+// counted and logged, and its numbers still reach the headers. An allowed
+// request reserves what it may give back, and the controls complete its
+// verdict.
+func (a *admission) verdict() {
+	if a.out == decided {
+		h := a.h
+		for _, c := range h.on[atRank] {
+			c.rank(a)
+		}
+		best, top := -1, standing{}
+		for i := range a.decs {
+			d := &a.decs[i]
+			st := standing{refused: !d.Allowed && !a.reqs[i].ReportOnly, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
+			if best < 0 || st.tighter(top) {
+				best, top = i, st
+			}
+		}
+		refused := top.refused
+		countDecisions(a, refused)
+		if !refused {
+			h.reportWouldRefuse(a)
+		}
+		a.v = verdict{zone: a.zones[best], shown: a.shown[best], key: a.reqs[best].Key, Decision: a.decs[best], cost: a.reqs[best].Cost}
+		if !refused {
+			a.out = allow
+			for _, c := range h.on[atVerdict] {
+				c.verdict(a)
+			}
+		}
+		if h.draft {
+			a.v.policy, a.v.state = draftFields(a)
+		}
+		if refused {
+			a.out = refuse
+			if h.resp.problem {
+				a.v.violated = violatedPolicies(a, false)
+			}
+		}
+	}
+	if a.wait == 0 {
+		a.leaveRoom() // a request that need not wait gives its place back at once
+	}
+	a.now = time.Now()
+}
+
+// reserve records, once, what the store that decided charged an allowed
+// request, for the controls that give it back (reservation.go).
+func (a *admission) reserve() *reservation {
+	if !a.reserved {
+		a.res.reserve(a.store, a.reqs, a.decs, a.zones, nil)
+		a.reserved = true
+	}
+	return &a.res
+}
+
+// respond sets the rate limit headers of an allowed request.
+func (a *admission) respond(w http.ResponseWriter) {
+	var hs headerSet
+	a.h.addLimitHeaders(&hs, w.Header(), &a.v, false, 0, resetUnix(a.now, a.v.ResetAfter))
+	hs.set(w.Header())
+}
+
+// serve runs the controls' last steps before the next handlers (marks, a
+// wait for its turn), on an allowed or unmetered request.
+func (a *admission) serve() error {
+	for _, c := range a.h.on[atServe] {
+		if err := c.serve(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forward runs the next handlers; when a control waits for the status
+// (wantsStatus), with a response writer that reports it (statuswriter.go),
+// settled on any exit.
+func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err error) {
+	if !a.wantsStatus {
+		return next.ServeHTTP(w, a.r)
+	}
+	sw := statusWriterPool.Get().(*statusWriter)
+	sw.ResponseWriter, sw.hook, sw.known, sw.refused = w, a, false, false
+	returned := false
+	defer func() {
+		if !sw.known {
+			status := http.StatusOK
+			switch {
+			case a.r.Context().Err() != nil:
+				// The client left (or the server gave up on it) before
+				// the status was known: whatever the next handlers made
+				// of that (reverse_proxy: 499), the request was forwarded.
+				status = statusUnknown
+			case !returned: // a panic, passed on
+				status = http.StatusInternalServerError
+			case err != nil:
+				status = errorStatus(err)
+			}
+			sw.settle(status)
+		}
+		sw.ResponseWriter, sw.hook = nil, nil
+		statusWriterPool.Put(sw)
+	}()
+	err = next.ServeHTTP(sw, a.r)
+	returned = true
+	return err
+}
+
+// statusKnown is called once, with the response's status (statuswriter.go
+// says which).
+func (a *admission) statusKnown(status int) {
+	for _, c := range a.h.on[atStatus] {
+		c.status(a, status)
+	}
+}
+
+// exit runs on every exit of ServeHTTP (an error, a panic, a client gone,
+// a stream's end), once the status is settled: the allowed request's last
+// obligations (its slots back), then the admission is recycled.
+func (a *admission) exit() {
+	if a.reserved {
+		for _, c := range a.h.on[atExit] {
+			c.exit(a)
+		}
+	}
+	a.leaveRoom()
+	a.reqs, a.decs, a.zones, a.shown = a.reqs[:0], a.decs[:0], a.zones[:0], a.shown[:0]
+	a.res.reset()
+	if cap(a.buf) > 64<<10 {
+		a.buf = nil // do not keep a huge key buffer alive
+	}
+	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res}
+	admissionPool.Put(a)
+}
+
+// leaveRoom gives the request's place in the waiting room back, if any.
+func (a *admission) leaveRoom() {
+	if a.place != nil {
+		a.place.Add(-1)
+		a.place = nil
+	}
+}

@@ -1,0 +1,240 @@
+package sluice
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// taker is a layer of the take stage: it decides an admission's planned
+// zones (a.decs, a.store) or says why it could not. The stage is composed
+// at Provision (Handler.takeStage): the fail policy over the store call.
+type taker interface {
+	take(a *admission) error
+}
+
+// takeStage composes the take stage of h, once the controls joined theirs,
+// and marks the zones the fail policy may decide apart.
+func (h *Handler) takeStage() taker {
+	for i, z := range h.zones {
+		h.planned[i].FailApart = z.failApart(h.delaying)
+	}
+	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
+	return &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
+}
+
+// storeCall is the take stage's innermost layer: one Take of every zone,
+// then the controls' take hooks on its decisions (a wait for charges in
+// flight, inflight.go).
+type storeCall struct {
+	store Store
+	stats *storeMetrics // nil without metrics
+	hooks []*control
+}
+
+func (c storeCall) take(a *admission) error {
+	a.store = c.store
+	start := time.Now()
+	err := c.store.Take(a.r.Context(), a.reqs, a.decs)
+	if c.stats != nil {
+		c.stats.observe(start)
+	}
+	for _, h := range c.hooks {
+		if err != nil {
+			break
+		}
+		err = h.take(a)
+	}
+	return err
+}
+
+// failPolicy is the take stage's outer layer: when the store cannot
+// decide, each zone's fail policy applies. A fail-closed zone refuses with
+// 503; fail-local zones are decided by this instance's memory store
+// (all-or-nothing among them); fail-open zones let the request through
+// unmetered. A store that decided the request in part (a Cluster shard
+// down: algorithms.PartialError, every zone FailApart) has the zones it
+// decided stand, and only the others follow their policy (partial).
+type failPolicy struct {
+	next    taker
+	local   Store // the fail-local memory store; nil: no fail-local zone
+	errs    *sampledLog
+	logger  *zap.Logger
+	stats   *storeMetrics // nil without metrics
+	problem bool          // the refusal lists the violated policies
+}
+
+func (p *failPolicy) take(a *admission) error {
+	err := p.next.take(a)
+	switch {
+	case err == nil:
+		a.out = decided
+		return nil
+	case ownAnswer(err):
+		return err // the handler's own answer (a client gone while waiting)
+	case a.r.Context().Err() != nil:
+		// The client went away (or the server is shutting the request
+		// down): nothing is served, so nothing is decided, logged or
+		// counted as a store failure.
+		a.out = unmetered
+		return nil
+	}
+	p.logError(err)
+	if p.stats != nil {
+		p.stats.failed(err)
+	}
+	p.failover(a, err)
+	return nil
+}
+
+// ownAnswer reports whether err is the handler's own answer (a Caddy
+// error), not a store's failure.
+func ownAnswer(err error) bool {
+	var he caddyhttp.HandlerError
+	return errors.As(err, &he)
+}
+
+// failover applies the zones' fail policies to a request the store could
+// not decide.
+func (p *failPolicy) failover(a *admission, err error) {
+	if pe := (*algorithms.PartialError)(nil); errors.As(err, &pe) && len(pe.Failed) == len(a.reqs) {
+		p.partial(a, pe.Failed)
+		return
+	}
+	for _, z := range a.zones {
+		if z.metrics != nil {
+			switch z.fail {
+			case failClosedPolicy:
+				z.metrics.failedClosed.Inc()
+			case failLocalPolicy:
+				z.metrics.failedLocal.Inc()
+			default:
+				z.metrics.failedOpen.Inc()
+			}
+		}
+	}
+	n := 0
+	for i, z := range a.zones {
+		switch z.fail {
+		case failClosedPolicy:
+			a.v = verdict{zone: z, shown: a.shown[i], key: a.reqs[i].Key,
+				Decision: algorithms.Decision{Limit: a.reqs[i].Limit.Capacity(), RetryAfter: failClosedRetry}}
+			if p.problem {
+				a.v.violated = violatedPolicies(a, true)
+			}
+			a.out = failClosed
+			return
+		case failLocalPolicy:
+			a.reqs[n], a.zones[n], a.shown[n] = a.reqs[i], z, a.shown[i]
+			n++
+		}
+	}
+	a.out = unmetered
+	if n == 0 || p.local == nil {
+		return
+	}
+	a.reqs, a.zones, a.shown = a.reqs[:n], a.zones[:n], a.shown[:n]
+	a.sizeDecs()
+	a.store = p.local
+	if err := p.local.Take(a.r.Context(), a.reqs, a.decs); err != nil {
+		p.logError(err)
+		return
+	}
+	a.out = decided
+}
+
+// partial keeps the decisions of a request the store decided in part: of
+// the zones it could not decide (failed), each FailApart, the fail open
+// ones pass uncharged and the fail local ones are decided by this
+// instance's memory store. A local refusal refuses the request, and the
+// store's charges of it are given back (docs/redis.md, Redis Cluster).
+func (p *failPolicy) partial(a *admission, failed []bool) {
+	n := 0
+	var local []int // positions in the compacted a of the fail local zones
+	for i, z := range a.zones {
+		if failed[i] {
+			if z.fail == failLocalPolicy && p.local != nil {
+				local = append(local, n)
+				if z.metrics != nil {
+					z.metrics.failedLocal.Inc()
+				}
+			} else {
+				if z.metrics != nil {
+					z.metrics.failedOpen.Inc()
+				}
+				continue
+			}
+		}
+		a.reqs[n], a.decs[n], a.zones[n], a.shown[n] = a.reqs[i], a.decs[i], z, a.shown[i]
+		n++
+	}
+	a.out = unmetered
+	if n == 0 {
+		return
+	}
+	a.reqs, a.decs, a.zones, a.shown = a.reqs[:n], a.decs[:n], a.zones[:n], a.shown[:n]
+	a.out = decided
+	if len(local) == 0 {
+		return
+	}
+	lreqs := make([]algorithms.Request, len(local))
+	ldecs := make([]algorithms.Decision, len(local))
+	for j, i := range local {
+		lreqs[j] = a.reqs[i]
+	}
+	if err := p.local.Take(a.r.Context(), lreqs, ldecs); err != nil {
+		p.logError(err)
+		for j := range ldecs {
+			ldecs[j] = algorithms.Decision{Allowed: true, Limit: lreqs[j].Limit.Capacity(), Remaining: lreqs[j].Limit.Capacity()}
+		}
+	}
+	refused := false
+	for j, i := range local {
+		a.decs[i] = ldecs[j]
+		refused = refused || !ldecs[j].Allowed && !lreqs[j].ReportOnly
+	}
+	if refused {
+		p.giveBack(a, local)
+	}
+}
+
+// giveBack gives back, as a reservation cancelled, what the store charged
+// a's zones but those at local (decided by the memory store), for a
+// request a fail-local zone refused; the decisions then show the charges
+// given back.
+func (p *failPolicy) giveBack(a *admission, local []int) {
+	for i := range a.reqs {
+		if a.decs[i].Allowed && a.zones[i].conc == nil && !slices.Contains(local, i) {
+			a.decs[i].Remaining += a.reqs[i].Cost
+		}
+	}
+	rs := &a.res
+	rs.reserve(a.store, a.reqs, a.decs, a.zones, local)
+	_ = rs.give(cancelCharges|releaseSlots, 0) // a slot not released ends with its lease
+	rs.reset()
+}
+
+// failApart reports whether a store failure of z may be handled apart
+// from the request's other zones (algorithms.Request.FailApart): fail
+// open, or fail local on a zone that leaves nothing for after the decision
+// (no count, concurrency slot or wait: those are settled in the one store
+// that decided the request).
+func (z *zone) failApart(delaying bool) bool {
+	return z.fail == failOpenPolicy || z.fail == failLocalPolicy && z.conc == nil && z.counts == nil && !delaying
+}
+
+// failClosedRetry is Retry-After on a fail-closed 503: the store is
+// unavailable, so the client is asked to come back soon, not at a reset.
+const failClosedRetry = time.Second
+
+// logError logs a failed store call (rate-limited).
+func (p *failPolicy) logError(err error) {
+	if p.errs != nil {
+		p.errs.log(p.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
+	}
+}

@@ -1,0 +1,61 @@
+package sluice
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestLayoutHubNamesNoControl: the admission's hub (admission.go,
+// controls.go, statuswriter.go and ServeHTTP) reaches the controls only
+// through their hooks: it reads none of their zone or handler state (the
+// admission's own fields are the hooks' per-request state). And each line of the
+// controls table names the file that declares that control.
+func TestLayoutHubNamesNoControl(t *testing.T) {
+	controlState := map[string]bool{"conc": true, "counts": true, "pass": true, "delaying": true, "counting": true,
+		"passing": true, "concurrent": true, "room": true, "settled": true, "settleWait": true}
+	fset := token.NewFileSet()
+	parse := func(name string) *ast.File {
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	check := func(where string, n ast.Node) {
+		ast.Inspect(n, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok && controlState[sel.Sel.Name] {
+				t.Errorf("%s: %s reads a control's state (.%s): call it through a hook instead", where, fset.Position(sel.Pos()), sel.Sel.Name)
+			}
+			return true
+		})
+	}
+	for _, name := range []string{"admission.go", "controls.go", "statuswriter.go"} {
+		check(name, parse(name))
+	}
+	for _, d := range parse("handler.go").Decls {
+		if fn, ok := d.(*ast.FuncDecl); ok && fn.Name.Name == "ServeHTTP" {
+			check("ServeHTTP", fn)
+		}
+	}
+
+	// The table's lines: "&countControl, // count.go".
+	src, err := os.ReadFile("controls.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := regexp.MustCompile(`(?m)^\t&(\w+Control),\s+// (\S+\.go)$`).FindAllStringSubmatch(string(src), -1)
+	if len(lines) != len(controls) {
+		t.Fatalf("%d lines in the controls table, want %d (one per control)", len(lines), len(controls))
+	}
+	for _, l := range lines {
+		decl, err := os.ReadFile(l[2])
+		if err != nil || !strings.Contains(string(decl), "\nvar "+l[1]+" = control{") {
+			t.Errorf("the table says %s is declared in %s: it is not (%v)", l[1], l[2], err)
+		}
+	}
+}

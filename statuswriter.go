@@ -1,0 +1,100 @@
+package sluice
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// errorStatus is the status Caddy answers an error from a handler with.
+func errorStatus(err error) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode
+	}
+	return http.StatusInternalServerError
+}
+
+// statusWriter tells its admission the response's status, once: at the
+// first final WriteHeader (101 is final), or the first Write, ReadFrom or
+// Flush (an implicit 200); else admission.forward settles it when the next
+// handlers return. docs/architecture.md lists every case.
+type statusWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	hook  *admission
+	known bool
+	// refused: a later rate_limit handler refuses the request (markRefusal):
+	// its response is counted by no zone.
+	refused bool
+}
+
+var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
+
+func (w *statusWriter) settle(status int) {
+	if !w.known {
+		w.known = true
+		switch {
+		case w.refused:
+			status = statusRefusal
+		case status == statusClientClosed:
+			// Written for a client that left (reverse_proxy does):
+			// the status is unknown.
+			status = statusUnknown
+		}
+		w.hook.statusKnown(status)
+	}
+}
+
+// markRefusal tells the count zones of earlier rate_limit handlers, whose
+// status writers w wraps, that the response is a refusal of this one's.
+func markRefusal(w http.ResponseWriter) {
+	for {
+		if sw, ok := w.(*statusWriter); ok {
+			sw.refused = true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
+
+// WriteHeader reports a final status (every status but 1xx; 101 is final).
+func (w *statusWriter) WriteHeader(status int) {
+	if status >= 200 || status == http.StatusSwitchingProtocols {
+		w.settle(status)
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// Write reports an implicit 200 when nothing was written before.
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.settle(http.StatusOK)
+	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom reports an implicit 200, as Write.
+func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	w.settle(http.StatusOK)
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError reports an implicit 200 (a flush sends the header), then
+// flushes (http.ResponseController).
+func (w *statusWriter) FlushError() error {
+	w.settle(http.StatusOK)
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher for handlers that assert it.
+func (w *statusWriter) Flush() { _ = w.FlushError() }
+
+// Interface guards.
+var (
+	_ http.Flusher  = (*statusWriter)(nil)
+	_ io.ReaderFrom = (*statusWriter)(nil)
+)
