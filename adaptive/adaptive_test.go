@@ -93,7 +93,7 @@ func TestAIMD(t *testing.T) {
 		t.Fatalf("an app-limited window moved the limit to %d", l.Limit())
 	}
 	feed(l, &now, 150*time.Millisecond, 11) // past tolerance×baseline: back off
-	if l.Limit() != 10 {                   // 11×0.9 rounded
+	if l.Limit() != 10 {                    // 11×0.9 rounded
 		t.Fatalf("after a slow window: limit %d, want 10", l.Limit())
 	}
 	if l.Latency() != 150*time.Millisecond {
