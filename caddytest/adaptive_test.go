@@ -1,0 +1,345 @@
+package caddytest_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// End-to-end tests of adaptive concurrency zones (`concurrent adaptive`)
+// in the in-process Caddy, proxying to an upstream that holds requests
+// (holdUpstream, slots_test.go) and counts them.
+
+// adaptiveZone lists an adaptive zone through the admin API.
+func adaptiveListing(t *testing.T, zone string) map[string]any {
+	t.Helper()
+	z := listedZones(t)[zone]
+	if z == nil {
+		t.Fatalf("GET /rate_limit/zones does not list %s", zone)
+	}
+	a, ok := z["adaptive"].(map[string]any)
+	if !ok {
+		t.Fatalf("zone %s listed without its adaptive part: %v", zone, z)
+	}
+	return a
+}
+
+// fire sends n GET requests to path with header X-User user at once and
+// returns their statuses on codes (0: failed) and the Retry-After of the
+// refusals.
+func fire(t *testing.T, client *http.Client, n int, path, user string) (codes chan int, wg *sync.WaitGroup) {
+	codes = make(chan int, n)
+	wg = new(sync.WaitGroup)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
+			req.Header.Set("X-User", user)
+			<-start
+			resp, err := doRetry(t, client, req)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+				t.Errorf("a refusal without Retry-After")
+			}
+			codes <- resp.StatusCode
+		}()
+	}
+	close(start)
+	return codes, wg
+}
+
+// TestAdaptiveExact: with the learnt limit fixed at 5 (minimum = maximum),
+// 100 requests of one key at once, proxied to an upstream that holds them:
+// exactly 5 reach the upstream, the 95 others are refused with 429 and a
+// Retry-After meanwhile; the admin API shows the limit and the 5 in
+// flight, and the zone beside a rate zone in one directive. Released, the
+// 5 answer 200; two rounds.
+func TestAdaptiveExact(t *testing.T) {
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone, rate := zoneName("adaptive_exact"), zoneName("adaptive_rate")
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 5
+				maximum 5
+			}
+		}
+		zone @RATE@ {
+			key {http.request.header.X-User}
+			events 100000
+			window 1h
+		}
+	}
+	reverse_proxy @UP@
+}
+`, "ZONE", zone, "RATE", rate, "UP", up.addr()))
+	const n = 100
+	client := loopbackClient(n)
+	defer client.CloseIdleConnections()
+	user := "a-" + nonce
+	for round := range 2 {
+		up.hold()
+		up.peak.Store(0)
+		codes, wg := fire(t, client, n, "/hold", user)
+		up.waitArrived(t, 5)
+		for i := range n - 5 {
+			select {
+			case c := <-codes:
+				if c != http.StatusTooManyRequests {
+					t.Fatalf("round %d: a request answered %d while 5 were held", round, c)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("round %d: only %d refusals came back", round, i)
+			}
+		}
+		if got, peak := up.inFlight.Load(), up.peak.Load(); got != 5 || peak != 5 {
+			t.Fatalf("round %d: %d in flight at the upstream, peak %d; want exactly 5 and 5", round, got, peak)
+		}
+		a := adaptiveListing(t, zone)
+		if jsonInt(t, a, "limit") != 5 || jsonInt(t, a, "in_flight") != 5 || a["controller"] != "aimd" || jsonInt(t, a, "keys") != 1 {
+			t.Fatalf("round %d: admin listing %v, want limit 5, in_flight 5, controller aimd, 1 key", round, a)
+		}
+		up.releaseAll()
+		wg.Wait()
+		close(codes)
+		ok := 0
+		for c := range codes {
+			if c == http.StatusOK {
+				ok++
+			}
+		}
+		if ok != 5 {
+			t.Fatalf("round %d: %d answered 200, want 5", round, ok)
+		}
+	}
+	if a := adaptiveListing(t, zone); jsonInt(t, a, "in_flight") != 0 {
+		t.Fatalf("in flight %v after every request ended, want 0", a["in_flight"])
+	}
+	// The rate zone was charged only for the admitted requests: all or
+	// nothing across the two.
+	code, body := adminAPI(t, "GET", "/rate_limit/zones/"+rate+"/keys/"+user)
+	if code != 200 || jsonInt(t, body, "remaining") != 100000-10 {
+		t.Fatalf("rate zone peek: %d %v, want remaining %d (10 admitted)", code, body, 100000-10)
+	}
+}
+
+// TestAdaptiveReportOnly: a report-only adaptive zone fixed at 2 learns
+// and reports but refuses nothing: 10 held requests all reach the upstream.
+func TestAdaptiveReportOnly(t *testing.T) {
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone := zoneName("adaptive_report")
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 2
+				maximum 2
+			}
+			report_only
+		}
+	}
+	reverse_proxy @UP@
+}
+`, "ZONE", zone, "UP", up.addr()))
+	client := loopbackClient(10)
+	defer client.CloseIdleConnections()
+	up.hold()
+	codes, wg := fire(t, client, 10, "/hold", "r-"+nonce)
+	up.waitArrived(t, 10)
+	if got := jsonInt(t, adaptiveListing(t, zone), "in_flight"); got != 10 {
+		t.Errorf("in flight %d, want all 10 counted", got)
+	}
+	up.releaseAll()
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("a report-only adaptive zone answered %d", c)
+		}
+	}
+}
+
+// TestAdaptiveDelay: limit fixed at 1 with delay 10s: of 3 requests at
+// once, one reaches the upstream and the two others wait (none refused);
+// each release lets exactly one more through, never two at once.
+func TestAdaptiveDelay(t *testing.T) {
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone := zoneName("adaptive_delay")
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+			delay 10s
+		}
+	}
+	reverse_proxy @UP@
+}
+`, "ZONE", zone, "UP", up.addr()))
+	client := loopbackClient(3)
+	defer client.CloseIdleConnections()
+	up.hold()
+	codes, wg := fire(t, client, 3, "/hold", "d-"+nonce)
+	up.waitArrived(t, 1)
+	select {
+	case c := <-codes:
+		t.Fatalf("a request answered %d while it should wait", c)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if up.inFlight.Load() != 1 {
+		t.Fatalf("%d at the upstream, want 1", up.inFlight.Load())
+	}
+	up.releaseAll()
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("a waiting request answered %d, want 200 once a place freed", c)
+		}
+	}
+	if up.peak.Load() != 1 {
+		t.Fatalf("upstream peak %d, want 1", up.peak.Load())
+	}
+}
+
+// TestAdaptiveStreamLeavesItsPlace: limit fixed at 1: a text/event-stream
+// response gives its place back at its first byte, so another request
+// passes while the stream is still open.
+func TestAdaptiveStreamLeavesItsPlace(t *testing.T) {
+	tc := newTester(t)
+	stop := make(chan struct{})
+	sse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/events" {
+			_, _ = w.Write([]byte("app"))
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("data: hello\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+	}))
+	defer sse.Close()
+	defer close(stop)
+	zone := zoneName("adaptive_sse")
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+		}
+	}
+	reverse_proxy @UP@ {
+		flush_interval -1
+	}
+}
+`, "ZONE", zone, "UP", sse.Listener.Addr().String()))
+	client := loopbackClient(2)
+	defer client.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodGet, siteA+"/events", nil)
+	req.Header.Set("X-User", "s-"+nonce)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(resp.Body, buf); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the stream: %d, %v", resp.StatusCode, err)
+	}
+	r := get(t, client, siteA+"/app", "X-User: s-"+nonce)
+	if r.code != http.StatusOK {
+		t.Fatalf("a request beside an open event stream answered %d, want 200 (the stream gave its place back)", r.code)
+	}
+}
+
+// TestAdaptiveReloadKeepsLimit: the limit learnt (grown from 2 to its
+// maximum 5 by two clients in a loop) survives a reload that keeps the
+// zone's settings, and starts over at initial when they change. The
+// caddy_rate_limit_adaptive_limit gauge shows it.
+func TestAdaptiveReloadKeepsLimit(t *testing.T) {
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone := zoneName("adaptive_reload")
+	site := func(initial, body string) string {
+		return config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 1
+				maximum 5
+				initial @INITIAL@
+				tolerance 10
+				window 10ms
+			}
+		}
+	}
+	reverse_proxy /app* @UP@
+	respond "@BODY@"
+}
+`, "ZONE", zone, "UP", up.addr(), "INITIAL", initial, "BODY", body)
+	}
+	load(t, tc, site("2", "one"))
+	client := loopbackClient(2)
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(20 * time.Second)
+	for jsonInt(t, adaptiveListing(t, zone), "limit") < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the limit did not grow to 5: %v", adaptiveListing(t, zone))
+		}
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 20 {
+					get(t, client, siteA+"/app", "X-User: l-"+nonce)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if g := scrapeMetric(t, "caddy_rate_limit_adaptive_limit", `zone="`+zone+`"`); g != 5 {
+		t.Errorf("caddy_rate_limit_adaptive_limit %v, want 5", g)
+	}
+	load(t, tc, site("2", "two")) // the zone's settings unchanged
+	if got := jsonInt(t, adaptiveListing(t, zone), "limit"); got != 5 {
+		t.Fatalf("after a reload that keeps the zone: limit %d, want the learnt 5", got)
+	}
+	load(t, tc, site("3", "three")) // changed: learnt afresh
+	if got := jsonInt(t, adaptiveListing(t, zone), "limit"); got != 3 {
+		t.Fatalf("after a reload that changes the zone: limit %d, want its initial 3", got)
+	}
+}
