@@ -60,15 +60,6 @@ const defaultLease = time.Minute
 // from observed hold times (concurrencyZone.retryHint).
 const maxConcurrencyRetry = time.Minute
 
-// releaser is implemented by stores that hold concurrency slots (memstore
-// and redisstore, structurally): Release gives back the slots Take granted
-// to the concurrency zones of reqs, and ignores the other zones. It must
-// not block the response on the network: a remote store queues the release
-// and retries it, or leaves the slot to its lease's expiry.
-type releaser interface {
-	Release(ctx context.Context, reqs []algorithms.Request) error
-}
-
 // concurrencyZone is what a concurrency zone keeps at run time.
 type concurrencyZone struct {
 	// hold is a moving average of the time its requests held a slot on
@@ -282,13 +273,6 @@ func (h *Handler) releaseSlots(hs *heldSlots) {
 	clear(hs.rbuf[:])
 	clear(hs.zbuf[:])
 	hs.reqs, hs.zones, hs.store = nil, nil, nil
-}
-
-// slotHeir is a store that can count the slots other stores of the
-// process hold (memstore: a reload that changes its settings makes a new
-// store, and the requests still running hold their slots in the old one).
-type slotHeir interface {
-	InheritSlots(zones []string)
 }
 
 // provisionConcurrency checks that the stores of a handler with

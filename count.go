@@ -96,12 +96,6 @@ func (z *zone) compileOutcomes(cfg *Zone) error {
 	return nil
 }
 
-// refunder is implemented by stores that can give a charge back (memstore
-// and redisstore, structurally): a zone with count needs one.
-type refunder interface {
-	Refund(ctx context.Context, refunds []algorithms.Refund) error
-}
-
 // provisionOutcomes notes whether any zone counts only some statuses or
 // forwards its would-be refusals (the hot path then looks for them), and
 // refuses count zones on a store that cannot give charges back.
@@ -135,15 +129,6 @@ func (h *Handler) provisionOutcomes() error {
 		h.hold = hs
 	}
 	return nil
-}
-
-// storeHolder is a store that a reload replacing it keeps open while
-// requests hold it (the Redis store: its old client stays until the old
-// configuration's charges in flight have settled and its waiters are
-// done, so their refunds and store calls are not lost).
-type storeHolder interface {
-	Hold()
-	Unhold()
 }
 
 // settlement is what an allowed request owes its count zones: the charges

@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
 )
 
@@ -317,12 +316,6 @@ func (h *Handler) Validate() error {
 		return err
 	}
 	return h.Response.validate()
-}
-
-// allowanceStore is a store that can serve a zone from a local allowance
-// (redisstore: Redis.LocalAllowance).
-type allowanceStore interface {
-	LocalAllowance(zone string, l algorithms.Limit, maxBatch int64, expiry time.Duration) (release func(), err error)
 }
 
 // provisionAllowances gives the store the zones with a local allowance.

@@ -107,8 +107,3 @@ func (s *Store) InUse(zone string, key algorithms.Key) int {
 	return len(sh.leases[k])
 }
 
-// Release implements the concurrency side of the store contract (see
-// Store.Release).
-func (m *Memory) Release(ctx context.Context, reqs []algorithms.Request) error {
-	return m.store.Release(ctx, reqs)
-}

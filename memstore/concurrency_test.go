@@ -237,7 +237,7 @@ func TestConcurrencyMemoryAcrossReload(t *testing.T) {
 	if !try(5) || try(6) {
 		t.Fatal("after a request of the old config ended: want exactly one more slot")
 	}
-	if got := cur.Store().InUse("reload_c", key); got != 3 {
+	if got := cur.Store.InUse("reload_c", key); got != 3 {
 		t.Fatalf("%d slots in use, want 3", got)
 	}
 	t.Cleanup(func() { _ = cur.Cleanup() })

@@ -119,8 +119,8 @@ func (s *Store) forwardRelease(zone string, key algorithms.Key, lease uint64) {
 // still running.
 func (m *Memory) InheritSlots(zones []string) {
 	pool.Range(func(_, v any) bool {
-		if o := v.(*Store); o != m.store {
-			o.handOver(m.store, zones)
+		if o := v.(*Store); o != m.Store {
+			o.handOver(m.Store, zones)
 		}
 		return true
 	})

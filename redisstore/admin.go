@@ -132,18 +132,18 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 
 // PeekKeys implements the admin API's read (see Store.PeekKeys).
 func (r *Redis) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return errors.New("store redis: not provisioned")
 	}
-	return r.store.PeekKeys(ctx, zone, keys, l, out, found)
+	return r.Store.PeekKeys(ctx, zone, keys, l, out, found)
 }
 
 // ResetKeys implements the admin API's reset (see Store.ResetKeys).
 func (r *Redis) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
-	if r.store == nil {
+	if r.Store == nil {
 		return 0, errors.New("store redis: not provisioned")
 	}
-	return r.store.ResetKeys(ctx, zone, keys)
+	return r.Store.ResetKeys(ctx, zone, keys)
 }
 
 // AdminInfo describes the store for the admin API's zone listing: the
@@ -164,10 +164,10 @@ func (r *Redis) AdminInfo() map[string]any {
 	if r.PoolSize > 0 {
 		info["pool_size"] = r.PoolSize
 	}
-	if r.store != nil {
-		info["circuit"] = r.store.CircuitState()
-		info["nodes"] = r.store.Nodes()
-		info["deny_cache_size"] = r.store.deny.Cap()
+	if r.Store != nil {
+		info["circuit"] = r.Store.CircuitState()
+		info["nodes"] = r.Store.Nodes()
+		info["deny_cache_size"] = r.Store.deny.Cap()
 	}
 	return info
 }

@@ -322,7 +322,7 @@ func TestBreakerOneNodeStandalone(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Cleanup() })
-	s := r.Store()
+	s := r.Store
 	req := algorithms.Request{Zone: "one", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}
 	if _, err := oneTake(s, req); err != nil {
 		t.Fatalf("healthy: %v", err)

@@ -238,10 +238,10 @@ func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 // Release implements the concurrency side of the store contract (see
 // Store.Release).
 func (r *Redis) Release(ctx context.Context, reqs []algorithms.Request) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return errors.New("store redis: not provisioned")
 	}
-	return r.store.Release(ctx, reqs)
+	return r.Store.Release(ctx, reqs)
 }
 
 // inUse reports whether requests still hold slots of s or use it

@@ -106,12 +106,6 @@ func (s *Store) Hold() { s.holds.Add(1) }
 // Unhold ends a Hold.
 func (s *Store) Unhold() { s.holds.Add(-1) }
 
-// Hold holds the store (Store.Hold).
-func (r *Redis) Hold() { r.store.Hold() }
-
-// Unhold ends a Hold (Store.Unhold).
-func (r *Redis) Unhold() { r.store.Unhold() }
-
 // post queues an asynchronous call (c.onDone set) without waiting; it
 // reports false when the queue is full (c is then the caller's).
 func (b *batcher) post(c *call) bool {
@@ -137,8 +131,8 @@ func refundsInOneSlot(refunds []algorithms.Refund) bool {
 
 // Refund implements the store's refund (see Store.Refund).
 func (r *Redis) Refund(ctx context.Context, refunds []algorithms.Refund) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return nil
 	}
-	return r.store.Refund(ctx, refunds)
+	return r.Store.Refund(ctx, refunds)
 }
