@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 // The local allowance (zone setting local_allowance): a hot key's budget
@@ -325,7 +326,7 @@ type plan struct {
 // takeAllowance decides reqs, some of whose zones have an allowance (see
 // the top of this file): from leases where they can, in one Redis call for
 // the rest.
-func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
+func (s *Store) takeAllowance(ctx context.Context, next stores.Store, cfgs map[string]allowanceCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
 	a := s.allow.Load()
 	now := time.Now()
 	var pbuf [8]plan
@@ -382,10 +383,10 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 
 	// The rest goes to Redis in one call: zones not decided here, each
 	// drawing its batch.
-	var sbuf [8]algorithms.Request
-	var obuf [8]algorithms.Decision
-	sub, subOut := sbuf[:0], obuf[:0]
-	if n := len(reqs) - local; n > len(sbuf) {
+	buf := subTakes.Get().(*subTake)
+	defer subTakes.Put(buf)
+	sub, subOut := buf.reqs[:0], buf.out[:0]
+	if n := len(reqs) - local; n > len(buf.reqs) {
 		sub, subOut = make([]algorithms.Request, 0, n), make([]algorithms.Decision, 0, n)
 	}
 	for i := range reqs {
@@ -398,7 +399,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 		}
 	}
 	sent := time.Now()
-	err := s.takeRedis(ctx, sub, subOut)
+	err := next.Take(ctx, sub, subOut)
 	if err == nil && a.batchRefused(plans, sub, subOut) {
 		// A batch did not fit (and nothing was charged): decide the
 		// request alone.
@@ -411,7 +412,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			}
 		}
 		sent = time.Now()
-		err = s.takeRedis(ctx, sub, subOut)
+		err = next.Take(ctx, sub, subOut)
 	}
 	if err != nil {
 		a.paused.Store(true)
@@ -437,6 +438,16 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 	a.commit(reqs, plans, out, subOut, sent)
 	return nil
 }
+
+// subTake is the room of the part of a request that takeAllowance passes
+// on: recycled (subTakes), as it goes through the layers below and would
+// escape to the heap.
+type subTake struct {
+	reqs [8]algorithms.Request
+	out  [8]algorithms.Decision
+}
+
+var subTakes = sync.Pool{New: func() any { return new(subTake) }}
 
 // batchRefused reports whether a zone that drew a batch refused the request
 // (its batch, not its own cost, may be what did not fit).

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/denycache"
 	"github.com/sluicehq/caddy-sluice/internal/zonename"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 // Store decides rate limits in Redis: one Lua script per request (per
@@ -46,6 +47,11 @@ type Store struct {
 	watch     *watcher           // the deny cache's poll of Redis (watch.go); nil without one
 	guard     *promotionGuard    // Sentinel: leaves the old master at the promotion (failover.go); nil otherwise
 	opts      storeOptions
+
+	// top is the store's Take, its layers composed (stack, layers.go);
+	// call is a node's, below the choice of the node (nodeStack).
+	top  stores.Store
+	call nodeCall
 
 	batch   *batcher                   // one's: pipelines concurrent script calls (batch.go)
 	allowMu sync.Mutex                 // makes allow
@@ -115,6 +121,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	if s.deny != nil {
 		s.watch = startWatch(s)
 	}
+	s.stack()
 	return s
 }
 
@@ -309,40 +316,34 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	if len(reqs) == 0 {
 		return nil
 	}
-	if a := s.allow.Load(); a != nil {
-		if cfgs := a.zones.Load(); cfgs != nil && a.uses(*cfgs, reqs) {
-			return s.takeAllowance(ctx, *cfgs, reqs, out)
-		}
-	}
-	return s.takeRedis(ctx, reqs, out)
+	return s.top.Take(ctx, reqs, out)
 }
 
-// takeRedis is Take without the local allowance: every zone decided by
-// Redis (or the deny cache).
-func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
-	if s.deny.Active() && s.denied(reqs, out) {
-		return nil
-	}
+// takeNodes is the bottom of the store's stack (layers.go): every zone
+// decided by Redis, on the node of its key, and a refusal's states given
+// to the deny cache (the script's reply carries them).
+func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	now := time.Now() // one reading: the decision's deadline, the deny cache's start
 	var start int64
 	var tok denycache.Token
 	var ref *refusal // a refusal's states, for the deny cache (armed only)
-	var refBuf refusal
 	if s.deny != nil {
 		start, tok = denycache.At(now), s.deny.Token()
 		if tok != 0 {
-			ref = &refBuf
+			ref = getRefusal()
+			defer putRefusal(ref)
 		}
 	}
 	deadline := now.Add(s.timeout)
 	var err error
 	var fast bool
-	if !s.cluster || tokensInOneSlot(reqs) {
+	if !s.cluster || inOneHashSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		c := getCall(ctx, deadline)
 		c.fresh = true
 		c.setKeys(s, reqs)
-		fast, err = s.exec(s.nodeFor(ctx, c.key0()), c, reqs, out, false, ref)
+		err = s.call(s.nodeFor(ctx, c.key0()), c, reqs, out, ref)
+		fast = failedFast(err)
 	} else {
 		dctx, cancel := context.WithDeadlineCause(ctx, deadline, errDecisionDeadline)
 		keys := make([]string, len(reqs))
@@ -418,36 +419,11 @@ func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []al
 // timeout: a call ended by it failed, its caller did not go away.
 var errDecisionDeadline = errors.New("redis: decision timeout")
 
-// exec runs c (one script call, its keys in one slot) on node n, behind
-// n's breaker: fast reports that the breaker failed it at once (err is the
-// breaker's). It consumes c.
-func (s *Store) exec(n *node, c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) (fast bool, err error) {
-	probe, err := n.breaker.allow()
-	if err != nil {
-		putCall(c)
-		s.nodeFailed(n)
-		return true, err
-	}
-	ctx := c.ctx
-	err = s.runCall(n.batch, c, reqs, out, refund, ref)
-	// The caller gone (its context done first, not by the decision's own
-	// deadline) says nothing about Redis.
-	abandoned := err != nil && ctx.Err() != nil && context.Cause(ctx) != errDecisionDeadline
-	failed := err != nil && !abandoned && counts(err)
-	n.breaker.done(probe, failed, abandoned, err)
-	if failed {
-		n.failures.Add(1)
-		n.failuresCtr.Inc()
-		s.nodeFailed(n)
-	}
-	return false, err
-}
-
 // denied answers reqs from the deny cache when it can: exactly as Redis
 // would at this moment, nothing charged (package denycache). It reports
 // whether it answered.
 func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
-	if s.cluster && len(reqs) > 1 && !tokensInOneSlot(reqs) {
+	if s.cluster && len(reqs) > 1 && !inOneHashSlot(reqs) {
 		// Decided slot by slot, never from the cache; and it may charge
 		// the zones.
 		s.deny.Drop(reqs)
@@ -466,6 +442,17 @@ func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) boo
 type refusal struct {
 	now  int64
 	raws []any // per zone: a string, or 0 when Redis did not send it
+}
+
+// refusals recycles refusals: one passes through the node's layers, so it
+// would escape to the heap at every decision.
+var refusals = sync.Pool{New: func() any { return new(refusal) }}
+
+func getRefusal() *refusal { return refusals.Get().(*refusal) }
+
+func putRefusal(r *refusal) {
+	*r = refusal{}
+	refusals.Put(r)
 }
 
 // remember stores a refusal's states in the deny cache (tok and start were
@@ -487,9 +474,9 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 	s.deny.Remember(tok, start, ref.now, reqs, out, snaps)
 }
 
-// tokensInOneSlot reports whether the keys of reqs live in one Cluster
+// inOneHashSlot reports whether the keys of reqs live in one Cluster hash
 // slot, without building them (keySlot).
-func tokensInOneSlot(reqs []algorithms.Request) bool {
+func inOneHashSlot(reqs []algorithms.Request) bool {
 	first := keySlot(reqs[0].Key)
 	for i := 1; i < len(reqs); i++ {
 		if reqs[i].Key != reqs[0].Key && keySlot(reqs[i].Key) != first {
@@ -499,8 +486,9 @@ func tokensInOneSlot(reqs []algorithms.Request) bool {
 	return true
 }
 
-// run evaluates the script once for keys/reqs (all in one slot) on their
-// node: a decision behind the node's breaker (exec), a refund past it.
+// run evaluates the script once for keys/reqs (all in one hash slot) on
+// their node: a decision through the node's layers (s.call), a refund past
+// them.
 func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) (fast bool, err error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -512,7 +500,8 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 	if refund {
 		return false, s.runCall(n.batch, c, reqs, out, refund, nil)
 	}
-	return s.exec(n, c, reqs, out, refund, nil)
+	err = s.call(n, c, reqs, out, nil)
+	return failedFast(err), err
 }
 
 // runCall evaluates the script once for c's keys (all in one slot) and
