@@ -106,4 +106,3 @@ func (s *Store) InUse(zone string, key algorithms.Key) int {
 	defer sh.mu.Unlock()
 	return len(sh.leases[k])
 }
-
