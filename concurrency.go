@@ -26,7 +26,7 @@ import (
 // the handler chain after this one returns, whatever way it returns: a
 // response written, an error, a panic, the client gone, a streamed response
 // ended (ServeHTTP's deferred done, after.go). The store holds each slot
-// under the request's lease id (algorithms.Request.Lease): exactly that
+// under the request's holder id (algorithms.Request.Holder): exactly that
 // slot is given back, once.
 //
 // Beside the other kinds of zone:

@@ -194,7 +194,7 @@ func (h *Handler) decide(r *http.Request) (verdict, outcome, error) {
 		// A concurrency zone's slot is never refunded: it is released
 		// (after.go), the waiter's departure included.
 		s.reqs = append(s.reqs, algorithms.Request{Zone: z.name, Key: tok, Limit: lim, Cost: cost, ReportOnly: z.reportOnly || z.pass,
-			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Lease: z.lease(),
+			Refundable: z.conc == nil && (z.counts != nil || h.delaying), InFlight: z.conc == nil && z.counts != nil, Holder: z.lease(),
 			FailApart: z.failApart(h.delaying)})
 		s.zones = append(s.zones, z)
 		s.shown = append(s.shown, shown)
@@ -462,7 +462,7 @@ func (h *Handler) giveBack(s *scratch, local []int) {
 		if slices.Contains(local, i) || !d.Allowed {
 			continue
 		}
-		if rq.Lease != 0 {
+		if rq.Holder != 0 {
 			leases = append(leases, *rq)
 			continue
 		}

@@ -34,7 +34,7 @@ func (sh *shard) took(k mapKey, r *algorithms.Request) {
 	if sh.leases == nil {
 		sh.leases = make(map[mapKey][]uint64)
 	}
-	sh.leases[k] = append(sh.leases[k], r.Lease)
+	sh.leases[k] = append(sh.leases[k], r.Holder)
 }
 
 // release gives back the slot of lease in k, if k holds it, and reports
@@ -68,12 +68,12 @@ func (sh *shard) release(k mapKey, lease uint64, now int64) bool {
 func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Holder == 0 {
 			continue
 		}
-		s.releaseLease(r.Zone, r.Key, r.Lease)
+		s.releaseLease(r.Zone, r.Key, r.Holder)
 		if s.heirs.Load() != nil {
-			s.forwardRelease(r.Zone, r.Key, r.Lease)
+			s.forwardRelease(r.Zone, r.Key, r.Holder)
 		}
 	}
 	return nil

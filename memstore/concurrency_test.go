@@ -15,7 +15,7 @@ import (
 var conc5 = algorithms.Limit{Algorithm: algorithms.Concurrency, Events: 5, Window: 60_000}
 
 func creq(zone string, key algorithms.Key, l algorithms.Limit, lease uint64) algorithms.Request {
-	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Lease: lease}
+	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Holder: lease}
 }
 
 func release(t testing.TB, s *Store, reqs ...algorithms.Request) {

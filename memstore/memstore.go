@@ -298,8 +298,8 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 		sh.took(k, r)
 	}
 	sh.mu.Unlock()
-	if d.Allowed && r.Lease != 0 && s.heirs.Load() != nil {
-		s.forwardTook(r.Zone, r.Key, r.Lease)
+	if d.Allowed && r.Holder != 0 && s.heirs.Load() != nil {
+		s.forwardTook(r.Zone, r.Key, r.Holder)
 	}
 	d.At = now
 	*out = d
@@ -362,8 +362,8 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	}
 	if allowed && s.heirs.Load() != nil {
 		for i := range reqs {
-			if r := &reqs[i]; out[i].Allowed && r.Lease != 0 && r.Limit.Algorithm == algorithms.Concurrency {
-				s.forwardTook(r.Zone, r.Key, r.Lease)
+			if r := &reqs[i]; out[i].Allowed && r.Holder != 0 && r.Limit.Algorithm == algorithms.Concurrency {
+				s.forwardTook(r.Zone, r.Key, r.Holder)
 			}
 		}
 	}

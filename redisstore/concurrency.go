@@ -187,9 +187,9 @@ func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decis
 			continue
 		}
 		l := liveLease{req: *r, key: k.s.SlotsKey(r.Zone, r.Key), renewed: now}
-		sh := k.shard(r.Lease)
+		sh := k.shard(r.Holder)
 		sh.mu.Lock()
-		sh.live[r.Lease] = l
+		sh.live[r.Holder] = l
 		sh.mu.Unlock()
 	}
 	k.run()
@@ -219,15 +219,15 @@ func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 	now := monoNow()
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Holder == 0 {
 			continue
 		}
 		renewed, key := now, ""
-		sh := k.shard(r.Lease)
+		sh := k.shard(r.Holder)
 		sh.mu.Lock()
-		if l, ok := sh.live[r.Lease]; ok {
+		if l, ok := sh.live[r.Holder]; ok {
 			renewed, key = l.renewed, l.key
-			delete(sh.live, r.Lease)
+			delete(sh.live, r.Holder)
 		}
 		sh.mu.Unlock()
 		k.queue(leaseOp{req: *r, key: key, until: renewed + r.Limit.Window*int64(time.Millisecond)})
@@ -391,7 +391,7 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
 		}
 		if !op.renew {
-			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Lease)
+			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Holder)
 			continue
 		}
 		// The script's arguments of one concurrency zone in renew mode

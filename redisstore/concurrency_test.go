@@ -35,7 +35,7 @@ func concLimit(t testing.TB, n int64, lease time.Duration) algorithms.Limit {
 }
 
 func concReq(zone string, key algorithms.Key, l algorithms.Limit) algorithms.Request {
-	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Lease: nextLease()}
+	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Holder: nextLease()}
 }
 
 // members returns the leases of a slots key whose expiry is after now
@@ -119,7 +119,7 @@ func TestConcurrencyTwin(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 5: // take, with the rate zone on even steps
 			id := nextLease()
-			r := algorithms.Request{Limit: cl, Cost: 1, Lease: id}
+			r := algorithms.Request{Limit: cl, Cost: 1, Holder: id}
 			keys = []string{key}
 			reqs := []algorithms.Request{r}
 			withRate := step%2 == 0
@@ -166,7 +166,7 @@ func TestConcurrencyTwin(t *testing.T) {
 				id = ids[rng.IntN(len(ids))]
 			}
 			keys = []string{key}
-			args = luaArgs(args, true, algorithms.Request{Limit: cl, Cost: 1, Lease: id})
+			args = luaArgs(args, true, algorithms.Request{Limit: cl, Cost: 1, Holder: id})
 			if _, err := runTwin(ctx, c, keys, args...); err != nil {
 				t.Fatalf("step %d (release): %v", step, err)
 			}
@@ -183,7 +183,7 @@ func TestConcurrencyTwin(t *testing.T) {
 			slices.Sort(ids)
 			id := ids[rng.IntN(len(ids))]
 			keys = []string{key}
-			args = testArgs.appendRenewal(args, &algorithms.Request{Limit: cl, Cost: 1, Lease: id})
+			args = testArgs.appendRenewal(args, &algorithms.Request{Limit: cl, Cost: 1, Holder: id})
 			if _, err := runTwin(ctx, c, keys, args...); err != nil {
 				t.Fatalf("step %d (renew): %v", step, err)
 			}
@@ -339,14 +339,14 @@ func TestConcurrencyRedisLeaseRenewalAndExpiry(t *testing.T) {
 	if d := take(t, s, r); !d[0].Allowed {
 		t.Fatal("refused")
 	}
-	first := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Lease, 10)]
+	first := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Holder, 10)]
 	// Three lease lengths: renewed all along, so never free.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if d := take(t, s, concReq("lease", key, l)); d[0].Allowed {
 			t.Fatal("a second request got the slot of a running request (its lease was not renewed)")
 		}
 	}
-	if got := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Lease, 10)]; got < first+2000 {
+	if got := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Holder, 10)]; got < first+2000 {
 		t.Fatalf("lease expiry %v, first %v: not renewed", got, first)
 	}
 	_ = s.Release(context.Background(), []algorithms.Request{r})
@@ -522,7 +522,7 @@ func BenchmarkTakeConcurrency(b *testing.B) {
 				ctx := context.Background()
 				for pb.Next() {
 					if withConc {
-						reqs[1].Lease = nextLease()
+						reqs[1].Holder = nextLease()
 					}
 					if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
 						failed.Add(1)
