@@ -24,7 +24,7 @@ import (
 // Redis about 31 µs per call, where a pipelined call costs Redis under
 // 12 µs. So the store hands each script call to a small set of pipeline
 // workers: a worker takes the first waiting call and every call queued
-// behind it (up to maxBatch), sends them as one pipeline (one write, one
+// behind it (up to maxPipeline), sends them as one pipeline (one write, one
 // read) and wakes each caller with its own reply. Nothing waits to fill a
 // batch: an idle worker sends a lone call at once, so a quiet server pays
 // no latency, and batches grow by themselves exactly when calls arrive
@@ -60,14 +60,14 @@ import (
 // its deadline starts a spare sender (spare): the calls it sends get their
 // replies, and the grace, as late as the batches in flight.
 //
-// Cross-slot Cluster requests (a script per slot, then refunds) also go
+// Cross-hash-slot Cluster requests (a script per hash slot, then refunds) also go
 // through the workers, one call at a time.
 
 const (
-	// maxBatch bounds one pipeline (the write buffer and Redis's reply
+	// maxPipeline bounds one pipeline (the write buffer and Redis's reply
 	// buffer grow with it; beyond a few dozen calls the round trip is no
 	// longer the cost).
-	maxBatch = 64
+	maxPipeline = 64
 	// defaultWorkers is the number of pipelines in flight per store (the
 	// store option pipelines). Measured (BenchmarkTakeModes, go test -bench
 	// TakeModes ./redisstore/, and make bench): see docs/performance.md.
@@ -194,7 +194,7 @@ func (c *call) keyStrings() []string {
 	return ks
 }
 
-// key0 returns c's first key (its slot is every key's), without copying it.
+// key0 returns c's first key (its hash slot is every key's), without copying it.
 func (c *call) key0() string {
 	switch k := c.argv[argvHead].(type) {
 	case string:
@@ -210,7 +210,7 @@ func (c *call) args() []any { return c.argv[argvHead+c.nkeys:] }
 
 // rawCmd returns the command that sends c's argv and copies the reply into
 // c.reply: the call's own, when it still covers argv (a standalone or
-// Sentinel store; a Cluster client may remember a command's slot, so there
+// Sentinel store; a Cluster client may remember a command's hash slot, so there
 // every send gets a new command).
 func (c *call) rawCmd(reuse bool) *redis.RawWriteToCmd {
 	c.reply.b = c.reply.b[:0]
@@ -406,8 +406,8 @@ func (b *batcher) spare() {
 	}
 	go func() {
 		defer b.spares.Add(-1)
-		batch := make([]*call, 0, maxBatch)
-		for len(batch) < maxBatch {
+		batch := make([]*call, 0, maxPipeline)
+		for len(batch) < maxPipeline {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)
@@ -422,7 +422,7 @@ func (b *batcher) spare() {
 
 func (b *batcher) work() {
 	defer b.wg.Done()
-	batch := make([]*call, 0, maxBatch)
+	batch := make([]*call, 0, maxPipeline)
 	snd := b.newSender()
 	for {
 		select {
@@ -432,7 +432,7 @@ func (b *batcher) work() {
 			batch = append(batch[:0], c)
 		}
 	drain:
-		for len(batch) < maxBatch {
+		for len(batch) < maxPipeline {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)
@@ -490,7 +490,7 @@ func (b *batcher) exec(batch []*call, snd *sender) {
 	_, _ = pipe.Exec(ctx) // each call's error is on its own command
 	// A Redis that lost the code (restart, FUNCTION or SCRIPT FLUSH,
 	// failover to a node without it) answers so: load it, send those
-	// calls again; as does a Cluster node that no longer owns the slot
+	// calls again; as does a Cluster node that no longer owns the hash slot
 	// (MOVED, ASK: go-redis follows the redirect of the typed command
 	// sent again).
 	var again redis.Pipeliner

@@ -114,7 +114,7 @@ func TestDenyCacheCluster(t *testing.T) {
 		return s
 	}
 	a, b := store(), store()
-	ctl := nodeOf(c, slot([]byte("sluice")))
+	ctl := nodeOf(c, hashSlot([]byte("sluice")))
 	node := (ctl + 1) % len(c.Nodes)
 	calls := func() int64 {
 		var n int64

@@ -348,7 +348,7 @@ func (r *Redis) Cleanup() error {
 	if n, _ := pool.References(key); n == 1 && r.Store.inUse() {
 		go func(s *Store) {
 			for s.inUse() {
-				time.Sleep(leaseTick)
+				time.Sleep(keeperTick)
 			}
 			_, _ = pool.Delete(key)
 		}(r.Store)
@@ -511,7 +511,7 @@ func (c connConfig) workers() int {
 // pipelines sizes go-redis's pipeline pool (the connections the pipeline
 // workers use, per node): one connection per worker and one per spare
 // (batch.go; within pool_size when it is set), with buffers for a batch of
-// maxBatch calls (a call is about 150 bytes each way) rather than
+// maxPipeline calls (a call is about 150 bytes each way) rather than
 // go-redis's 128 KiB default.
 func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
 	n := 2 * c.workers()

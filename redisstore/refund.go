@@ -12,7 +12,7 @@ import (
 // `count`) is charged before the request runs and given its charge back
 // when the response does not match. The give-back is a script call in
 // refund mode (lua/take.lua; its Go twin is algorithms.GiveBack), one per
-// Cluster slot of the refunded keys (one in all on a single server), which
+// Cluster hash slot of the refunded keys (one in all on a single server), which
 // the pipeline workers send like any decision: it shares a round trip with
 // the decisions in flight. Nobody waits for it: Refund returns at once, so
 // a refund never delays a response.
@@ -36,13 +36,13 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 	if len(refunds) == 0 {
 		return nil
 	}
-	if !s.cluster || refundsInOneSlot(refunds) {
+	if !s.cluster || refundsInOneHashSlot(refunds) {
 		s.postRefunds(refunds)
 		return nil
 	}
 	groups := map[uint16][]algorithms.Refund{}
 	for _, r := range refunds {
-		sl := keySlot(r.Key)
+		sl := hashSlotOf(r.Key)
 		groups[sl] = append(groups[sl], r)
 	}
 	for _, g := range groups {
@@ -63,7 +63,7 @@ func rateRefunds(refunds []algorithms.Refund) []algorithms.Refund {
 	return refunds
 }
 
-// postRefunds hands one script call giving back refunds (all in one slot)
+// postRefunds hands one script call giving back refunds (all in one hash slot)
 // to the pipeline workers of their node, unless its breaker is open.
 func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	c := s.refundCall(refunds)
@@ -117,12 +117,12 @@ func (b *batcher) post(c *call) bool {
 	}
 }
 
-// refundsInOneSlot reports whether the keys of refunds live in one Cluster
+// refundsInOneHashSlot reports whether the keys of refunds live in one Cluster
 // slot.
-func refundsInOneSlot(refunds []algorithms.Refund) bool {
-	first := keySlot(refunds[0].Key)
+func refundsInOneHashSlot(refunds []algorithms.Refund) bool {
+	first := hashSlotOf(refunds[0].Key)
 	for i := 1; i < len(refunds); i++ {
-		if refunds[i].Key != refunds[0].Key && keySlot(refunds[i].Key) != first {
+		if refunds[i].Key != refunds[0].Key && hashSlotOf(refunds[i].Key) != first {
 			return false
 		}
 	}

@@ -20,7 +20,7 @@ import (
 )
 
 // Store decides rate limits in Redis: one Lua script per request (per
-// Cluster slot when a request's keys span slots), with the time read from
+// Cluster hash slot when a request's keys span hash slots), with the time read from
 // Redis itself, under a tight timeout, behind a circuit breaker and a deny
 // cache.
 type Store struct {
@@ -67,8 +67,8 @@ type Store struct {
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
-	// leases keeps the concurrency zones' leases (concurrency.go).
-	leases *leaseKeeper
+	// slots keeps the concurrency zones' held slots (concurrency.go).
+	slots *slotKeeper
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -117,7 +117,7 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
 	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
 	s.refundDone = s.refundCallDone
-	s.leases = newLeaseKeeper(s, o.Target)
+	s.slots = newSlotKeeper(s, o.Target)
 	if s.deny != nil {
 		s.watch = startWatch(s)
 	}
@@ -239,7 +239,7 @@ func (s *Store) Destruct() error {
 		n.close(s.opts.Target)
 	}
 	s.one.close(s.opts.Target)
-	s.leases.close()
+	s.slots.close()
 	if s.guard != nil {
 		s.guard.close()
 	}
@@ -305,7 +305,7 @@ func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
 // zones' fail policy; the decision never waits longer than the timeout, plus
 // the late-reply grace once it was sent (batch.go). In a Cluster, a request
 // spanning shards with one down may be decided in part
-// (algorithms.PartialError: takeAcrossSlots).
+// (algorithms.PartialError: takeAcrossHashSlots).
 //
 // Before Redis: the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
@@ -351,7 +351,7 @@ func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []
 			keys[i] = s.keyOf(&reqs[i])
 		}
 		var failed []bool
-		fast, failed, err = s.takeAcrossSlots(dctx, keys, reqs, out)
+		fast, failed, err = s.takeAcrossHashSlots(dctx, keys, reqs, out)
 		cancel()
 		if failed != nil {
 			return s.partial(ctx, reqs, out, failed, err)
@@ -363,7 +363,7 @@ func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []
 	if err != nil {
 		return s.takeFailed(ctx, reqs, err)
 	}
-	s.leases.admitted(reqs, out)
+	s.slots.admitted(reqs, out)
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
@@ -391,13 +391,13 @@ func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err e
 			s.allowForget()
 		}
 	}
-	s.leases.undecided(reqs, err, abandoned)
+	s.slots.undecided(reqs, err, abandoned)
 	return &storeError{err}
 }
 
-// partial accounts for a request decided in part (takeAcrossSlots): the
+// partial accounts for a request decided in part (takeAcrossHashSlots): the
 // leases of the zones decided are kept, those of the zones that failed
-// handled as a failed Take's; err is the failed slots' error.
+// handled as a failed Take's; err is the failed hash slots' error.
 func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision, failed []bool, err error) error {
 	var done, undone []algorithms.Request
 	var dout []algorithms.Decision
@@ -408,7 +408,7 @@ func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []al
 			done, dout = append(done, reqs[i]), append(dout, out[i])
 		}
 	}
-	s.leases.admitted(done, dout)
+	s.slots.admitted(done, dout)
 	if _, open := err.(*circuitError); !open {
 		err = s.takeFailed(ctx, undone, err)
 	}
@@ -424,7 +424,7 @@ var errDecisionDeadline = errors.New("redis: decision timeout")
 // whether it answered.
 func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
 	if s.cluster && len(reqs) > 1 && !inOneHashSlot(reqs) {
-		// Decided slot by slot, never from the cache; and it may charge
+		// Decided hash slot by hash slot, never from the cache; and it may charge
 		// the zones.
 		s.deny.Drop(reqs)
 		return false
@@ -475,11 +475,11 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 }
 
 // inOneHashSlot reports whether the keys of reqs live in one Cluster hash
-// slot, without building them (keySlot).
+// slot, without building them (hashSlotOf).
 func inOneHashSlot(reqs []algorithms.Request) bool {
-	first := keySlot(reqs[0].Key)
+	first := hashSlotOf(reqs[0].Key)
 	for i := 1; i < len(reqs); i++ {
-		if reqs[i].Key != reqs[0].Key && keySlot(reqs[i].Key) != first {
+		if reqs[i].Key != reqs[0].Key && hashSlotOf(reqs[i].Key) != first {
 			return false
 		}
 	}
@@ -504,7 +504,7 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 	return failedFast(err), err
 }
 
-// runCall evaluates the script once for c's keys (all in one slot) and
+// runCall evaluates the script once for c's keys (all in one hash slot) and
 // reqs, through the pipeline workers b, and decodes the reply into out
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
@@ -645,34 +645,34 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 	return nil
 }
 
-// takeAcrossSlots decides a request whose keys live in several Cluster
-// slots: one script per slot, all at once (a slot's shard stalled costs the
-// others no wait, nor their deadline). When a slot refuses, the slots
+// takeAcrossHashSlots decides a request whose keys live in several Cluster
+// slots: one script per hash slot, all at once (a hash slot's shard stalled costs the
+// others no wait, nor their deadline). When a hash slot refuses, the slots
 // charged are refunded. Between a charge and its refund (one round trip) a
 // concurrent request may see those zones charged: the only window in which
 // a multi-zone decision is not atomic.
 //
-// A slot that fails (its node's breaker open, or the call failing): when
-// every zone of the failed slots is FailApart and another slot decided, the
+// A hash slot that fails (its node's breaker open, or the call failing): when
+// every zone of the failed hash slots is FailApart and another hash slot decided, the
 // decided zones stand and failed marks the others (PartialError, see
-// docs/redis.md); otherwise the slots charged are refunded and the request
+// docs/redis.md); otherwise the hash slots charged are refunded and the request
 // fails as a whole (fast: every failure was an open breaker's). A refusal
-// by a decided slot refuses the request whatever failed.
-func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, failed []bool, err error) {
+// by a decided hash slot refuses the request whatever failed.
+func (s *Store) takeAcrossHashSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, failed []bool, err error) {
 	// out may hold a previous request's decisions (callers reuse it), and
-	// zones in slots that failed must not report them.
+	// zones in hash slots that failed must not report them.
 	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
 	for i := range reqs {
-		sl := keySlot(reqs[i].Key)
+		sl := hashSlotOf(reqs[i].Key)
 		if _, ok := groups[sl]; !ok {
 			order = append(order, sl)
 		}
 		groups[sl] = append(groups[sl], i)
 	}
-	// A slot whose node's breaker fails it at once, and whose zones are
-	// not all FailApart, fails the request before any slot is charged.
+	// A hash slot whose node's breaker fails it at once, and whose zones are
+	// not all FailApart, fails the request before any hash slot is charged.
 	for _, sl := range order {
 		idx := groups[sl]
 		if !anyNotFailApart(reqs, idx) {
@@ -687,13 +687,13 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
 		}
 	}
-	type slotRun struct {
+	type hashSlotRun struct {
 		idx  []int
 		out  []algorithms.Decision
 		fast bool
 		err  error
 	}
-	runs := make([]slotRun, len(order))
+	runs := make([]hashSlotRun, len(order))
 	var wg sync.WaitGroup
 	for g, sl := range order {
 		r := &runs[g]
@@ -754,7 +754,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
-		// Zones of slots that failed are reported as allowed with no
+		// Zones of hash slots that failed are reported as allowed with no
 		// numbers; the refusal comes from another zone.
 		for i := range reqs {
 			if failed != nil && failed[i] {

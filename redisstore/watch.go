@@ -26,7 +26,7 @@ import (
 //     (ResetKeys): a reset through any instance reaches this one;
 //   - a canary, <prefix>ctl:{<tag>}:epoch, created with a random value when
 //     missing (tag "sluice"; in a Cluster, one per master: "sluice" for the
-//     master of that slot, "sluice-<n>" for the others, the first n whose
+//     master of that hash slot, "sluice-<n>" for the others, the first n whose
 //     slot the master owns): gone or changed after FLUSHALL, FLUSHDB, a
 //     restart without persistence, or data replaced by a replica's full
 //     resync;
@@ -251,14 +251,14 @@ func (w *watcher) clusterView(ctx context.Context, cc *redis.ClusterClient) (str
 }
 
 // canaryTag returns the first of "sluice", "sluice-1", "sluice-2" … whose
-// slot is in ranges (a master's), or "" if none is found.
+// hash slot is in ranges (a master's), or "" if none is found.
 func canaryTag(ranges [][2]int) string {
 	for i := range 1 << 20 {
 		tag := ctlTag
 		if i > 0 {
 			tag += "-" + strconv.Itoa(i)
 		}
-		sl := int(slot([]byte(tag)))
+		sl := int(hashSlot([]byte(tag)))
 		for _, r := range ranges {
 			if r[0] <= sl && sl <= r[1] {
 				return tag
