@@ -25,7 +25,7 @@ import (
 // What the code below keeps to: a lease (zone, key, limit) decides a
 // request alone when it holds the cost and has not expired; otherwise the
 // request goes to Redis in its one script call with its cost raised by a
-// grant, so a refusal charges nothing. A lease holds at most maxGrant
+// grant, so a refusal charges nothing. A lease holds at most MaxGrant
 // units; its unspent units go back by the sweep (refund mode). A lease is
 // forgotten, unspent, when Redis's state may be gone (lost connection, or
 // the watch sees a restart or flush); no grant is drawn after a failed

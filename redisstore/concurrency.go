@@ -12,34 +12,15 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Concurrency zones in Redis (lua/concurrency.lua): a slot is a lease in
-// the key's sorted set, taken by Take in the same script call as the
-// request's rate zones (all-or-nothing), and ending at the lease's expiry
-// unless renewed. This file keeps the leases of this instance's running
-// requests:
-//
-//   - Take registers each lease it admitted; while the request runs, a
-//     ticker renews every lease that has lived half its length (mode 5 of
-//     the script: ZADD XX, so a renewal never takes back a released slot).
-//   - Release (the handler, once the request has ended, on every exit
-//     path) forgets the lease and queues its release: a ZREM of the lease
-//     (what the script's refund mode does; a plain command costs Redis a
-//     fraction of a script call). It never blocks: one worker sends the
-//     queued releases and renewals as pipelines, on its own deadline
-//     (timeout plus the late-reply grace).
-//   - A release that fails (Redis down, stalled, failing over) is sent
-//     again, backing off from 250ms to 5s, until its lease would have
-//     expired anyway; then it is given up (counted). A release that cannot
-//     be queued (the queue full) is given up at once. Either way the slot
-//     comes back by itself when the lease expires: at most `lease` after
-//     the last renewal. During the circuit breaker's cool-down nothing is
-//     sent.
-//   - A decision whose reply never came (an unknown decision) or that its
-//     caller abandoned may have taken leases: Take queues their release at
-//     once (removing a lease that was never added does nothing).
-//
-// A crashed instance renews nothing: its leases expire after at most
-// `lease`, and the other instances count them until then.
+// Concurrency zones in Redis (lua/concurrency.lua): a slot is a member of
+// the key's sorted set, its holder id, scored by the instant its lease
+// expires; Take adds it in the request's one script call. The slot keeper
+// (slotKeeper) keeps this instance's held slots: it renews each one that
+// has lived half its lease, and sends the releases Release queues (a ZREM),
+// retrying a failed one until the slot would have expired anyway. A
+// decision whose reply never came, or that its caller abandoned, may have
+// taken slots: Take queues their release at once. docs/redis.md,
+// "Concurrency zones: leases" and "The slot keeper".
 
 // SlotsKey returns the Redis key of one concurrency zone's slots for one
 // identity: its sorted set of leases, <prefix><zone>:{<token>}:slots. The

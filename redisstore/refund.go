@@ -8,25 +8,13 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Refunds: a zone that counts only some response statuses (the handler's
-// `count`) is charged before the request runs and given its charge back
-// when the response does not match. The give-back is a script call in
-// refund mode (lua/take.lua; its Go twin is algorithms.GiveBack), one per
-// Cluster hash slot of the refunded keys (one in all on a single server), which
-// the pipeline workers send like any decision: it shares a round trip with
-// the decisions in flight. Nobody waits for it: Refund returns at once, so
-// a refund never delays a response.
-//
-// A refund that cannot be sent, or fails, is lost: the charge stays, the
-// key shows it until it refills (the limiter's favour, never the client's),
-// and caddy_rate_limit_store_refunds_lost_total counts it. So are the
-// refunds posted while the circuit breaker is open (Redis is not called),
-// when the workers' queue is full, or whose timeout passes before a worker
-// sends them; and, at shutdown, those still queued.
-//
-// The deny cache never answers a refusal that rests on a refundable zone's
-// bucket (denycache: a refund, here or on another instance, can lift it),
-// so refunds need not reach the cache.
+// Refunds: a zone that counts only some response statuses (`count`) is
+// given its charge back when the response does not match: the script in
+// refund mode (lua/take.lua; Go twin algorithms.GiveBack), one call per
+// hash slot of the refunded keys, sent by the pipeline workers like a
+// decision. Nobody waits for it. A refund not sent, or failed, is lost
+// (the limiter's favour) and counted (refundsLost). docs/redis.md,
+// "Refunds".
 
 // Refund gives back charges without waiting (see above). It never fails:
 // a lost refund is counted. A concurrency zone has no charge to give back
