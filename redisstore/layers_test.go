@@ -106,13 +106,7 @@ func TestAllowanceLayerAlone(t *testing.T) {
 // pipeline.
 func TestBreakerLayerAlone(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix}
-	c, _, err := cfg.newClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, breakerOpts(3, time.Hour, time.Hour))
-	t.Cleanup(func() { _ = s.Destruct() })
+	s := storeAt(t, srv.URL(), testTimeout, breakerOpts(3, time.Hour, time.Hour))
 	var calls atomic.Int64
 	call := s.breakerLayer(func(n *node, c *call, reqs []algorithms.Request, out []algorithms.Decision, ref *refusal) error {
 		calls.Add(1)
