@@ -19,10 +19,10 @@ import (
 	"github.com/sluicehq/caddy-sluice/stores"
 )
 
-// Store decides rate limits in Redis: one Lua script per request (per
-// Cluster hash slot when a request's keys span hash slots), with the time read from
-// Redis itself, under a tight timeout, behind a circuit breaker and a deny
-// cache.
+// Store decides rate limits in Redis: one script call per request (per
+// hash slot when a request's keys span several), with the time read from
+// Redis itself, under a tight timeout, through its layers: the local
+// allowance, the deny cache and each node's circuit breaker (layers.go).
 type Store struct {
 	client  redis.UniversalClient
 	cluster bool
@@ -307,7 +307,8 @@ func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
 // spanning shards with one down may be decided in part
 // (algorithms.PartialError: takeAcrossHashSlots).
 //
-// Before Redis: the deny cache may answer a refusal locally (the request's
+// Before Redis (the layers, layers.go): a local allowance may decide it,
+// the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
 // package denycache), and an open circuit breaker returns an error wrapping
 // ErrCircuitOpen at once. Every error names its kind (StoreErrorKind, see
