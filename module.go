@@ -327,12 +327,6 @@ func (h *Handler) Validate() error {
 	return h.Response.validate()
 }
 
-// allowanceStore is a store that can serve a zone from a local allowance
-// (redisstore: Redis.LocalAllowance).
-type allowanceStore interface {
-	LocalAllowance(zone string, l algorithms.Limit, maxBatch int64, expiry time.Duration) (release func(), err error)
-}
-
 // provisionAllowances gives the store the zones with a local allowance.
 func (h *Handler) provisionAllowances() error {
 	for _, z := range h.zones {
