@@ -182,6 +182,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.StoreRaw, err = parseStore(d)
 		case "headers":
 			h.Headers, err = arg(field)
+		case "grpc_status":
+			h.GRPCStatus, err = arg(field)
 		case "response":
 			h.Response, err = parseResponse(d)
 		case "jitter":
