@@ -80,16 +80,23 @@ func (a *grpcApp) calls() []time.Time {
 // startGRPCApp serves a grpcApp over h2c on a free loopback port.
 func startGRPCApp(t *testing.T) (*grpcApp, string) {
 	t.Helper()
+	app := &grpcApp{release: make(chan struct{})}
+	s := grpc.NewServer()
+	testpb.RegisterTestServiceServer(s, app)
+	return app, serveGRPC(t, s)
+}
+
+// serveGRPC serves s over h2c on a free loopback port until the test ends,
+// and returns its address.
+func serveGRPC(t *testing.T, s *grpc.Server) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := &grpcApp{release: make(chan struct{})}
-	s := grpc.NewServer()
-	testpb.RegisterTestServiceServer(s, app)
 	go func() { _ = s.Serve(l) }()
 	t.Cleanup(s.Stop)
-	return app, l.Addr().String()
+	return l.Addr().String()
 }
 
 // grpcGlobal serves the test sites with h2c (plain-text gRPC) and, on

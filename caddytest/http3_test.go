@@ -260,3 +260,69 @@ func TestHTTP3(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP3ClientLeavesWait: over HTTP/3 a request waiting for its turn (a
+// delay zone) whose client gives up is noticed at once, body or not, with
+// no read-ahead (clientgone.go reads ahead HTTP/1.x bodies only): quic-go
+// ends the request's context when the client cancels its stream. Three
+// requests that would wait 1, 2 and 3 s, with bodies of 0, 100 and 64 KiB,
+// hang up after 0.5 s: the abandoned counter counts 3, none is left
+// waiting, and the next request's turn is within 1 s again.
+func TestHTTP3ClientLeavesWait(t *testing.T) {
+	z := zoneName("h3_leave")
+	load(t, newTester(t), h3Config(`zone @ZONE@ {
+			key {http.request.header.X-User}
+			events 1
+			window 1s
+			burst 1
+			delay 5s
+		}`, "ZONE", z))
+	waitTLS(t)
+	h3 := h3Client(t, "127.0.0.1")
+	user := "leave-" + nonce
+	post := func(ctx context.Context, size int) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://localhost:"+strconv.Itoa(portB)+"/", strings.NewReader(strings.Repeat("x", size)))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("X-User", user)
+		return h3.Do(req)
+	}
+	resp, err := post(context.Background(), 0)
+	if err != nil || resp.StatusCode != 200 || resp.Proto != "HTTP/3.0" {
+		t.Fatalf("the first request: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	abandoned := scrapeMetric(t, "caddy_rate_limit_delay_abandoned_total", `zone="`+z+`"`)
+	var wg sync.WaitGroup
+	for _, size := range []int{0, 100, 64 << 10} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			if resp, err := post(ctx, size); err == nil {
+				resp.Body.Close()
+				t.Errorf("a client that hung up after 0.5 s got an answer: %d", resp.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	d, ok := waitForCond(2*time.Second, func() bool {
+		return scrapeMetric(t, "caddy_rate_limit_delay_abandoned_total", `zone="`+z+`"`)-abandoned == 3 && gauge(t, "caddy_rate_limit_waiting") == 0
+	})
+	if !ok {
+		t.Fatalf("3 HTTP/3 clients hung up while waiting: abandoned counted %v, %v still waiting",
+			scrapeMetric(t, "caddy_rate_limit_delay_abandoned_total", `zone="`+z+`"`)-abandoned, gauge(t, "caddy_rate_limit_waiting"))
+	}
+	t.Logf("the 3 HTTP/3 waits ended within %v of the clients hanging up", d.Round(time.Millisecond))
+	start := time.Now()
+	resp, err = post(context.Background(), 0)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the next request: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if w := time.Since(start); w > 1500*time.Millisecond {
+		t.Errorf("the next request waited %v: the leavers' turns were not given back", w)
+	}
+}

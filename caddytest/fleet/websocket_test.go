@@ -94,7 +94,7 @@ func dialFleetWS(t *testing.T, p *caddyProc, user string) (*fleetWS, int) {
 // 3 live slots; then, one at a time, a connection ends on one process (the
 // client's close, the server's close, a dropped TCP connection) and a new
 // one gets in on another, the fourth always refused, the app never holding
-// more than 3.
+// more than 3; and connections that outlive their lease keep their slots.
 func TestWebSocketFleetExact(t *testing.T) {
 	r := redistest.Start(t)
 	app := newWSEcho(t)
@@ -203,6 +203,12 @@ reverse_proxy %s`, zone, r.URL(), app.srv.Listener.Addr().String())
 			t.Errorf("after the %s: %d live slots, want 3", e.what, n)
 		}
 	}
+	// Connections outlive their 2s lease: the slot keeper renews it.
+	time.Sleep(3 * time.Second)
+	if n := liveSlots(t, r, keys[0]); n != 3 {
+		t.Errorf("3s after, past the 2s lease: %d live slots, want 3", n)
+	}
+	fourthRefused("past the lease")
 	if p := app.peak.Load(); p > 3 {
 		t.Errorf("the app held %d connections at once, want at most 3", p)
 	}
