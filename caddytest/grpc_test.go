@@ -726,3 +726,50 @@ func TestGRPCFailClosed(t *testing.T) {
 }
 `, "ZONE", zoneName("grpc_bad")), "text/caddyfile", "grpc_status", "not_found")
 }
+
+// TestGRPCWaitingRoomFull: a delay zone with max_waiting 1. A first call
+// spends the burst; a second waits for its turn (1s away), holding the one
+// place; a third, which would wait too, finds the room full and is refused
+// at once with RESOURCE_EXHAUSTED naming the zone; the second then passes.
+func TestGRPCWaitingRoomFull(t *testing.T) {
+	app, appAddr := startGRPCApp(t)
+	z := zoneName("grpc_room")
+	load(t, newTester(t), grpcConfig(appAddr, `zone @ZONE@ {
+			key {http.request.header.X-User}
+			events 1
+			window 1s
+			burst 1
+			delay 5s
+		}
+		max_waiting 1`, "ZONE", z))
+	client, _ := dialGRPC(t, portA, insecure.NewCredentials(), false, nil)
+	ctx, cancel := context.WithTimeout(asUser(context.Background(), "room-"+nonce), 10*time.Second)
+	defer cancel()
+	before := len(app.calls())
+	if _, err := client.UnaryCall(ctx, &testpb.SimpleRequest{}); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+		waited <- err
+	}()
+	_, ok := waitForCond(2*time.Second, func() bool { return gauge(t, "caddy_rate_limit_waiting") == 1 })
+	if !ok {
+		t.Fatal("the second call never waited")
+	}
+	start := time.Now()
+	_, err := client.UnaryCall(ctx, &testpb.SimpleRequest{})
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || st.Message() != "rate limit exceeded in zone "+z+" (limit 1)" {
+		t.Errorf("a call with the waiting room full: %v, want ResourceExhausted naming %s", err, z)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("the refusal took %v, want it at once", d)
+	}
+	if err := <-waited; err != nil {
+		t.Errorf("the waiting call: %v, want OK", err)
+	}
+	if n := len(app.calls()) - before; n != 2 {
+		t.Errorf("the service saw %d calls, want 2", n)
+	}
+}
