@@ -99,9 +99,10 @@ func serveGRPC(t *testing.T, s *grpc.Server) string {
 	return l.Addr().String()
 }
 
-// grpcGlobal serves the test sites with h2c (plain-text gRPC) and, on
-// port B, TLS with a certificate from Caddy's internal CA.
-const grpcGlobal = `{
+// tlsGlobal serves the test sites with the protocols @PROTOCOLS@: an
+// http:// site on port A and, on port B, TLS with a certificate from
+// Caddy's internal CA (QUIC, for h3, on UDP port B).
+const tlsGlobal = `{
 	admin localhost:@ADMIN@
 	persist_config off
 	http_port @A@
@@ -112,7 +113,7 @@ const grpcGlobal = `{
 	default_bind 127.0.0.1
 	storage file_system @STORAGE@
 	servers {
-		protocols h1 h2 h2c
+		protocols @PROTOCOLS@
 	}
 }
 `
@@ -152,9 +153,9 @@ https://localhost:@B@ {
 }
 `
 
-// grpcConfig renders grpcGlobal and grpcSites.
+// grpcConfig renders tlsGlobal (h1, h2, h2c) and grpcSites.
 func grpcConfig(app, limit string, vars ...string) string {
-	pairs := []string{"@STORAGE@", storageDir, "@ADMIN@", strconv.Itoa(adminPort), "@A@", strconv.Itoa(portA), "@B@", strconv.Itoa(portB), "@APP@", app, "@LIMIT@", limit}
+	pairs := []string{"@STORAGE@", storageDir, "@ADMIN@", strconv.Itoa(adminPort), "@A@", strconv.Itoa(portA), "@B@", strconv.Itoa(portB), "@APP@", app, "@LIMIT@", limit, "@PROTOCOLS@", "h1 h2 h2c"}
 	pairs = append(pairs, vars...)
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if !strings.HasPrefix(pairs[i], "@") {
@@ -162,7 +163,7 @@ func grpcConfig(app, limit string, vars ...string) string {
 		}
 	}
 	r := strings.NewReplacer(pairs...)
-	out := r.Replace(r.Replace(grpcGlobal + grpcSites))
+	out := r.Replace(r.Replace(tlsGlobal + grpcSites))
 	if v := unreplaced.FindString(out); v != "" {
 		panic("grpcConfig: unreplaced variable " + v + " in:\n" + out)
 	}

@@ -19,24 +19,6 @@ import (
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
-// h3Global serves HTTP/1.1, HTTP/2 and HTTP/3 on port B with TLS from
-// Caddy's internal CA (HTTP/3 needs TLS; QUIC listens on UDP port B).
-const h3Global = `{
-	admin localhost:@ADMIN@
-	persist_config off
-	http_port @A@
-	https_port @B@
-	auto_https disable_redirects
-	local_certs
-	skip_install_trust
-	default_bind 127.0.0.1
-	storage file_system @STORAGE@
-	servers {
-		protocols h1 h2 h3
-	}
-}
-`
-
 // h3Site answers {client_ip} behind the rate_limit block @LIMIT@.
 const h3Site = `
 https://localhost:@B@ {
@@ -48,14 +30,14 @@ https://localhost:@B@ {
 }
 `
 
-// h3Config renders h3Global and h3Site, the limit's @NAME@ variables
-// replaced by vars.
+// h3Config renders tlsGlobal (h1, h2, h3; HTTP/3 needs TLS) and h3Site,
+// the limit's @NAME@ variables replaced by vars.
 func h3Config(limit string, vars ...string) string {
 	for i := 0; i+1 < len(vars); i += 2 {
 		limit = strings.ReplaceAll(limit, "@"+vars[i]+"@", vars[i+1])
 	}
-	r := strings.NewReplacer("@STORAGE@", storageDir, "@ADMIN@", strconv.Itoa(adminPort), "@A@", strconv.Itoa(portA), "@B@", strconv.Itoa(portB), "@LIMIT@", limit)
-	out := r.Replace(h3Global + h3Site)
+	r := strings.NewReplacer("@STORAGE@", storageDir, "@ADMIN@", strconv.Itoa(adminPort), "@A@", strconv.Itoa(portA), "@B@", strconv.Itoa(portB), "@LIMIT@", limit, "@PROTOCOLS@", "h1 h2 h3")
+	out := r.Replace(tlsGlobal + h3Site)
 	if v := unreplaced.FindString(out); v != "" {
 		panic("h3Config: unreplaced variable " + v + " in:\n" + out)
 	}
