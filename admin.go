@@ -161,21 +161,6 @@ func activeZones() map[string]*adminZone {
 	return out
 }
 
-// adminStore is implemented by stores whose keys the admin API can read and
-// reset (memstore and redisstore, structurally).
-type adminStore interface {
-	// PeekKeys writes each key's view (algorithms.Peek) to out and whether
-	// it holds state to found, charging nothing.
-	PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error
-	// ResetKeys deletes the keys' state and returns how many held some.
-	ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error)
-}
-
-// describedStore describes itself, without secrets, for the zone listing.
-type describedStore interface {
-	AdminInfo() map[string]any
-}
-
 // adminZoneInfo is a zone in the listing.
 type adminZoneInfo struct {
 	Name       string         `json:"name"`

@@ -198,6 +198,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.StoreRaw, err = parseStore(d)
 		case "headers":
 			h.Headers, err = arg(field)
+		case "grpc_status":
+			h.GRPCStatus, err = arg(field)
 		case "response":
 			h.Response, err = parseResponse(d)
 		case "jitter":
@@ -262,7 +264,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "storage":
 			return d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting, settle_wait)", field)
+			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting, settle_wait, grpc_status)", field)
 		}
 		if err != nil {
 			return err

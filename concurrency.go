@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -16,7 +15,7 @@ import (
 
 // concurrencyControl: `concurrent <n>` limits how many requests of one key
 // are in flight at once. A request takes a slot at admission, in the one
-// take with its other zones, under its holder id (algorithms.Request.Lease),
+// take with its other zones, under its holder id (algorithms.Request.Holder),
 // and gives exactly that slot back on every exit (the exit hook). A
 // refusal's Retry-After is raised to a hint from the hold times seen here.
 // docs/architecture.md says how it combines with count, delay and pass.
@@ -31,7 +30,7 @@ var concurrencyControl = control{
 	provision: provisionConcurrency,
 	admin:     concurrencyInfo,
 	hooks: hooks{
-		plan: func(_ *admission, z *zone, rq *algorithms.Request) { rq.Lease = z.holder() },
+		plan: func(_ *admission, z *zone, rq *algorithms.Request) { rq.Holder = z.holder() },
 		rank: concurrencyHints,
 		verdict: func(a *admission) {
 			a.reserve().hold()
@@ -43,15 +42,6 @@ var concurrencyControl = control{
 // maxConcurrencyRetry caps the Retry-After a concurrency refusal derives
 // from observed hold times (concurrencyZone.retryHint).
 const maxConcurrencyRetry = time.Minute
-
-// releaser is implemented by stores that hold concurrency slots (memstore
-// and redisstore, structurally): Release gives back the slots Take granted
-// to the concurrency zones of reqs, and ignores the other zones. It must
-// not block the response on the network: a remote store queues the release
-// and retries it, or leaves the slot to its lease's expiry.
-type releaser interface {
-	Release(ctx context.Context, reqs []algorithms.Request) error
-}
 
 // concurrencyZone is what a concurrency zone keeps at run time.
 type concurrencyZone struct {
@@ -132,13 +122,6 @@ func releaseHeld(a *admission) {
 	if err := a.res.give(releaseSlots, 0); err != nil {
 		a.h.storeErrors.log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
 	}
-}
-
-// slotHeir is a store that can count the slots other stores of the
-// process hold (memstore: a reload that changes its settings makes a new
-// store, and the requests still running hold their slots in the old one).
-type slotHeir interface {
-	InheritSlots(zones []string)
 }
 
 // provisionConcurrency checks that the stores of a handler with

@@ -1,13 +1,10 @@
 package sluice
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // countControl: a zone that counts only some responses (`count 401 403`,
@@ -88,12 +85,6 @@ func compileCount(z *zone, cfg *Zone) error {
 	return nil
 }
 
-// refunder is implemented by stores that can give a charge back (memstore
-// and redisstore, structurally): a zone with count needs one.
-type refunder interface {
-	Refund(ctx context.Context, refunds []algorithms.Refund) error
-}
-
 // provisionCount refuses count zones on a store that cannot give charges
 // back; with one, the count zones' charges are refundable and in flight,
 // and the status settles them.
@@ -122,15 +113,6 @@ func (h *Handler) holdStore() {
 	if hs, ok := h.store.(storeHolder); ok {
 		h.hold = hs
 	}
-}
-
-// storeHolder is a store that a reload replacing it keeps open while
-// requests hold it (the Redis store: its old client stays until the old
-// configuration's charges in flight have settled and its waiters are
-// done, so their refunds and store calls are not lost).
-type storeHolder interface {
-	Hold()
-	Unhold()
 }
 
 // The statuses statusKnown takes besides the response's own.

@@ -95,6 +95,14 @@ type Handler struct {
 	// At most 1m. Default: 1s.
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
 
+	// GRPCStatus is the status of a refused gRPC call (a request with
+	// Content-Type application/grpc or application/grpc-web):
+	// "resource_exhausted" (code 8) or "unavailable" (code 14, which
+	// clients retry at once unless the pushback says otherwise). A
+	// fail-closed refusal is always "unavailable". docs/protocols.md has
+	// the answer's shape. Default: "resource_exhausted".
+	GRPCStatus string `json:"grpc_status,omitempty"`
+
 	zones []*zone
 	// planned are the zones' requests as far as Provision knows them (the
 	// controls set their fields); a request's plan fills in the rest.
@@ -324,13 +332,10 @@ func (h *Handler) Validate() error {
 	if _, err := settleWaitOf(h.SettleWait); err != nil {
 		return err
 	}
+	if err := h.validateGRPC(); err != nil {
+		return err
+	}
 	return h.Response.validate()
-}
-
-// allowanceStore is a store that can serve a zone from a local allowance
-// (redisstore: Redis.LocalAllowance).
-type allowanceStore interface {
-	LocalAllowance(zone string, l algorithms.Limit, maxBatch int64, expiry time.Duration) (release func(), err error)
 }
 
 // provisionAllowances gives the store the zones with a local allowance.

@@ -202,6 +202,9 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		hs.addInt(hdrRetryAfter, retry)
 	}
 	hs.add(hdrCacheControl, "no-store")
+	if h.refuseGRPC(w, r, &hs, v, unavailable) {
+		return nil
+	}
 	if h.resp.handleErrors {
 		hs.set(hdr)
 		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.jsonName})

@@ -267,11 +267,11 @@ type Request struct {
 	// parts (Redis Cluster, a part per shard) may then decide the other
 	// zones without it (PartialError).
 	FailApart bool
-	// Lease identifies, in a concurrency zone, the slot this request takes
-	// (never 0): the store records it when it admits the request, renews
-	// it while the request runs (Redis) and removes it when the request
-	// ends (the store's Release). 0 in a rate zone.
-	Lease uint64
+	// Holder is the holder id of the slot this request takes in a
+	// concurrency zone (never 0): the store records it when it admits the
+	// request, renews it while the request runs (Redis) and removes it
+	// when the request ends (the store's Release). 0 in a rate zone.
+	Holder uint64
 }
 
 // Decision is a store's answer for one Request.

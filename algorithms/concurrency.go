@@ -13,7 +13,7 @@ import (
 // milliseconds: how long a shared store (Redis) keeps a slot whose holder
 // stopped renewing it, so that an instance that crashes holding slots gives
 // them back by itself. A Request of a concurrency zone takes one slot
-// (Cost 1) under its Lease id; the store gives the slot back when the
+// (Cost 1) under its Holder id; the store gives the slot back when the
 // request ends (the store's Release). Its numeric value travels to the Lua
 // twin in Redis (lua/concurrency.lua) and must not change.
 //

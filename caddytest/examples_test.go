@@ -1010,3 +1010,11 @@ func TestExampleProtect(t *testing.T) {
 		}
 	}
 }
+
+// TestExampleGRPC loads examples/grpc.Caddyfile; the checks are in
+// grpc_example_test.go.
+func TestExampleGRPC(t *testing.T) {
+	testExampleGRPC(t, func(t *testing.T, env, renames map[string]string) {
+		loadExample(t, "grpc.Caddyfile", env, renames)
+	})
+}

@@ -540,7 +540,7 @@ func TestStoresNeverSeeRawKeys(t *testing.T) {
 				}
 				defer m.Cleanup()
 				var out []storedKey
-				m.Store().Keys(func(zone string, key algorithms.Key) {
+				m.Store.Keys(func(zone string, key algorithms.Key) {
 					tok := identity.Token(key)
 					out = append(out, storedKey{zone, tok, [][]byte{bytes.Clone(key[:]), []byte(tok.String())}})
 				})

@@ -3,152 +3,16 @@
 // client hammering a refused key is answered locally, as the store would
 // answer it, instead of costing the store a call per request.
 //
-// # What is kept, and the answer
-//
-// When the store refuses a request (an enforcing zone refused), its reply
-// carries the store's time of the decision T (Unix ms, as the script read
-// it) and, for every zone of the request, the stored state the script
-// decided against: a refusal writes nothing, so that is the key's state
-// right after. The cache keeps per (zone, key) the zone's limit, that state,
-// T, and the local monotonic instant S at which the store call started.
-//
-// A later request is answered locally when every one of its zones has an
-// entry under the same limit and, running the algorithms' Go twin
-// (algorithms.Step, which the Lua script mirrors: the twin tests run both
-// on the same vectors) on those states at the estimated store time, an
-// enforcing zone refuses. The answer is then, zone by zone, what the
-// script answers: each zone's decision for the request's cost, and a zone
-// that would allow shown as it stands (cost 0: vetoed, nothing charged).
-// Otherwise (a zone without an entry, or every enforcing zone would allow)
-// the cache misses and drops the entries of the request's zones, since the
-// store may now charge them and they would no longer be its state.
-//
-// The store's time at local instant L is estimated from an entry twice:
-// nominal, T + (L − S), for the numbers of the answer; conservative, T +
-// ⌈1.001 × (L − S)⌉, to decide whether to answer at all. The script ran
-// after S, with its clock below T + 1ms (T is floored to the millisecond);
-// with the two clocks ticking within 0.1% of each other (NTP slews a clock
-// by at most 500ppm), the conservative estimate is never below the store's
-// time at L. The cache answers only when the request is refused at the
-// conservative estimate: RetryAfter being exact (package algorithms), that
-// is when RetryAfter at the nominal estimate exceeds their difference.
-//
-// Exactness: if nobody spent on the request's keys since the entries were
-// stored, the answer is exactly the store's at the nominal estimate, for
-// any cost (the request is decided against the state, not compared with
-// the one refused): the same Allowed, Remaining and Limit for every zone;
-// RetryAfter and ResetAfter differ from what the store would say by the
-// error of the estimate (the time the call took to reach the script, minus
-// T's lost fraction of a millisecond: a millisecond or two on a LAN). If
-// others spent meanwhile (another instance, or a request of this one in
-// flight), the store would refuse for longer: the local answer errs on the
-// lenient side (a shorter RetryAfter, a larger Remaining), and stays sound.
-// A request this instance sends to the store for a key drops the key's
-// entry first (the miss above), so the instance's own charges never make
-// its entries stale.
-//
-// # Soundness: it never refuses what the store would allow
-//
-// Two facts hold for all five algorithms: (a) with nobody spending, a key's
-// state only moves toward allowing as time passes, so a request refused at
-// t is refused at every t' ≤ t; and (b) spending, by anyone, only moves it
-// away from allowing, so a request refused against a state at t is refused
-// against that state plus any charges at t. Between exceptions (below), the
-// store's state of a key at any instant after T is the entry's state plus
-// the charges made since. So when Step refuses the request at the
-// conservative estimate C, which is at least the store's time U, it
-// refuses it at U against the entry's state (a) and against the store's
-// actual state (b): the store would refuse it too. Per algorithm:
-//
-//   - token_bucket: the debt falls linearly with time and rises only by
-//     charges; cost c passes when debt + c ≤ capacity.
-//   - gcra: the theoretical arrival time only moves forward, by charges;
-//     cost c passes when it lies at most τ − c emission intervals ahead of
-//     now, which only gets easier as now advances.
-//   - fixed_window: the count of the current aligned window only grows
-//     until the window ends, then restarts at 0.
-//   - sliding_window: the estimate prev × (remaining share of the previous
-//     window) + cur never grows while nobody spends (sliding_window.go) and
-//     grows with every charge.
-//   - sliding_log: the log's sum over the last Window only loses entries as
-//     they age out and gains them by charges.
-//
-// Two features write or give back where (a) and (b) do not see it, and the
-// cache keeps out of their way:
-//
-//   - A penalty (algorithms/penalty.go): a refusal that starts one writes
-//     the penalty in the store. The state a refusal's reply carries is the
-//     stored one after the call (the penalty included), so a key in its
-//     penalty is answered for its whole length (a penalty only ends at its
-//     fixed end, which the conservative estimate respects); but a request
-//     that, run on the entry, would start a penalty (the entry's bucket
-//     refuses, no penalty running) is never answered: the store must write
-//     it, so the cache misses.
-//   - A refund (a zone that counts only some response statuses gives a
-//     charge back when the response does not match) lowers a key's state,
-//     on any instance, unseen by this cache: against (b). So a refundable
-//     zone (Request.Refundable) is counted as refusing only by its penalty,
-//     which no refund lifts; a request refused by such a zone's bucket is
-//     decided by the store every time. The numbers the cache reports for a
-//     refundable zone of a request it answers (another zone refuses, or the
-//     penalty) may lag refunds made since, on the strict side.
-//
-// The exceptions, each handled or bounded:
-//
-//   - An admin reset deletes keys in the store. The store that resets also
-//     increments a counter in Redis that every store sharing it polls (about
-//     every 250ms, package redisstore); one that sees it change clears its
-//     cache. So a reset reaches every instance within a poll and a round
-//     trip.
-//   - State lost in the store: FLUSHALL or FLUSHDB, a restart (with or
-//     without persistence), a failover to a replica that missed writes, keys
-//     evicted under maxmemory. The same poll reads, on every master, a
-//     canary key (created with a random value when missing), the master's
-//     run_id and its evicted_keys count; any change clears the cache (as
-//     does a step of a master's clock: see Clocks), and so do a failed poll
-//     (an instance that cannot see the store for a poll keeps nothing it
-//     cannot check) and every store call that fails as a store failure.
-//     What no poll sees: a key deleted or rewritten by
-//     something else than Sluice (redis-cli DEL, a script of the operator's),
-//     a FLUSHALL undone within one poll interval by a restore that brings
-//     the canary back, an old master still answering a request after the
-//     instance's poll saw its successor. A refusal so made stale is released
-//     when its state, run forward in time as if nobody spent, admits the
-//     request: at most its own RetryAfter, the wait the client was told.
-//   - A race: a request in flight when the cache is cleared could store,
-//     after the clear, a state read before the reset or the loss. Every
-//     Clear and Forget bumps a generation; a refusal is stored only if the
-//     generation taken before its store call began (Token) is still
-//     current. Before its first successful poll the store has nothing to
-//     compare the next poll with, and the cache stores nothing (Arm).
-//   - A changed limit (a config reload; the cache lives with the store,
-//     which survives reloads): an entry serves only its own limit; a request
-//     under another misses, and the store decides. While instances run
-//     different limits for one zone (a rolling reload), the key's TTL, set
-//     by a write under the other limit, may end before this limit sees the
-//     key full: such a refusal may outlast the store's by at most its own
-//     RetryAfter.
-//   - A Cluster request whose zones' keys live in several slots (zones keyed
-//     on different identities) is never answered from the cache: the store
-//     decides it slot by slot, with refunds, and its answer is not a pure
-//     function of the states.
-//   - Clocks: the estimate counts this instance's monotonic time since the
-//     call, so it follows the store's clock only at the rate assumed above:
-//     a local clock running slower than the store's by more than 0.1% could
-//     answer a refusal up to the difference too long. The store's clock
-//     stepping forward (the store then admits sooner) is seen by the poll,
-//     which clears the cache when a server's clock advanced by more than
-//     the local time between two polls allows; a step back only makes the
-//     store refuse longer.
-//
-// Memory is bounded: a fixed number of entries, sharded; a full shard first
-// drops its expired entries (an entry lives until its zone is back to full,
-// or the request's longest wait), then the one that expires soonest. A
-// sliding log state (up to 10,000 events per key) is kept only when it
-// holds at most MaxLogEntries events, and a shard holds at most 8 log
-// events per entry of its capacity (with the default size, 80,000 events,
-// 1.3 MB in all); a request with a zone whose state is not kept is decided
-// by the store every time.
+// An entry is (zone, key) → the zone's limit, the state the refusal read,
+// the store's time of the refusal T and the local instant S its call
+// started. A request is answered only when every zone has an entry under
+// its limit and Step, run on the entries at a conservative estimate of the
+// store's time (T + ⌈1.001 × (now − S)⌉), refuses it; a miss drops the
+// request's entries (the store may charge them). So the cache never refuses
+// what the store would allow. Why that holds for the five algorithms, how
+// penalties, refunds, resets, lost state, races (Token, Arm) and clocks
+// are kept out of its way, and its memory bound: docs/redis.md, "The deny
+// cache: what it keeps, why it is exact, why it is sound".
 package denycache
 
 import (

@@ -72,16 +72,6 @@ func (s *Store) ResetKeys(_ context.Context, zone string, keys []algorithms.Key)
 	return n, nil
 }
 
-// PeekKeys implements the admin API's read (see Store.PeekKeys).
-func (m *Memory) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
-	return m.store.PeekKeys(ctx, zone, keys, l, out, found)
-}
-
-// ResetKeys implements the admin API's reset (see Store.ResetKeys).
-func (m *Memory) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
-	return m.store.ResetKeys(ctx, zone, keys)
-}
-
 // AdminInfo describes the store for the admin API's zone listing.
 func (m *Memory) AdminInfo() map[string]any {
 	return map[string]any{

@@ -9,7 +9,7 @@ import (
 
 // Concurrency zones (algorithms.Concurrency): a key's entry counts its
 // slots in use (its debt, which algorithms.Step reads), and the shard's
-// leases map holds the lease id of each, so that Release gives back
+// leases map holds the holder id of each, so that Release gives back
 // exactly the slot a request took: a slot whose key was reset (the admin
 // API) or whose request was never admitted is not given back twice, and
 // never frees another request's slot. Slots in memory have no expiry: a
@@ -17,9 +17,9 @@ import (
 // every exit path (the process ending ends every slot with it). An entry
 // with slots in use is never swept nor evicted (its fullAt is
 // math.MaxInt64); one back to no slot is forgotten like any key back to
-// full, its lease slice kept meanwhile for the key's next request.
+// full, its holder slice kept meanwhile for the key's next request.
 
-// took records the lease of request r, just admitted and counted in k's
+// took records the holder id of request r, just admitted and counted in k's
 // entry, when r is of a concurrency zone. The caller holds sh.mu.
 func (sh *shard) took(k mapKey, r *algorithms.Request) {
 	if r.InFlight {
@@ -31,23 +31,23 @@ func (sh *shard) took(k mapKey, r *algorithms.Request) {
 	if r.Limit.Algorithm != algorithms.Concurrency {
 		return
 	}
-	if sh.leases == nil {
-		sh.leases = make(map[mapKey][]uint64)
+	if sh.holders == nil {
+		sh.holders = make(map[mapKey][]uint64)
 	}
-	sh.leases[k] = append(sh.leases[k], r.Lease)
+	sh.holders[k] = append(sh.holders[k], r.Holder)
 }
 
-// release gives back the slot of lease in k, if k holds it, and reports
+// release gives back the slot of holder in k, if k holds it, and reports
 // whether it did. The caller holds sh.mu.
-func (sh *shard) release(k mapKey, lease uint64, now int64) bool {
-	ids := sh.leases[k]
-	i := slices.Index(ids, lease)
+func (sh *shard) release(k mapKey, holder uint64, now int64) bool {
+	ids := sh.holders[k]
+	i := slices.Index(ids, holder)
 	if i < 0 {
 		return false // reset, or never admitted
 	}
 	ids[i] = ids[len(ids)-1]
 	ids = ids[:len(ids)-1]
-	sh.leases[k] = ids
+	sh.holders[k] = ids
 	e, ok := sh.m[k]
 	if !ok || e.alg() != algorithms.Concurrency {
 		return true
@@ -61,27 +61,27 @@ func (sh *shard) release(k mapKey, lease uint64, now int64) bool {
 }
 
 // Release gives back the slots that Take granted to the concurrency zones
-// of reqs (their Lease), here and in the store's heirs (handover.go);
-// requests of other zones are ignored. A lease the store does not hold
+// of reqs (their Holder), here and in the store's heirs (handover.go);
+// requests of other zones are ignored. A holder the store does not hold
 // (its key was reset, or the request was refused) is ignored too. It never
 // fails and never blocks but on a shard's lock.
 func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Holder == 0 {
 			continue
 		}
-		s.releaseLease(r.Zone, r.Key, r.Lease)
+		s.releaseHolder(r.Zone, r.Key, r.Holder)
 		if s.heirs.Load() != nil {
-			s.forwardRelease(r.Zone, r.Key, r.Lease)
+			s.forwardRelease(r.Zone, r.Key, r.Holder)
 		}
 	}
 	return nil
 }
 
-// releaseLease gives back the slot of lease in key of zone, and reports
+// releaseHolder gives back the slot of holder in key of zone, and reports
 // whether the store held it.
-func (s *Store) releaseLease(zone string, key algorithms.Key, lease uint64) bool {
+func (s *Store) releaseHolder(zone string, key algorithms.Key, holder uint64) bool {
 	id, known := s.zones.lookup(zone)
 	if !known {
 		return false
@@ -90,7 +90,7 @@ func (s *Store) releaseLease(zone string, key algorithms.Key, lease uint64) bool
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.release(k, lease, s.now())
+	return sh.release(k, holder, s.now())
 }
 
 // InUse returns the slots in use of key in a concurrency zone (for tests
@@ -104,11 +104,5 @@ func (s *Store) InUse(zone string, key algorithms.Key) int {
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return len(sh.leases[k])
-}
-
-// Release implements the concurrency side of the store contract (see
-// Store.Release).
-func (m *Memory) Release(ctx context.Context, reqs []algorithms.Request) error {
-	return m.store.Release(ctx, reqs)
+	return len(sh.holders[k])
 }

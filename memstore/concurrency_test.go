@@ -15,7 +15,7 @@ import (
 var conc5 = algorithms.Limit{Algorithm: algorithms.Concurrency, Events: 5, Window: 60_000}
 
 func creq(zone string, key algorithms.Key, l algorithms.Limit, lease uint64) algorithms.Request {
-	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Lease: lease}
+	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Holder: lease}
 }
 
 func release(t testing.TB, s *Store, reqs ...algorithms.Request) {
@@ -237,7 +237,7 @@ func TestConcurrencyMemoryAcrossReload(t *testing.T) {
 	if !try(5) || try(6) {
 		t.Fatal("after a request of the old config ended: want exactly one more slot")
 	}
-	if got := cur.Store().InUse("reload_c", key); got != 3 {
+	if got := cur.Store.InUse("reload_c", key); got != 3 {
 		t.Fatalf("%d slots in use, want 3", got)
 	}
 	t.Cleanup(func() { _ = cur.Cleanup() })

@@ -16,7 +16,7 @@ import (
 // given, and each of those stores, from then on, also grants in the heir
 // every slot it grants in those zones (the old configuration serves a
 // moment longer) and also releases there every slot released to it. A
-// slot is known by its lease id: one both copied and forwarded counts
+// slot is known by its holder id: one both copied and forwarded counts
 // once, one released twice is released once.
 //
 // During the reload's overlap the old store decides its requests without
@@ -60,7 +60,7 @@ func (s *Store) handOver(to *Store, zones []string) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		names := s.zones.names()
-		for k, ids := range sh.leases {
+		for k, ids := range sh.holders {
 			if set[names[k.zone]] {
 				for _, id := range ids {
 					to.adopt(names[k.zone], k.key, id)
@@ -71,44 +71,44 @@ func (s *Store) handOver(to *Store, zones []string) {
 	}
 }
 
-// adopt counts the slot of lease in key of zone, unless the store holds it
+// adopt counts the slot of holder in key of zone, unless the store holds it
 // already; it reports whether it was new.
-func (s *Store) adopt(zone string, key algorithms.Key, lease uint64) bool {
+func (s *Store) adopt(zone string, key algorithms.Key, holder uint64) bool {
 	k := mapKey{zone: s.zones.id(zone), key: key}
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	ids := sh.leases[k]
-	if slices.Contains(ids, lease) {
+	ids := sh.holders[k]
+	if slices.Contains(ids, holder) {
 		return false
 	}
 	_, ok := sh.m[k]
-	ids = append(ids, lease)
+	ids = append(ids, holder)
 	st := algorithms.State{Alg: algorithms.Concurrency, Debt: int64(len(ids))}
 	s.put(sh, k, ok, &st, math.MaxInt64, s.now(), nil) // held: never swept nor evicted
-	if sh.leases == nil {
-		sh.leases = make(map[mapKey][]uint64)
+	if sh.holders == nil {
+		sh.holders = make(map[mapKey][]uint64)
 	}
-	sh.leases[k] = ids
+	sh.holders[k] = ids
 	return true
 }
 
-// forwardTook grants the slot of lease in s's heirs of zone (and theirs).
+// forwardTook grants the slot of holder in s's heirs of zone (and theirs).
 // The caller holds no lock of s.
-func (s *Store) forwardTook(zone string, key algorithms.Key, lease uint64) {
+func (s *Store) forwardTook(zone string, key algorithms.Key, holder uint64) {
 	for _, h := range *s.heirs.Load() {
-		if to := h.to.Value(); to != nil && h.zones[zone] && to.adopt(zone, key, lease) && to.heirs.Load() != nil {
-			to.forwardTook(zone, key, lease)
+		if to := h.to.Value(); to != nil && h.zones[zone] && to.adopt(zone, key, holder) && to.heirs.Load() != nil {
+			to.forwardTook(zone, key, holder)
 		}
 	}
 }
 
-// forwardRelease releases the slot of lease in s's heirs of zone (and
+// forwardRelease releases the slot of holder in s's heirs of zone (and
 // theirs). The caller holds no lock of s.
-func (s *Store) forwardRelease(zone string, key algorithms.Key, lease uint64) {
+func (s *Store) forwardRelease(zone string, key algorithms.Key, holder uint64) {
 	for _, h := range *s.heirs.Load() {
-		if to := h.to.Value(); to != nil && h.zones[zone] && to.releaseLease(zone, key, lease) && to.heirs.Load() != nil {
-			to.forwardRelease(zone, key, lease)
+		if to := h.to.Value(); to != nil && h.zones[zone] && to.releaseHolder(zone, key, holder) && to.heirs.Load() != nil {
+			to.forwardRelease(zone, key, holder)
 		}
 	}
 }
@@ -119,8 +119,8 @@ func (s *Store) forwardRelease(zone string, key algorithms.Key, lease uint64) {
 // still running.
 func (m *Memory) InheritSlots(zones []string) {
 	pool.Range(func(_, v any) bool {
-		if o := v.(*Store); o != m.store {
-			o.handOver(m.store, zones)
+		if o := v.(*Store); o != m.Store {
+			o.handOver(m.Store, zones)
 		}
 		return true
 	})

@@ -78,10 +78,10 @@ type shard struct {
 	// (State.Penalized, penalty.go), kept out of m like logs: few keys are
 	// penalized at once; nil until the shard's first penalty.
 	penalties map[mapKey]int64
-	// leases holds the lease ids of the shard's concurrency keys (entries
+	// holders holds the holder ids of the shard's concurrency keys (entries
 	// of Alg Concurrency, whose debt is their count: concurrency.go); nil
 	// until the shard's first.
-	leases map[mapKey][]uint64
+	holders map[mapKey][]uint64
 	// pending holds the units of a key charged in flight (Request.InFlight,
 	// algorithms/inflight.go) until their Refund settles them; kept apart
 	// from the key's state, which a sweep or a reset may drop meanwhile;
@@ -159,8 +159,8 @@ func (sh *shard) set(k mapKey, st *algorithms.State, fullAt int64) {
 		delete(sh.logs, k) // k may have been a sliding log before
 	}
 	sh.setPenalty(k, st.Penalized)
-	if st.Alg != algorithms.Concurrency && len(sh.leases) > 0 {
-		delete(sh.leases, k) // or a concurrency key
+	if st.Alg != algorithms.Concurrency && len(sh.holders) > 0 {
+		delete(sh.holders, k) // or a concurrency key
 	}
 	sh.m[k] = pack(st, fullAt)
 }
@@ -172,7 +172,7 @@ func (sh *shard) drop(k mapKey, e *entry) {
 	case algorithms.SlidingLog:
 		delete(sh.logs, k)
 	case algorithms.Concurrency:
-		delete(sh.leases, k)
+		delete(sh.holders, k)
 	}
 	if len(sh.penalties) > 0 {
 		delete(sh.penalties, k)
@@ -298,8 +298,8 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 		sh.took(k, r)
 	}
 	sh.mu.Unlock()
-	if d.Allowed && r.Lease != 0 && s.heirs.Load() != nil {
-		s.forwardTook(r.Zone, r.Key, r.Lease)
+	if d.Allowed && r.Holder != 0 && s.heirs.Load() != nil {
+		s.forwardTook(r.Zone, r.Key, r.Holder)
 	}
 	d.At = now
 	*out = d
@@ -362,8 +362,8 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	}
 	if allowed && s.heirs.Load() != nil {
 		for i := range reqs {
-			if r := &reqs[i]; out[i].Allowed && r.Lease != 0 && r.Limit.Algorithm == algorithms.Concurrency {
-				s.forwardTook(r.Zone, r.Key, r.Lease)
+			if r := &reqs[i]; out[i].Allowed && r.Holder != 0 && r.Limit.Algorithm == algorithms.Concurrency {
+				s.forwardTook(r.Zone, r.Key, r.Holder)
 			}
 		}
 	}

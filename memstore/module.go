@@ -1,7 +1,6 @@
 package memstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 func init() {
@@ -38,7 +37,10 @@ type Memory struct {
 	// At least 1s. Default: 1m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	store   *Store
+	// Store is the shared store of this configuration, set at Provision:
+	// its methods (Take, Refund, Release, PeekKeys, ResetKeys) are the
+	// module's.
+	*Store  `json:"-"`
 	poolKey string
 }
 
@@ -87,7 +89,7 @@ func (m *Memory) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	m.store = v.(*Store)
+	m.Store = v.(*Store)
 	return nil
 }
 
@@ -116,14 +118,6 @@ func (m *Memory) Cleanup() error {
 	_, err := pool.Delete(m.poolKey)
 	return err
 }
-
-// Take implements the store contract (see Store.Take).
-func (m *Memory) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
-	return m.store.Take(ctx, reqs, out)
-}
-
-// Store returns the shared store (for tests and the admin API).
-func (m *Memory) Store() *Store { return m.store }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
 //
@@ -180,4 +174,18 @@ var (
 	_ caddy.CleanerUpper    = (*Memory)(nil)
 	_ caddyfile.Unmarshaler = (*Memory)(nil)
 	_ caddy.Destructor      = (*Store)(nil)
+
+	// The store contract (package stores): the store's capabilities, and
+	// the module's (the store's, embedded, and its own).
+	_ stores.Store     = (*Store)(nil)
+	_ stores.Refunder  = (*Store)(nil)
+	_ stores.Releaser  = (*Store)(nil)
+	_ stores.Admin     = (*Store)(nil)
+	_ stores.Store     = (*Memory)(nil)
+	_ stores.Refunder  = (*Memory)(nil)
+	_ stores.Releaser  = (*Memory)(nil)
+	_ stores.Admin     = (*Memory)(nil)
+	_ stores.Keyed     = (*Memory)(nil)
+	_ stores.SlotHeir  = (*Memory)(nil)
+	_ stores.Described = (*Memory)(nil)
 )

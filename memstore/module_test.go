@@ -55,14 +55,14 @@ func TestModuleSharesStoreAcrossInstances(t *testing.T) {
 	cfg := func() *Memory { return &Memory{MaxKeys: 4242, SweepInterval: caddy.Duration(7 * time.Second)} }
 	m1 := provision(t, cfg())
 	m2 := provision(t, cfg())
-	if m1.Store() == nil || m1.Store() != m2.Store() {
-		t.Fatalf("same configuration, different stores: %p %p", m1.Store(), m2.Store())
+	if m1.Store == nil || m1.Store != m2.Store {
+		t.Fatalf("same configuration, different stores: %p %p", m1.Store, m2.Store)
 	}
-	shared := m1.Store()
+	shared := m1.Store
 
 	// A different configuration gets its own store.
 	other := provision(t, &Memory{MaxKeys: 4243, SweepInterval: caddy.Duration(7 * time.Second)})
-	if other.Store() == shared {
+	if other.Store == shared {
 		t.Fatalf("different configurations share a store")
 	}
 	if err := other.Cleanup(); err != nil {
@@ -92,7 +92,7 @@ func TestModuleSharesStoreAcrossInstances(t *testing.T) {
 		t.Fatalf("store destructed while m2 still holds it")
 	}
 	m3 := provision(t, cfg())
-	if m3.Store() != shared {
+	if m3.Store != shared {
 		t.Fatalf("reload got a new store: counters lost")
 	}
 	if _ = m3.Take(context.Background(), []algorithms.Request{req("z", k, l, 1)}, out); out[0].Allowed || out[0].Remaining != 0 {
@@ -115,7 +115,7 @@ func TestModuleSharesStoreAcrossInstances(t *testing.T) {
 	}
 	m4 := provision(t, cfg())
 	defer m4.Cleanup()
-	if m4.Store() == shared {
+	if m4.Store == shared {
 		t.Fatalf("a destructed store was handed out again")
 	}
 	if _ = m4.Take(context.Background(), []algorithms.Request{req("z", k, l, 1)}, out); !out[0].Allowed || out[0].Remaining != 4 {
@@ -139,7 +139,7 @@ func TestModuleDefaultsAndValidate(t *testing.T) {
 	// Explicit defaults are the same configuration, hence the same store.
 	m2 := provision(t, &Memory{MaxKeys: DefaultMaxKeys, SweepInterval: caddy.Duration(time.Minute)})
 	defer m2.Cleanup()
-	if m2.Store() != m.Store() {
+	if m2.Store != m.Store {
 		t.Fatalf("explicit defaults got another store")
 	}
 	for _, bad := range []*Memory{{MaxKeys: -1}, {SweepInterval: -1}} {
@@ -147,7 +147,7 @@ func TestModuleDefaultsAndValidate(t *testing.T) {
 			_ = bad.Cleanup()
 			t.Fatalf("Provision(%+v) accepted", bad)
 		}
-		if bad.Store() != nil {
+		if bad.Store != nil {
 			t.Fatalf("a refused config got a store")
 		}
 	}

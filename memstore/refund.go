@@ -36,11 +36,6 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 	return nil
 }
 
-// Refund implements the store's refund (see Store.Refund).
-func (m *Memory) Refund(ctx context.Context, refunds []algorithms.Refund) error {
-	return m.store.Refund(ctx, refunds)
-}
-
 // settle takes cost off k's units charged in flight. The caller holds
 // sh.mu.
 func (sh *shard) settle(k mapKey, cost int64) {

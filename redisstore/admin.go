@@ -40,7 +40,7 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 		return peekOn(ctx, s.client, names, l, out, found)
 	}
 	// Each key's hash tag is its token, so the keys of one client's
-	// candidates live in different slots: ask each key's master, with its
+	// candidates live in different hash slots: ask each key's master, with its
 	// own clock, as the script would run there.
 	for i, name := range names {
 		node, err := cc.MasterForKey(ctx, name)
@@ -57,7 +57,7 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 // peekOn peeks names on one server.
 func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
 	if l.Algorithm == algorithms.Concurrency {
-		return peekLeases(ctx, c, names, l, out, found) // concurrency.go
+		return peekSlots(ctx, c, names, l, out, found) // concurrency.go
 	}
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
@@ -90,7 +90,7 @@ func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.L
 }
 
 // ResetKeys deletes the state of several keys of one zone (one DEL per
-// key, pipelined: in a Cluster they live in different slots) and returns
+// key, pipelined: in a Cluster they live in different hash slots) and returns
 // how many existed. It then increments the resets counter every store
 // sharing the Redis polls (watch.go), so that the key's refusals cached by
 // any instance end within a poll: in the same pipeline on one server (the
@@ -132,18 +132,18 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 
 // PeekKeys implements the admin API's read (see Store.PeekKeys).
 func (r *Redis) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return errors.New("store redis: not provisioned")
 	}
-	return r.store.PeekKeys(ctx, zone, keys, l, out, found)
+	return r.Store.PeekKeys(ctx, zone, keys, l, out, found)
 }
 
 // ResetKeys implements the admin API's reset (see Store.ResetKeys).
 func (r *Redis) ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error) {
-	if r.store == nil {
+	if r.Store == nil {
 		return 0, errors.New("store redis: not provisioned")
 	}
-	return r.store.ResetKeys(ctx, zone, keys)
+	return r.Store.ResetKeys(ctx, zone, keys)
 }
 
 // AdminInfo describes the store for the admin API's zone listing: the
@@ -164,10 +164,10 @@ func (r *Redis) AdminInfo() map[string]any {
 	if r.PoolSize > 0 {
 		info["pool_size"] = r.PoolSize
 	}
-	if r.store != nil {
-		info["circuit"] = r.store.CircuitState()
-		info["nodes"] = r.store.Nodes()
-		info["deny_cache_size"] = r.store.deny.Cap()
+	if r.Store != nil {
+		info["circuit"] = r.Store.CircuitState()
+		info["nodes"] = r.Store.Nodes()
+		info["deny_cache_size"] = r.Store.deny.Cap()
 	}
 	return info
 }

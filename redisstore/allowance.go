@@ -14,20 +14,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 // The local allowance (zone setting local_allowance): a hot key's budget
-// drawn from Redis in batches and spent here. docs/redis.md, "Local
+// drawn from Redis in grants and spent here. docs/redis.md, "Local
 // allowance", tells how it works, why it never admits more than the limit,
 // its bound (refusing early), which algorithms it takes and its failures.
 //
 // What the code below keeps to: a lease (zone, key, limit) decides a
 // request alone when it holds the cost and has not expired; otherwise the
 // request goes to Redis in its one script call with its cost raised by a
-// batch, so a refusal charges nothing. A lease holds at most maxBatch
+// grant, so a refusal charges nothing. A lease holds at most MaxGrant
 // units; its unspent units go back by the sweep (refund mode). A lease is
 // forgotten, unspent, when Redis's state may be gone (lost connection, or
-// the watch sees a restart or flush); no batch is drawn after a failed
+// the watch sees a restart or flush); no grant is drawn after a failed
 // call until one succeeds, nor before the watch's first successful poll.
 // A refund is sent again only when it surely did not reach Redis.
 
@@ -51,15 +52,15 @@ const (
 	maxRefundsInFlight = 64
 )
 
-// Drawable reports whether a batch of alg's budget can be drawn and
+// Drawable reports whether a grant of alg's budget can be drawn and
 // returned exactly (see above).
 func Drawable(alg algorithms.Algorithm) bool {
 	return alg == algorithms.TokenBucket || alg == algorithms.GCRA
 }
 
-// MaxBatch is the most units a lease holds under limit l with a zone max of
+// MaxGrant is the most units a lease holds under limit l with a zone max of
 // max (0: none): max, at most l's capacity / AllowanceFraction.
-func MaxBatch(l algorithms.Limit, max int64) int64 {
+func MaxGrant(l algorithms.Limit, max int64) int64 {
 	b := l.Capacity() / AllowanceFraction
 	if max > 0 && max < b {
 		b = max
@@ -104,13 +105,13 @@ type allowances struct {
 	stop      chan struct{}
 	done      chan struct{}
 
-	// paused stops batches after a failed call until one succeeds: a draw
+	// paused stops grants after a failed call until one succeeds: a draw
 	// that gets no reply may be charged when Redis recovers, so an outage
-	// costs at most the batches in flight when it began (a key's are at
-	// most its maxBatch), not one per failed request.
+	// costs at most the grants in flight when it began (a key's are at
+	// most its maxGrant), not one per failed request.
 	paused atomic.Bool
 	// watch sees Redis restarted or flushed and then forgets the leases;
-	// no batch is drawn before its first successful poll (a restart
+	// no grant is drawn before its first successful poll (a restart
 	// before it would go unseen, and a lease drawn before it spent on top
 	// of the restarted Redis's budget).
 	watch *watcher
@@ -123,9 +124,9 @@ type allowances struct {
 }
 
 // Allowance unit events (tally's index; the metric's event label): drawn
-// (batches Redis confirmed), spent (by requests decided here), returned
+// (grants Redis confirmed), spent (by requests decided here), returned
 // (refunds Redis confirmed), lost (held units dropped unspent: Redis lost,
-// or a refund given up), unconfirmed (batches whose draw got no reply:
+// or a refund given up), unconfirmed (grants whose draw got no reply:
 // Redis may have charged them). drawn = spent + returned + lost + held
 // (the leases' units, owed refunds and refunds in flight).
 const (
@@ -170,7 +171,7 @@ type lease struct {
 	// What Redis last said of the key (a draw, or a request decided there):
 	// the units left after it (-1: nothing yet), and when the key is full
 	// again (local time); for the headers of local decisions, and to size
-	// batches.
+	// grants.
 	remaining int64
 	resetAt   time.Time
 	// Demand: the units requested in the current period of one expiry
@@ -214,7 +215,7 @@ func (s *Store) LocalAllowance(zone string, l algorithms.Limit, max int64, expir
 		return nil, fmt.Errorf("local_allowance: not with %s: a batch drawn in one window and spent or returned in the next would count in the wrong window (token_bucket and gcra draw and return exactly)", l.Algorithm)
 	case max < 0:
 		return nil, fmt.Errorf("local_allowance: the batch size must be positive, got %d", max)
-	case MaxBatch(l, max) < 1:
+	case MaxGrant(l, max) < 1:
 		return nil, fmt.Errorf("local_allowance: a batch is at most a tenth of the capacity, and the capacity is %d: it needs at least %d", l.Capacity(), AllowanceFraction)
 	case expiry < MinAllowanceExpiry || expiry > MaxAllowanceExpiry:
 		return nil, fmt.Errorf("local_allowance: the expiry must be between %s and %s, got %s", MinAllowanceExpiry, MaxAllowanceExpiry, expiry)
@@ -319,13 +320,13 @@ type plan struct {
 	lease *lease
 	k     leaseKey
 	local bool  // decided from the lease: cost reserved
-	batch int64 // units drawn with the request (in pending)
+	grant int64 // units drawn with the request (in pending)
 }
 
 // takeAllowance decides reqs, some of whose zones have an allowance (see
 // the top of this file): from leases where they can, in one Redis call for
 // the rest.
-func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
+func (s *Store) takeAllowance(ctx context.Context, next stores.Store, cfgs map[string]allowanceCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
 	a := s.allow.Load()
 	now := time.Now()
 	var pbuf [8]plan
@@ -364,8 +365,8 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			local++
 			out[i] = l.decision(r, now)
 		} else if !a.paused.Load() && a.watch.armed.Load() {
-			p.batch = l.batchSize(MaxBatch(r.Limit, cfg.max), r.Cost, cfg.expiry)
-			l.pending += p.batch
+			p.grant = l.grantSize(MaxGrant(r.Limit, cfg.max), r.Cost, cfg.expiry)
+			l.pending += p.grant
 		}
 		sh.mu.Unlock()
 	}
@@ -381,26 +382,26 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 	}
 
 	// The rest goes to Redis in one call: zones not decided here, each
-	// drawing its batch.
-	var sbuf [8]algorithms.Request
-	var obuf [8]algorithms.Decision
-	sub, subOut := sbuf[:0], obuf[:0]
-	if n := len(reqs) - local; n > len(sbuf) {
+	// drawing its grant.
+	buf := subTakes.Get().(*subTake)
+	defer subTakes.Put(buf)
+	sub, subOut := buf.reqs[:0], buf.out[:0]
+	if n := len(reqs) - local; n > len(buf.reqs) {
 		sub, subOut = make([]algorithms.Request, 0, n), make([]algorithms.Decision, 0, n)
 	}
 	for i := range reqs {
 		if !plans[i].local {
 			r := reqs[i]
-			r.Cost += plans[i].batch
+			r.Cost += plans[i].grant
 			r.FailApart = false // decided whole (no PartialError): the draws are settled for all zones at once
 			sub = append(sub, r)
 			subOut = append(subOut, algorithms.Decision{})
 		}
 	}
 	sent := time.Now()
-	err := s.takeRedis(ctx, sub, subOut)
-	if err == nil && a.batchRefused(plans, sub, subOut) {
-		// A batch did not fit (and nothing was charged): decide the
+	err := next.Take(ctx, sub, subOut)
+	if err == nil && a.grantRefused(plans, sub, subOut) {
+		// A grant did not fit (and nothing was charged): decide the
 		// request alone.
 		j := 0
 		for i := range reqs {
@@ -411,7 +412,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			}
 		}
 		sent = time.Now()
-		err = s.takeRedis(ctx, sub, subOut)
+		err = next.Take(ctx, sub, subOut)
 	}
 	if err != nil {
 		a.paused.Store(true)
@@ -423,7 +424,7 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 			case p.local:
 				a.unreserve(p, reqs[i].Cost)
 			case lostDraw:
-				a.undraw(p, p.batch) // Redis may have charged it
+				a.undraw(p, p.grant) // Redis may have charged it
 			default:
 				a.undraw(p, 0)
 			}
@@ -438,15 +439,25 @@ func (s *Store) takeAllowance(ctx context.Context, cfgs map[string]allowanceCfg,
 	return nil
 }
 
-// batchRefused reports whether a zone that drew a batch refused the request
-// (its batch, not its own cost, may be what did not fit).
-func (a *allowances) batchRefused(plans []plan, sub []algorithms.Request, subOut []algorithms.Decision) bool {
+// subTake is the room of the part of a request that takeAllowance passes
+// on: recycled (subTakes), as it goes through the layers below and would
+// escape to the heap.
+type subTake struct {
+	reqs [8]algorithms.Request
+	out  [8]algorithms.Decision
+}
+
+var subTakes = sync.Pool{New: func() any { return new(subTake) }}
+
+// grantRefused reports whether a zone that drew a grant refused the request
+// (its grant, not its own cost, may be what did not fit).
+func (a *allowances) grantRefused(plans []plan, sub []algorithms.Request, subOut []algorithms.Decision) bool {
 	j := 0
 	for i := range plans {
 		if plans[i].local {
 			continue
 		}
-		if plans[i].batch > 0 && !subOut[j].Allowed && !sub[j].ReportOnly {
+		if plans[i].grant > 0 && !subOut[j].Allowed && !sub[j].ReportOnly {
 			return true
 		}
 		j++
@@ -457,7 +468,7 @@ func (a *allowances) batchRefused(plans []plan, sub []algorithms.Request, subOut
 // commit completes a decided request: Redis's decisions (subOut, for the
 // zones not decided here, decided at sent) and the leases' go into out;
 // when every enforcing zone allowed, reserved units are spent and drawn
-// batches join their leases, else reserved units go back.
+// grants join their leases, else reserved units go back.
 func (a *allowances) commit(reqs []algorithms.Request, plans []plan, out, subOut []algorithms.Decision, sent time.Time) {
 	allowed := true
 	j := 0
@@ -484,11 +495,11 @@ func (a *allowances) commit(reqs []algorithms.Request, plans []plan, out, subOut
 				sh := a.shard(&p.k)
 				sh.mu.Lock()
 				l := p.lease
-				l.pending -= p.batch
-				if allowed && d.Allowed && p.batch > 0 {
-					l.left += p.batch
+				l.pending -= p.grant
+				if allowed && d.Allowed && p.grant > 0 {
+					l.left += p.grant
 					l.expires = sent.Add(a.expiry(r.Zone))
-					drawn += p.batch
+					drawn += p.grant
 				}
 				l.remaining = d.Remaining
 				l.resetAt = sent.Add(d.ResetAfter)
@@ -539,14 +550,14 @@ func (a *allowances) unreserve(p *plan, cost int64) {
 // undraw ends a draw that did not join its lease; unconfirmed of its units
 // are counted so (Redis may have charged them).
 func (a *allowances) undraw(p *plan, unconfirmed int64) {
-	if p.lease == nil || p.batch == 0 {
+	if p.lease == nil || p.grant == 0 {
 		return
 	}
 	sh := a.shard(&p.k)
 	sh.mu.Lock()
-	p.lease.pending -= p.batch
+	p.lease.pending -= p.grant
 	sh.mu.Unlock()
-	p.batch = 0
+	p.grant = 0
 	a.add(unitsUnconfirmed, unconfirmed)
 }
 
@@ -574,16 +585,16 @@ func (l *lease) demand(now time.Time, cost int64, expiry time.Duration) {
 	l.used = now
 }
 
-// batchSize is the units a request of cost c draws for the lease's next
+// grantSize is the units a request of cost c draws for the lease's next
 // requests: the key's demand over the last expiry period (none for a key
-// requested less than twice in it), within maxBatch less what the lease
+// requested less than twice in it), within maxGrant less what the lease
 // holds and is drawing, and within what Redis last said was left.
-func (l *lease) batchSize(maxBatch, c int64, expiry time.Duration) int64 {
+func (l *lease) grantSize(maxGrant, c int64, expiry time.Duration) int64 {
 	est := max(l.prev, l.cur) - c
 	if est < c {
-		return 0 // not hot: no batch for a key requested about once per expiry
+		return 0 // not hot: no grant for a key requested about once per expiry
 	}
-	b := min(est, maxBatch-l.left-l.pending)
+	b := min(est, maxGrant-l.left-l.pending)
 	if l.remaining >= 0 {
 		b = min(b, l.remaining-c)
 	}

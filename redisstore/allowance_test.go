@@ -14,7 +14,7 @@ import (
 )
 
 // allowanceStore is a store with a local allowance on zone (limit l, the
-// default batch cap and the given expiry).
+// default grant cap and the given expiry).
 func allowanceStore(t *testing.T, url, zone string, l algorithms.Limit, expiry time.Duration) *Store {
 	t.Helper()
 	s := newTestStore(t, url, "", testTimeout, 0)
@@ -23,7 +23,7 @@ func allowanceStore(t *testing.T, url, zone string, l algorithms.Limit, expiry t
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
-	// Batches are drawn once the watch has polled Redis successfully.
+	// Grants are drawn once the watch has polled Redis successfully.
 	if _, ok := waitFor(5*time.Second, func() bool { return s.allow.Load().watch.armed.Load() }); !ok {
 		t.Fatal("the watch never polled Redis successfully")
 	}
@@ -92,7 +92,7 @@ func remainingIn(t *testing.T, s *Store, req algorithms.Request) int64 {
 }
 
 // TestLocalAllowanceServesAHotKeyLocally: 300 requests of one hot key, one
-// after another, cost Redis a few calls (batches grow with the demand up
+// after another, cost Redis a few calls (grants grow with the demand up
 // to a tenth of the capacity), every one allowed; once the leases expire,
 // their unspent units are returned and Redis holds exactly the 300 spent.
 func TestLocalAllowanceServesAHotKeyLocally(t *testing.T) {
@@ -113,7 +113,7 @@ func TestLocalAllowanceServesAHotKeyLocally(t *testing.T) {
 	calls := scriptCalls(t, srv) - before
 	t.Logf("300 requests: %d script calls", calls)
 	if calls > 30 {
-		t.Errorf("%d script calls for 300 requests of a hot key: the allowance did not batch", calls)
+		t.Errorf("%d script calls for 300 requests of a hot key: the allowance drew no grant", calls)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for held(s) > 0 && time.Now().Before(deadline) {
@@ -131,7 +131,7 @@ func TestLocalAllowanceServesAHotKeyLocally(t *testing.T) {
 // TestLocalAllowanceFleetExact: 3 stores (3 instances) sharing one Redis,
 // 60 concurrent requests of one key (20 through each) against a limit of
 // 20, 10 rounds with fresh keys: never more than 20 admitted, and at least
-// 20 less what the others may hold unspent (3 instances × a batch of at
+// 20 less what the others may hold unspent (3 instances × a grant of at
 // most 2: 14).
 func TestLocalAllowanceFleetExact(t *testing.T) {
 	srv := redistest.Start(t)
@@ -142,9 +142,9 @@ func TestLocalAllowanceFleetExact(t *testing.T) {
 		allowanceStore(t, srv.URL(), "fleet", l, 100*time.Millisecond),
 	}
 	const rounds, perStore = 10, 20
-	lowest := int64(20 - int64(len(stores))*MaxBatch(l, 0))
+	lowest := int64(20 - int64(len(stores))*MaxGrant(l, 0))
 	for round := range rounds {
-		// Warm the key's demand on every instance first, so batches are
+		// Warm the key's demand on every instance first, so grants are
 		// drawn during the burst: a hot key, not a cold one.
 		req := algorithms.Request{Zone: "fleet", Key: freshKey(t), Limit: l, Cost: 1}
 		var allowed atomic.Int64
@@ -184,12 +184,12 @@ func TestLocalAllowanceFleetExact(t *testing.T) {
 		balanced(t, fmt.Sprintf("store %d", i), s)
 	}
 	if drawn == 0 {
-		t.Errorf("no batch was drawn: the test did not exercise the allowance")
+		t.Errorf("no grant was drawn: the test did not exercise the allowance")
 	}
 }
 
 // TestLocalAllowanceRefusedSettings: only token_bucket and gcra draw
-// batches; a capacity under 10 has no room for one.
+// grants; a capacity under 10 has no room for one.
 func TestLocalAllowanceRefusedSettings(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newTestStore(t, srv.URL(), "", testTimeout, 0)
@@ -212,7 +212,7 @@ func TestLocalAllowanceRefusedSettings(t *testing.T) {
 		release()
 	}
 	if _, err := s.LocalAllowance("z", limit(t, 9, time.Minute, 0), 0, 0); err == nil {
-		t.Error("capacity 9: accepted; a batch would be 0")
+		t.Error("capacity 9: accepted; a grant would be 0")
 	}
 	if _, err := s.LocalAllowance("z", limit(t, 100, time.Minute, 0), 0, time.Millisecond); err == nil {
 		t.Error("expiry 1ms: accepted")
@@ -289,7 +289,7 @@ func TestLocalAllowanceStall(t *testing.T) {
 	balanced(t, "store", s)
 	// Redis charged at least what was admitted: never more admitted than
 	// charged. (And at most that plus what may have been charged without
-	// a reply: the failed requests and their unconfirmed batches, and the
+	// a reply: the failed requests and their unconfirmed grants, and the
 	// units lost.)
 	charged := 200 - remainingIn(t, s, req)
 	extra := int64(allowanceUnits(s, "lost") + allowanceUnits(s, "unconfirmed"))

@@ -16,58 +16,22 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Pipelining: concurrent decisions share round trips.
-//
-// One script call per request and one round trip per call made the Redis
-// path cost Caddy about 60 µs of CPU per request (a write and a read
-// syscall, a pooled connection's bookkeeping, two goroutine wake-ups) and
-// Redis about 31 µs per call, where a pipelined call costs Redis under
-// 12 µs. So the store hands each script call to a small set of pipeline
-// workers: a worker takes the first waiting call and every call queued
-// behind it (up to maxBatch), sends them as one pipeline (one write, one
-// read) and wakes each caller with its own reply. Nothing waits to fill a
-// batch: an idle worker sends a lone call at once, so a quiet server pays
-// no latency, and batches grow by themselves exactly when calls arrive
-// faster than round trips complete.
-//
-// Each call is still one script evaluation, atomic in Redis, with its own
-// reply: batching changes how calls travel, not what they decide, and a
-// failed command (NOSCRIPT, WRONGTYPE …) fails only its own call.
-//
-// Deadlines: a call is queued, then sent (a worker marks it so before it
-// puts the command in a pipeline) or abandoned (its caller marks it so
-// when its deadline passes first); one compare-and-swap decides which, so
-// exactly one side knows whether the command left. A call abandoned unsent
-// decided nothing: its caller returns errNotSent and the zones' fail
-// policy applies. A call sent may have been decided by Redis (a refusal
-// charges nothing, an admission charges), so its caller keeps waiting up
-// to the grace (late_reply_grace) past the deadline, and the reply,
-// allowed or refused, decides: a reply that comes a little late is not
-// turned into an admission by fail open. Past the grace the decision is
-// unknown: the fail policy applies and the store counts it (unknownError,
-// caddy_rate_limit_store_unknown_decisions_total). So no wait exceeds the
-// deadline plus the grace: a worker sends a call still queued (its caller
-// starved of CPU has not yet given up) only before then, and a batch's
-// round trip (exec's context, and through it the connection's read
-// deadline) ends by the latest of its calls' deadlines plus the grace.
-// go-redis's pipeline retries are off, so a dropped connection never
-// sends a batch twice. The caller's context ending (the client gone) ends
-// every wait at once, grace included.
-//
-// A worker waits for its batch's reply before it sends again, so when
-// Redis or this process stalls every call queued behind the batches in
-// flight would reach its deadline unsent. A call still queued halfway to
-// its deadline starts a spare sender (spare): the calls it sends get their
-// replies, and the grace, as late as the batches in flight.
-//
-// Cross-slot Cluster requests (a script per slot, then refunds) also go
-// through the workers, one call at a time.
+// Pipelining: concurrent decisions share round trips. A node's workers
+// each take the first waiting call and every call queued behind it (up to
+// maxPipeline), send them as one pipeline and wake each caller with its own
+// reply; an idle worker sends a lone call at once. A queued call is either
+// sent (marked by the worker) or abandoned (marked by its caller at its
+// deadline): one compare-and-swap decides, so exactly one side knows
+// whether the command left. A sent call's caller waits up to the grace for
+// its reply; past it the decision is unknown (unknownError). A call still
+// queued halfway to its deadline starts a spare sender (spare). How and
+// why: docs/redis.md, "The pipeline workers".
 
 const (
-	// maxBatch bounds one pipeline (the write buffer and Redis's reply
+	// maxPipeline bounds one pipeline (the write buffer and Redis's reply
 	// buffer grow with it; beyond a few dozen calls the round trip is no
 	// longer the cost).
-	maxBatch = 64
+	maxPipeline = 64
 	// defaultWorkers is the number of pipelines in flight per store (the
 	// store option pipelines). Measured (BenchmarkTakeModes, go test -bench
 	// TakeModes ./redisstore/, and make bench): see docs/performance.md.
@@ -194,7 +158,7 @@ func (c *call) keyStrings() []string {
 	return ks
 }
 
-// key0 returns c's first key (its slot is every key's), without copying it.
+// key0 returns c's first key (its hash slot is every key's), without copying it.
 func (c *call) key0() string {
 	switch k := c.argv[argvHead].(type) {
 	case string:
@@ -210,7 +174,7 @@ func (c *call) args() []any { return c.argv[argvHead+c.nkeys:] }
 
 // rawCmd returns the command that sends c's argv and copies the reply into
 // c.reply: the call's own, when it still covers argv (a standalone or
-// Sentinel store; a Cluster client may remember a command's slot, so there
+// Sentinel store; a Cluster client may remember a command's hash slot, so there
 // every send gets a new command).
 func (c *call) rawCmd(reuse bool) *redis.RawWriteToCmd {
 	c.reply.b = c.reply.b[:0]
@@ -393,12 +357,11 @@ func (b *batcher) do(c *call) (owned bool, err error) {
 
 // spare sends, once, the calls queued behind workers that are all in a
 // round trip: a worker waits for its whole batch's reply before it sends
-// again, so when Redis or this process stalls (measured on two busy cores:
-// round trips of 50-100ms), every call queued behind the stalled batches
-// would otherwise reach its deadline unsent and fail open, though Redis
-// answers them as late as the batches in flight, within the grace. At
-// most as many spares as workers run at once; a spare's pipeline takes a
-// free pipeline connection or spills to the main pool.
+// again, so when Redis or this process stalls, every call queued behind
+// the stalled batches would otherwise reach its deadline unsent and fail
+// open, though Redis answers them as late as the batches in flight, within
+// the grace. At most as many spares as workers run at once; a spare's
+// pipeline takes a free pipeline connection or spills to the main pool.
 func (b *batcher) spare() {
 	if b.spares.Add(1) > int32(b.workers) {
 		b.spares.Add(-1)
@@ -406,8 +369,8 @@ func (b *batcher) spare() {
 	}
 	go func() {
 		defer b.spares.Add(-1)
-		batch := make([]*call, 0, maxBatch)
-		for len(batch) < maxBatch {
+		batch := make([]*call, 0, maxPipeline)
+		for len(batch) < maxPipeline {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)
@@ -422,7 +385,7 @@ func (b *batcher) spare() {
 
 func (b *batcher) work() {
 	defer b.wg.Done()
-	batch := make([]*call, 0, maxBatch)
+	batch := make([]*call, 0, maxPipeline)
 	snd := b.newSender()
 	for {
 		select {
@@ -432,7 +395,7 @@ func (b *batcher) work() {
 			batch = append(batch[:0], c)
 		}
 	drain:
-		for len(batch) < maxBatch {
+		for len(batch) < maxPipeline {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)
@@ -490,7 +453,7 @@ func (b *batcher) exec(batch []*call, snd *sender) {
 	_, _ = pipe.Exec(ctx) // each call's error is on its own command
 	// A Redis that lost the code (restart, FUNCTION or SCRIPT FLUSH,
 	// failover to a node without it) answers so: load it, send those
-	// calls again; as does a Cluster node that no longer owns the slot
+	// calls again; as does a Cluster node that no longer owns the hash slot
 	// (MOVED, ASK: go-redis follows the redirect of the typed command
 	// sent again).
 	var again redis.Pipeliner

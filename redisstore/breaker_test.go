@@ -269,13 +269,7 @@ func TestBreakerWhatCounts(t *testing.T) {
 // back, decisions resume within the cool-down plus a probe.
 func TestBreakerRedisKilledAndRestarted(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg := connConfig{URL: srv.URL(), Timeout: DefaultTimeout, Prefix: DefaultKeyPrefix}
-	c, _, err := cfg.newClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStoreWith(c, false, DefaultKeyPrefix, DefaultTimeout, breakerOpts(5, 200*time.Millisecond, time.Second))
-	t.Cleanup(func() { _ = s.Destruct() })
+	s := storeAt(t, srv.URL(), DefaultTimeout, breakerOpts(5, 200*time.Millisecond, time.Second))
 	req := algorithms.Request{Zone: "kill", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}
 	if _, err := oneTake(s, req); err != nil {
 		t.Fatal(err)
@@ -322,7 +316,7 @@ func TestBreakerOneNodeStandalone(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Cleanup() })
-	s := r.Store()
+	s := r.Store
 	req := algorithms.Request{Zone: "one", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}
 	if _, err := oneTake(s, req); err != nil {
 		t.Fatalf("healthy: %v", err)

@@ -28,7 +28,7 @@ func keyOnNode(t *testing.T, s *Store, c *redistest.Cluster, i int) algorithms.K
 	t.Helper()
 	for range 1000 {
 		k := freshKey(t)
-		if nodeOf(c, slot(hashTag(s.Key("z", k)))) == i {
+		if nodeOf(c, hashSlot(hashTag(s.Key("z", k)))) == i {
 			return k
 		}
 	}
@@ -50,8 +50,8 @@ func TestCluster(t *testing.T) {
 	t.Run("keyslot", func(t *testing.T) {
 		n := c.Nodes[0]
 		for tag, want := range map[string]int64{"123456789": 12739, "foo": 12182, "bar": 5061, "": 0} {
-			if got := slot([]byte(tag)); int64(got) != want {
-				t.Errorf("slot(%q) = %d, want %d", tag, got, want)
+			if got := hashSlot([]byte(tag)); int64(got) != want {
+				t.Errorf("hashSlot(%q) = %d, want %d", tag, got, want)
 			}
 		}
 		rng := rand.New(rand.NewPCG(7, 11))
@@ -66,12 +66,12 @@ func TestCluster(t *testing.T) {
 				}
 			}
 			want := n.Do(t, "CLUSTER", "KEYSLOT", string(b)).(int64)
-			if got := slot(b); int64(got) != want {
-				t.Fatalf("tag %d %q: slot() = %d, CLUSTER KEYSLOT = %d", i, b, got, want)
+			if got := hashSlot(b); int64(got) != want {
+				t.Fatalf("tag %d %q: hashSlot() = %d, CLUSTER KEYSLOT = %d", i, b, got, want)
 			}
 		}
 		// Our keys: the slot Redis computes from the whole key is the slot
-		// of the hash tag, and keySlot's, whatever the zone's name.
+		// of the hash tag, and hashSlotOf's, whatever the zone's name.
 		for i := range 50 {
 			id := freshKey(t)
 			if i%5 == 0 {
@@ -79,11 +79,11 @@ func TestCluster(t *testing.T) {
 			}
 			k := s.Key([]string{"zone.x", "a{b}c", "api/v1", "z"}[i%4], id)
 			want := n.Do(t, "CLUSTER", "KEYSLOT", k).(int64)
-			if got := slot(hashTag(k)); int64(got) != want {
-				t.Fatalf("key %q: slot(hashTag) = %d, CLUSTER KEYSLOT = %d", k, got, want)
+			if got := hashSlot(hashTag(k)); int64(got) != want {
+				t.Fatalf("key %q: hashSlot(hashTag) = %d, CLUSTER KEYSLOT = %d", k, got, want)
 			}
-			if got := keySlot(id); int64(got) != want {
-				t.Fatalf("key %q: keySlot = %d, CLUSTER KEYSLOT = %d", k, got, want)
+			if got := hashSlotOf(id); int64(got) != want {
+				t.Fatalf("key %q: hashSlotOf = %d, CLUSTER KEYSLOT = %d", k, got, want)
 			}
 		}
 	})
@@ -93,7 +93,7 @@ func TestCluster(t *testing.T) {
 		nodes := map[int]bool{}
 		for round := range 20 {
 			key := keyOnNode(t, s, c, round%len(c.Nodes))
-			nodes[nodeOf(c, slot(hashTag(s.Key("exact", key))))] = true
+			nodes[nodeOf(c, hashSlot(hashTag(s.Key("exact", key))))] = true
 			allowed, refused, errs := concurrentRound(s, l, key, 50)
 			if errs != 0 || allowed != 20 || refused != 30 {
 				t.Fatalf("round %d: %d allowed, %d refused, %d errors; want exactly 20, 30, 0", round, allowed, refused, errs)
@@ -144,7 +144,7 @@ func TestCluster(t *testing.T) {
 		a := algorithms.Request{Zone: "a", Key: x, Limit: limit(t, 10, time.Hour, 0), Cost: 1}
 		b := algorithms.Request{Zone: "b", Key: y, Limit: limit(t, 1, time.Hour, 0), Cost: 1}
 		keyA, keyB := s.Key("a", x), s.Key("b", y)
-		if slot(hashTag(keyA)) == slot(hashTag(keyB)) {
+		if hashSlot(hashTag(keyA)) == hashSlot(hashTag(keyB)) {
 			t.Fatal("identities in one slot")
 		}
 		tA := time.Now() // before every charge below: bounds the refill Redis's clock saw

@@ -12,34 +12,15 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Concurrency zones in Redis (lua/concurrency.lua): a slot is a lease in
-// the key's sorted set, taken by Take in the same script call as the
-// request's rate zones (all-or-nothing), and ending at the lease's expiry
-// unless renewed. This file keeps the leases of this instance's running
-// requests:
-//
-//   - Take registers each lease it admitted; while the request runs, a
-//     ticker renews every lease that has lived half its length (mode 5 of
-//     the script: ZADD XX, so a renewal never takes back a released slot).
-//   - Release (the handler, once the request has ended, on every exit
-//     path) forgets the lease and queues its release: a ZREM of the lease
-//     (what the script's refund mode does; a plain command costs Redis a
-//     fraction of a script call). It never blocks: one worker sends the
-//     queued releases and renewals as pipelines, on its own deadline
-//     (timeout plus the late-reply grace).
-//   - A release that fails (Redis down, stalled, failing over) is sent
-//     again, backing off from 250ms to 5s, until its lease would have
-//     expired anyway; then it is given up (counted). A release that cannot
-//     be queued (the queue full) is given up at once. Either way the slot
-//     comes back by itself when the lease expires: at most `lease` after
-//     the last renewal. During the circuit breaker's cool-down nothing is
-//     sent.
-//   - A decision whose reply never came (an unknown decision) or that its
-//     caller abandoned may have taken leases: Take queues their release at
-//     once (removing a lease that was never added does nothing).
-//
-// A crashed instance renews nothing: its leases expire after at most
-// `lease`, and the other instances count them until then.
+// Concurrency zones in Redis (lua/concurrency.lua): a slot is a member of
+// the key's sorted set, its holder id, scored by the instant its lease
+// expires; Take adds it in the request's one script call. The slot keeper
+// (slotKeeper) keeps this instance's held slots: it renews each one that
+// has lived half its lease, and sends the releases Release queues (a ZREM),
+// retrying a failed one until the slot would have expired anyway. A
+// decision whose reply never came, or that its caller abandoned, may have
+// taken slots: Take queues their release at once. docs/redis.md,
+// "Concurrency zones: leases" and "The slot keeper".
 
 // SlotsKey returns the Redis key of one concurrency zone's slots for one
 // identity: its sorted set of leases, <prefix><zone>:{<token>}:slots. The
@@ -77,15 +58,15 @@ func (s *Store) appendZoneKey(b []byte, zone string, key algorithms.Key, alg alg
 
 // Lease upkeep timing.
 const (
-	leaseTick       = 250 * time.Millisecond // renewal scan and retry pace
-	leaseQueue      = 4096                   // queued releases and renewals
-	leaseBatch      = 64                     // per pipeline
-	releaseBackoff0 = 250 * time.Millisecond
-	releaseBackoffN = 5 * time.Second
+	keeperTick        = 250 * time.Millisecond // renewal scan and retry pace
+	keeperQueue       = 4096                   // queued releases and renewals
+	keeperMaxPipeline = 64                     // per pipeline
+	releaseBackoff0   = 250 * time.Millisecond
+	releaseBackoffN   = 5 * time.Second
 )
 
-// leaseOp is a release or a renewal on its way to Redis.
-type leaseOp struct {
+// slotOp is a release or a renewal on its way to Redis.
+type slotOp struct {
 	req   algorithms.Request
 	key   string // the slots key (SlotsKey), "" until known
 	renew bool
@@ -95,27 +76,27 @@ type leaseOp struct {
 	backoff     time.Duration
 }
 
-// liveLease is a lease held by a running request of this instance.
-type liveLease struct {
+// heldSlot is a lease held by a running request of this instance.
+type heldSlot struct {
 	req     algorithms.Request
 	key     string // its slots key
 	renewed int64  // monoNow() of the admission or the last renewal sent
 }
 
-const leaseShards = 16
+const keeperShards = 16
 
-type leaseShard struct {
+type keeperShard struct {
 	mu   sync.Mutex
-	live map[uint64]liveLease
+	live map[uint64]heldSlot
 	_    [48]byte
 }
 
-// leaseKeeper holds a store's leases (see above). Its worker starts with
+// slotKeeper holds a store's leases (see above). Its worker starts with
 // the first lease.
-type leaseKeeper struct {
+type slotKeeper struct {
 	s      *Store
-	shards [leaseShards]leaseShard
-	ops    chan leaseOp
+	shards [keeperShards]keeperShard
+	ops    chan slotOp
 	stop   chan struct{}
 	done   chan struct{}
 	start  sync.Once
@@ -129,26 +110,26 @@ type leaseKeeper struct {
 	cmds  []redis.Cmder
 }
 
-func newLeaseKeeper(s *Store, target string) *leaseKeeper {
-	k := &leaseKeeper{s: s, ops: make(chan leaseOp, leaseQueue), stop: make(chan struct{}), done: make(chan struct{})}
+func newSlotKeeper(s *Store, target string) *slotKeeper {
+	k := &slotKeeper{s: s, ops: make(chan slotOp, keeperQueue), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range k.shards {
-		k.shards[i].live = map[uint64]liveLease{}
+		k.shards[i].live = map[uint64]heldSlot{}
 	}
 	k.givenUp[0] = storeMetrics.leaseFailures.WithLabelValues("redis", target, "release")
 	k.givenUp[1] = storeMetrics.leaseFailures.WithLabelValues("redis", target, "renew")
 	return k
 }
 
-func (k *leaseKeeper) shard(id uint64) *leaseShard { return &k.shards[id%leaseShards] }
+func (k *slotKeeper) shard(id uint64) *keeperShard { return &k.shards[id%keeperShards] }
 
 // run starts the worker once.
-func (k *leaseKeeper) run() {
+func (k *slotKeeper) run() {
 	k.start.Do(func() { go k.work() })
 }
 
 // close stops the worker, once it has sent up to a batch of the releases
 // queued (the others, and failed ones, are left to their leases' expiry).
-func (k *leaseKeeper) close() {
+func (k *slotKeeper) close() {
 	k.closed.Do(func() {
 		close(k.stop)
 		started := true
@@ -159,8 +140,8 @@ func (k *leaseKeeper) close() {
 	})
 }
 
-// hasLease reports whether reqs hold a concurrency zone.
-func hasLease(reqs []algorithms.Request) bool {
+// holdsSlot reports whether reqs hold a concurrency zone.
+func holdsSlot(reqs []algorithms.Request) bool {
 	for i := range reqs {
 		if reqs[i].Limit.Algorithm == algorithms.Concurrency {
 			return true
@@ -171,8 +152,8 @@ func hasLease(reqs []algorithms.Request) bool {
 
 // admitted registers the leases Take just granted (reqs decided as out):
 // the concurrency zones that allowed, when every enforcing zone did.
-func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decision) {
-	if !hasLease(reqs) {
+func (k *slotKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decision) {
+	if !holdsSlot(reqs) {
 		return
 	}
 	for i := range reqs {
@@ -186,10 +167,10 @@ func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decis
 		if r.Limit.Algorithm != algorithms.Concurrency || !out[i].Allowed {
 			continue
 		}
-		l := liveLease{req: *r, key: k.s.SlotsKey(r.Zone, r.Key), renewed: now}
-		sh := k.shard(r.Lease)
+		l := heldSlot{req: *r, key: k.s.SlotsKey(r.Zone, r.Key), renewed: now}
+		sh := k.shard(r.Holder)
 		sh.mu.Lock()
-		sh.live[r.Lease] = l
+		sh.live[r.Holder] = l
 		sh.mu.Unlock()
 	}
 	k.run()
@@ -197,40 +178,40 @@ func (k *leaseKeeper) admitted(reqs []algorithms.Request, out []algorithms.Decis
 
 // undecided queues the release of reqs' leases after a Take that failed in
 // a way that may have taken them (Redis may have run the script).
-func (k *leaseKeeper) undecided(reqs []algorithms.Request, err error, abandoned bool) {
-	if !hasLease(reqs) || !abandoned && !errors.As(err, new(*unknownError)) {
+func (k *slotKeeper) undecided(reqs []algorithms.Request, err error, abandoned bool) {
+	if !holdsSlot(reqs) || !abandoned && !errors.As(err, new(*unknownError)) {
 		return
 	}
 	now := monoNow()
 	for i := range reqs {
 		if r := &reqs[i]; r.Limit.Algorithm == algorithms.Concurrency {
-			k.queue(leaseOp{req: *r, until: now + r.Limit.Window*int64(time.Millisecond)})
+			k.queue(slotOp{req: *r, until: now + r.Limit.Window*int64(time.Millisecond)})
 		}
 	}
 }
 
 // Release gives back the slots Take granted to the concurrency zones of
-// reqs (their Lease): it stops renewing them and queues their release,
+// reqs (their Holder): it stops renewing them and queues their release,
 // without waiting for Redis (see above). Requests of other zones are
 // ignored. It never fails; a release that cannot reach Redis leaves the
 // slot to its lease's expiry.
 func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
-	k := s.leases
+	k := s.slots
 	now := monoNow()
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Limit.Algorithm != algorithms.Concurrency || r.Lease == 0 {
+		if r.Limit.Algorithm != algorithms.Concurrency || r.Holder == 0 {
 			continue
 		}
 		renewed, key := now, ""
-		sh := k.shard(r.Lease)
+		sh := k.shard(r.Holder)
 		sh.mu.Lock()
-		if l, ok := sh.live[r.Lease]; ok {
+		if l, ok := sh.live[r.Holder]; ok {
 			renewed, key = l.renewed, l.key
-			delete(sh.live, r.Lease)
+			delete(sh.live, r.Holder)
 		}
 		sh.mu.Unlock()
-		k.queue(leaseOp{req: *r, key: key, until: renewed + r.Limit.Window*int64(time.Millisecond)})
+		k.queue(slotOp{req: *r, key: key, until: renewed + r.Limit.Window*int64(time.Millisecond)})
 	}
 	return nil
 }
@@ -238,22 +219,22 @@ func (s *Store) Release(_ context.Context, reqs []algorithms.Request) error {
 // Release implements the concurrency side of the store contract (see
 // Store.Release).
 func (r *Redis) Release(ctx context.Context, reqs []algorithms.Request) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return errors.New("store redis: not provisioned")
 	}
-	return r.store.Release(ctx, reqs)
+	return r.Store.Release(ctx, reqs)
 }
 
 // inUse reports whether requests still hold slots of s or use it
 // otherwise (Hold, refunds not yet sent).
-func (s *Store) inUse() bool { return s.holds.Load() > 0 || s.Leases() > 0 }
+func (s *Store) inUse() bool { return s.holds.Load() > 0 || s.HeldSlots() > 0 }
 
-// Leases returns the leases this instance's running requests hold (for
+// HeldSlots returns the concurrency slots this instance's running requests hold (for
 // tests).
-func (s *Store) Leases() int {
+func (s *Store) HeldSlots() int {
 	n := 0
-	for i := range s.leases.shards {
-		sh := &s.leases.shards[i]
+	for i := range s.slots.shards {
+		sh := &s.slots.shards[i]
 		sh.mu.Lock()
 		n += len(sh.live)
 		sh.mu.Unlock()
@@ -262,7 +243,7 @@ func (s *Store) Leases() int {
 }
 
 // queue hands op to the worker without blocking: a full queue gives it up.
-func (k *leaseKeeper) queue(op leaseOp) {
+func (k *slotKeeper) queue(op slotOp) {
 	k.run()
 	select {
 	case k.ops <- op:
@@ -271,7 +252,7 @@ func (k *leaseKeeper) queue(op leaseOp) {
 	}
 }
 
-func (k *leaseKeeper) giveUp(op *leaseOp) {
+func (k *slotKeeper) giveUp(op *slotOp) {
 	if op.renew {
 		k.givenUp[1].Inc()
 	} else {
@@ -281,18 +262,18 @@ func (k *leaseKeeper) giveUp(op *leaseOp) {
 
 // work sends the queued operations, renews the leases due every tick, and
 // sends failed releases again when their backoff is over.
-func (k *leaseKeeper) work() {
+func (k *slotKeeper) work() {
 	defer close(k.done)
-	tick := time.NewTicker(leaseTick)
+	tick := time.NewTicker(keeperTick)
 	defer tick.Stop()
-	var batch, retry []leaseOp
+	var batch, retry []slotOp
 	for {
 		batch = batch[:0]
 		select {
 		case <-k.stop:
 			// The releases queued until now are sent (a store closes once
 			// its requests have released their slots: Store.Destruct).
-			for len(batch) < leaseBatch && len(k.ops) > 0 {
+			for len(batch) < keeperMaxPipeline && len(k.ops) > 0 {
 				if op := <-k.ops; !op.renew {
 					batch = append(batch, op)
 				}
@@ -304,7 +285,7 @@ func (k *leaseKeeper) work() {
 		case op := <-k.ops:
 			batch = append(batch, op)
 		drain:
-			for len(batch) < leaseBatch {
+			for len(batch) < keeperMaxPipeline {
 				select {
 				case op := <-k.ops:
 					batch = append(batch, op)
@@ -330,7 +311,7 @@ func (k *leaseKeeper) work() {
 			retry = kept
 		}
 		for len(batch) > 0 {
-			n := min(len(batch), leaseBatch)
+			n := min(len(batch), keeperMaxPipeline)
 			retry = k.send(batch[:n], retry)
 			batch = batch[n:]
 		}
@@ -339,7 +320,7 @@ func (k *leaseKeeper) work() {
 
 // due appends a renewal of every live lease that has lived half its length
 // since its admission or last renewal.
-func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
+func (k *slotKeeper) due(batch []slotOp, now int64) []slotOp {
 	for i := range k.shards {
 		sh := &k.shards[i]
 		sh.mu.Lock()
@@ -347,7 +328,7 @@ func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
 			if now-l.renewed >= l.req.Limit.Window*int64(time.Millisecond)/2 {
 				l.renewed = now
 				sh.live[id] = l
-				batch = append(batch, leaseOp{req: l.req, key: l.key, renew: true})
+				batch = append(batch, slotOp{req: l.req, key: l.key, renew: true})
 			}
 		}
 		sh.mu.Unlock()
@@ -360,7 +341,7 @@ func (k *leaseKeeper) due(batch []leaseOp, now int64) []leaseOp {
 // plain ZREM of the lease (what the script's refund mode does, at a
 // fraction of a script call's cost in Redis and here); a renewal runs the
 // script (renew mode), which reads Redis's clock.
-func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
+func (k *slotKeeper) send(ops []slotOp, retry []slotOp) []slotOp {
 	s := k.s
 	if b := s.breaker; b != nil && b.state.Load() != circuitClosed && monoNow() < b.until.Load() {
 		// Redis is known down: do not wait on it during the cool-down.
@@ -391,7 +372,7 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 			op.key = s.SlotsKey(op.req.Zone, op.req.Key)
 		}
 		if !op.renew {
-			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Lease)
+			cmds[i] = pipe.ZRem(ctx, op.key, op.req.Holder)
 			continue
 		}
 		// The script's arguments of one concurrency zone in renew mode
@@ -429,7 +410,7 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 			_, _ = again.Exec(ctx)
 		}
 	}
-	var bad []leaseOp
+	var bad []slotOp
 	for i := range cmds {
 		if cmds[i].Err() != nil || ops[i].renew && calls[i].replyErr() != nil {
 			bad = append(bad, ops[i])
@@ -441,7 +422,7 @@ func (k *leaseKeeper) send(ops []leaseOp, retry []leaseOp) []leaseOp {
 // failed schedules the failed releases of ops again (until their lease has
 // expired by itself) and gives up the renewals (the next tick renews a
 // lease still held).
-func (k *leaseKeeper) failed(ops []leaseOp, retry []leaseOp, now int64) []leaseOp {
+func (k *slotKeeper) failed(ops []slotOp, retry []slotOp, now int64) []slotOp {
 	for _, op := range ops {
 		if op.renew {
 			k.giveUp(&op)
@@ -458,9 +439,9 @@ func (k *leaseKeeper) failed(ops []leaseOp, retry []leaseOp, now int64) []leaseO
 	return retry
 }
 
-// peekLeases is peekOn for a concurrency zone: each key's leases that have
+// peekSlots is peekOn for a concurrency zone: each key's leases that have
 // not expired at Redis's time are its slots in use (found: at least one).
-func peekLeases(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+func peekSlots(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
 	sets := make([]*redis.ZSliceCmd, len(names))

@@ -35,12 +35,12 @@ func concLimit(t testing.TB, n int64, lease time.Duration) algorithms.Limit {
 }
 
 func concReq(zone string, key algorithms.Key, l algorithms.Limit) algorithms.Request {
-	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Lease: nextLease()}
+	return algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1, Holder: nextLease()}
 }
 
 // members returns the leases of a slots key whose expiry is after now
 // (Redis's clock): member → score.
-func liveLeases(t testing.TB, c redis.Cmdable, key string) map[string]float64 {
+func heldIn(t testing.TB, c redis.Cmdable, key string) map[string]float64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -67,7 +67,7 @@ func waitLeases(t testing.TB, c redis.Cmdable, key string, want int, within time
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		got := len(liveLeases(t, c, key))
+		got := len(heldIn(t, c, key))
 		if got == want {
 			return
 		}
@@ -119,7 +119,7 @@ func TestConcurrencyTwin(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 5: // take, with the rate zone on even steps
 			id := nextLease()
-			r := algorithms.Request{Limit: cl, Cost: 1, Lease: id}
+			r := algorithms.Request{Limit: cl, Cost: 1, Holder: id}
 			keys = []string{key}
 			reqs := []algorithms.Request{r}
 			withRate := step%2 == 0
@@ -166,7 +166,7 @@ func TestConcurrencyTwin(t *testing.T) {
 				id = ids[rng.IntN(len(ids))]
 			}
 			keys = []string{key}
-			args = luaArgs(args, true, algorithms.Request{Limit: cl, Cost: 1, Lease: id})
+			args = luaArgs(args, true, algorithms.Request{Limit: cl, Cost: 1, Holder: id})
 			if _, err := runTwin(ctx, c, keys, args...); err != nil {
 				t.Fatalf("step %d (release): %v", step, err)
 			}
@@ -183,7 +183,7 @@ func TestConcurrencyTwin(t *testing.T) {
 			slices.Sort(ids)
 			id := ids[rng.IntN(len(ids))]
 			keys = []string{key}
-			args = testArgs.appendRenewal(args, &algorithms.Request{Limit: cl, Cost: 1, Lease: id})
+			args = testArgs.appendRenewal(args, &algorithms.Request{Limit: cl, Cost: 1, Holder: id})
 			if _, err := runTwin(ctx, c, keys, args...); err != nil {
 				t.Fatalf("step %d (renew): %v", step, err)
 			}
@@ -272,7 +272,7 @@ func TestConcurrencyRedisExact(t *testing.T) {
 		}
 		waitLeases(t, s.Client(), s.SlotsKey("conc", key), 0, 5*time.Second)
 	}
-	if n := s.Leases(); n != 0 {
+	if n := s.HeldSlots(); n != 0 {
 		t.Fatalf("%d leases still registered for renewal", n)
 	}
 }
@@ -317,7 +317,7 @@ func TestConcurrencyRedisAllOrNothing(t *testing.T) {
 	if d[0].Allowed || !d[1].Allowed || d[1].Remaining != 1 {
 		t.Fatalf("fifth: %+v; want refused by the rate zone, the concurrency zone uncharged (1 free)", d)
 	}
-	if n := len(liveLeases(t, s.Client(), slots)); n != 1 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 1 {
 		t.Fatalf("%d slots in use, want 1 (the fourth's): the rate refusal took one", n)
 	}
 	_ = s.Release(context.Background(), last)
@@ -339,14 +339,14 @@ func TestConcurrencyRedisLeaseRenewalAndExpiry(t *testing.T) {
 	if d := take(t, s, r); !d[0].Allowed {
 		t.Fatal("refused")
 	}
-	first := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Lease, 10)]
+	first := heldIn(t, s.Client(), slots)[strconv.FormatUint(r.Holder, 10)]
 	// Three lease lengths: renewed all along, so never free.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if d := take(t, s, concReq("lease", key, l)); d[0].Allowed {
 			t.Fatal("a second request got the slot of a running request (its lease was not renewed)")
 		}
 	}
-	if got := liveLeases(t, s.Client(), slots)[strconv.FormatUint(r.Lease, 10)]; got < first+2000 {
+	if got := heldIn(t, s.Client(), slots)[strconv.FormatUint(r.Holder, 10)]; got < first+2000 {
 		t.Fatalf("lease expiry %v, first %v: not renewed", got, first)
 	}
 	_ = s.Release(context.Background(), []algorithms.Request{r})
@@ -471,7 +471,7 @@ func TestConcurrencyClusterCrossSlotRefund(t *testing.T) {
 	var a, b algorithms.Key
 	for {
 		a, b = freshKey(t), freshKey(t)
-		if keySlot(a) != keySlot(b) {
+		if hashSlotOf(a) != hashSlotOf(b) {
 			break
 		}
 	}
@@ -484,10 +484,10 @@ func TestConcurrencyClusterCrossSlotRefund(t *testing.T) {
 		t.Fatalf("cross-slot: %+v; want the concurrency zone uncharged (5 free), the rate zone refusing", d)
 	}
 	slots := s.SlotsKey("xs_conc", a)
-	if n := len(liveLeases(t, s.Client(), slots)); n != 0 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 0 {
 		t.Fatalf("%d leases after a cross-slot veto, want 0 (refunded)", n)
 	}
-	if n := s.Leases(); n != 0 {
+	if n := s.HeldSlots(); n != 0 {
 		t.Fatalf("%d leases registered after a refusal", n)
 	}
 }
@@ -522,7 +522,7 @@ func BenchmarkTakeConcurrency(b *testing.B) {
 				ctx := context.Background()
 				for pb.Next() {
 					if withConc {
-						reqs[1].Lease = nextLease()
+						reqs[1].Holder = nextLease()
 					}
 					if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
 						failed.Add(1)
@@ -549,7 +549,7 @@ func TestSlotsKey(t *testing.T) {
 		if got != want {
 			t.Errorf("SlotsKey(%q) = %q, want %q", zone, got, want)
 		}
-		if slot(hashTag(got)) != keySlot(k) {
+		if hashSlot(hashTag(got)) != hashSlotOf(k) {
 			t.Errorf("SlotsKey(%q) = %q is not in the identity's slot", zone, got)
 		}
 	}

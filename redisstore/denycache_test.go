@@ -14,15 +14,9 @@ import (
 // first poll of Redis done: see watch.go).
 func denyStore(t testing.TB, srv *redistest.Server, size int) *Store {
 	t.Helper()
-	cfg := connConfig{URL: srv.URL(), Timeout: testTimeout, Prefix: DefaultKeyPrefix}
-	c, _, err := cfg.newClient()
-	if err != nil {
-		t.Fatal(err)
-	}
 	o := defaultOptions()
 	o.DenySize, o.Target = size, "test "+t.Name()
-	s := newStoreWith(c, false, DefaultKeyPrefix, testTimeout, o)
-	t.Cleanup(func() { _ = s.Destruct() })
+	s := storeAt(t, srv.URL(), testTimeout, o)
 	waitArmed(t, s)
 	return s
 }

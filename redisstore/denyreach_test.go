@@ -114,7 +114,7 @@ func TestDenyCacheCluster(t *testing.T) {
 		return s
 	}
 	a, b := store(), store()
-	ctl := nodeOf(c, slot([]byte("sluice")))
+	ctl := nodeOf(c, hashSlot([]byte("sluice")))
 	node := (ctl + 1) % len(c.Nodes)
 	calls := func() int64 {
 		var n int64
@@ -161,8 +161,8 @@ func TestDenyCacheCluster(t *testing.T) {
 		// time (slot by slot, with refunds), never the cache.
 		x := algorithms.Request{Zone: "z", Key: keyOnNode(t, a, c, node), Limit: limit(t, 1, time.Hour, 0), Cost: 1}
 		y := algorithms.Request{Zone: "y", Key: keyOnNode(t, a, c, ctl), Limit: limit(t, 100, time.Hour, 0), Cost: 1}
-		if tokensInOneSlot([]algorithms.Request{x, y}) || !tokensInOneSlot([]algorithms.Request{x, x}) {
-			t.Fatal("tokensInOneSlot is wrong")
+		if inOneHashSlot([]algorithms.Request{x, y}) || !inOneHashSlot([]algorithms.Request{x, x}) {
+			t.Fatal("inOneHashSlot is wrong")
 		}
 		cached(t, a, x) // x alone: cached
 		for i := range 5 {

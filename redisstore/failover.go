@@ -29,8 +29,7 @@ import (
 // or answers ROLE master, the connections to the old master are retired and
 // a dial to it (go-redis dials the address the sentinels give) waits, within
 // the decision's deadline, for the promotion and then connects to the new
-// master instead. A failover that aborts before the promotion lets the old
-// master be dialled again.
+// master instead (an aborted failover lets the old master be dialled again).
 type promotionGuard struct {
 	opt     *redis.FailoverOptions
 	timeout time.Duration

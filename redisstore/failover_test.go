@@ -176,7 +176,7 @@ func TestSentinelLeaderDiscoveredLoss(t *testing.T) {
 
 func manualFailoverLoss(t *testing.T, ss *redistest.SentinelSet, sentinel string) {
 	m := sentinelStore(t, ss, sentinel)
-	load := startLossLoad(t, m.Store(), nil)
+	load := startLossLoad(t, m.Store, nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the failover")
 
 	oldMaster := ss.Master
@@ -206,7 +206,7 @@ func manualFailoverLoss(t *testing.T, ss *redistest.SentinelSet, sentinel string
 func TestSentinelKillLaggingLoss(t *testing.T) {
 	ss := redistest.StartSentinel(t)
 	m := sentinelStore(t, ss, ss.SentinelAddr)
-	load := startLossLoad(t, m.Store(), nil)
+	load := startLossLoad(t, m.Store, nil)
 	load.decidedSince(t, [lossKeys]int64{}, 20, 10*time.Second, "before the lag")
 
 	oldMaster, replica := ss.Master, ss.Replica

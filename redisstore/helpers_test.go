@@ -260,3 +260,17 @@ func hashTag(k string) []byte {
 	end := strings.IndexByte(k[open+1:], '}')
 	return []byte(k[open+1 : open+1+end])
 }
+
+// storeAt is a store of url's standalone server with options o, closed by
+// t's cleanup.
+func storeAt(t testing.TB, url string, timeout time.Duration, o storeOptions) *Store {
+	t.Helper()
+	cfg := connConfig{URL: url, Timeout: timeout, Prefix: DefaultKeyPrefix}
+	c, _, err := cfg.newClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStoreWith(c, false, DefaultKeyPrefix, timeout, o)
+	t.Cleanup(func() { _ = s.Destruct() })
+	return s
+}

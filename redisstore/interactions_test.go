@@ -33,7 +33,7 @@ func TestCountAndConcurrencyInRedis(t *testing.T) {
 	if !d[0].Allowed || !d[1].Allowed || d[0].At == 0 || d[0].Remaining != 4 || d[1].Remaining != 0 {
 		t.Fatalf("first: %+v; want both allowed, the charge's instant, 4 left and no slot", d)
 	}
-	if n := len(liveLeases(t, s.Client(), slots)); n != 1 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 1 {
 		t.Fatalf("%d leases after the first, want 1", n)
 	}
 	// A second request while the first runs: refused by the slots, the
@@ -49,7 +49,7 @@ func TestCountAndConcurrencyInRedis(t *testing.T) {
 		t.Fatalf("renewal: %v %v", err, c.replyErr())
 	}
 	putCall(c)
-	if n := len(liveLeases(t, s.Client(), slots)); n != 1 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 1 {
 		t.Fatalf("%d leases after a renewal, want 1", n)
 	}
 	// The response's status does not count: the charge goes back; the
@@ -104,7 +104,7 @@ func TestPenaltyAndConcurrencyDenyCache(t *testing.T) {
 	if got := scriptCalls(t, srv) - calls; got != 4 {
 		t.Fatalf("%d script calls for 4 refusals with a concurrency zone, want 4 (the deny cache stays out)", got)
 	}
-	if n := len(liveLeases(t, s.Client(), slots)); n != 1 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 1 {
 		t.Fatalf("%d leases, want 1 (the first request's; the refused took none)", n)
 	}
 	// The rate zone alone, in its penalty: answered by the deny cache.
@@ -145,7 +145,7 @@ func TestDelayAndConcurrencyInRedis(t *testing.T) {
 	if !d2[0].Allowed || d2[0].Delay < 6*time.Minute-time.Second || !d2[1].Allowed {
 		t.Fatalf("second: %+v; want admitted to wait 6 minutes, with a slot", d2)
 	}
-	if n := len(liveLeases(t, s.Client(), slots)); n != 2 {
+	if n := len(heldIn(t, s.Client(), slots)); n != 2 {
 		t.Fatalf("%d leases with one running and one waiting, want 2", n)
 	}
 	if d := take(t, s, third...); d[1].Allowed || !d[0].Allowed {

@@ -87,7 +87,7 @@ func TestArgsAtTheirPositions(t *testing.T) {
 	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9}
 	take := a.appendArgs(nil, []algorithms.Request{{Limit: l, Cost: 3, Refundable: true}}, false)
 	refund := a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: 2, At: 12345}})
-	renew := a.appendRenewal(nil, &algorithms.Request{Limit: l, Lease: 99})
+	renew := a.appendRenewal(nil, &algorithms.Request{Limit: l, Holder: 99})
 	for _, args := range [][]any{take, refund, renew} {
 		if len(args) != argsPerZone {
 			t.Fatalf("%d arguments, argsPerZone %d", len(args), argsPerZone)

@@ -28,7 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 func init() {
@@ -132,7 +132,9 @@ type Redis struct {
 	// Default: 10000 entries (about 2.5 MB).
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 
-	store   *Store
+	// Store is the shared store of this configuration, set at Provision:
+	// its methods (Take, LocalAllowance, Hold, Unhold) are the module's.
+	*Store  `json:"-"`
 	poolKey string
 	logger  *zap.Logger
 }
@@ -237,11 +239,11 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	r.store = v.(*Store)
+	r.Store = v.(*Store)
 	if !loaded {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if err := r.store.warm(pctx); err != nil {
+		if err := r.Store.warm(pctx); err != nil {
 			r.logger.Warn("redis is not reachable yet; decisions follow each zone's fail policy until it is",
 				zap.String("target", cfg.describe()), zap.Error(redactErr(err, rawURL, password)))
 		}
@@ -343,13 +345,13 @@ func (r *Redis) Cleanup() error {
 	}
 	key := r.poolKey
 	r.poolKey = ""
-	if n, _ := pool.References(key); n == 1 && r.store.inUse() {
+	if n, _ := pool.References(key); n == 1 && r.Store.inUse() {
 		go func(s *Store) {
 			for s.inUse() {
-				time.Sleep(leaseTick)
+				time.Sleep(keeperTick)
 			}
 			_, _ = pool.Delete(key)
-		}(r.store)
+		}(r.Store)
 		return nil
 	}
 	_, err := pool.Delete(key)
@@ -361,21 +363,6 @@ func (r *Redis) Cleanup() error {
 func (r *Redis) Key() string {
 	return "redis " + r.poolKey
 }
-
-// Take implements the store contract (see Store.Take).
-func (r *Redis) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
-	return r.store.Take(ctx, reqs, out)
-}
-
-// LocalAllowance gives a zone a local allowance in the shared store (see
-// Store.LocalAllowance): the handler calls it at Provision for every zone
-// with local_allowance, and the returned release at Cleanup.
-func (r *Redis) LocalAllowance(zone string, l algorithms.Limit, max int64, expiry time.Duration) (func(), error) {
-	return r.store.LocalAllowance(zone, l, max, expiry)
-}
-
-// Store returns the shared store (for tests and the admin API).
-func (r *Redis) Store() *Store { return r.store }
 
 // connConfig is a store's resolved connection configuration.
 type connConfig struct {
@@ -524,7 +511,7 @@ func (c connConfig) workers() int {
 // pipelines sizes go-redis's pipeline pool (the connections the pipeline
 // workers use, per node): one connection per worker and one per spare
 // (batch.go; within pool_size when it is set), with buffers for a batch of
-// maxBatch calls (a call is about 150 bytes each way) rather than
+// maxPipeline calls (a call is about 150 bytes each way) rather than
 // go-redis's 128 KiB default.
 func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
 	n := 2 * c.workers()
@@ -749,4 +736,23 @@ var (
 	_ caddy.CleanerUpper    = (*Redis)(nil)
 	_ caddyfile.Unmarshaler = (*Redis)(nil)
 	_ caddy.Destructor      = (*Store)(nil)
+
+	// The store contract (package stores): the store's capabilities, and
+	// the module's (the store's, embedded, and its own).
+	_ stores.Store      = (*Store)(nil)
+	_ stores.Refunder   = (*Store)(nil)
+	_ stores.Holder     = (*Store)(nil)
+	_ stores.Releaser   = (*Store)(nil)
+	_ stores.Allowancer = (*Store)(nil)
+	_ stores.Admin      = (*Store)(nil)
+	_ stores.Store      = (*Redis)(nil)
+	_ stores.Refunder   = (*Redis)(nil)
+	_ stores.Holder     = (*Redis)(nil)
+	_ stores.Releaser   = (*Redis)(nil)
+	_ stores.Allowancer = (*Redis)(nil)
+	_ stores.Admin      = (*Redis)(nil)
+	_ stores.Keyed      = (*Redis)(nil)
+	_ stores.Described  = (*Redis)(nil)
+	_ stores.ErrorKind  = (*storeError)(nil)
+	_ stores.ErrorKind  = (*circuitError)(nil)
 )

@@ -42,14 +42,14 @@ func TestModuleResolvesPlaceholders(t *testing.T) {
 	t.Setenv("SLUICE_TEST_REDIS_URL", srv.URL())
 	viaEnv := provision(t, &Redis{URL: "{env.SLUICE_TEST_REDIS_URL}", Timeout: caddy.Duration(testTimeout)})
 	literal := provision(t, &Redis{URL: srv.URL(), Timeout: caddy.Duration(testTimeout)})
-	if viaEnv.Store() != literal.Store() {
+	if viaEnv.Store != literal.Store {
 		t.Fatal("{env.SLUICE_TEST_REDIS_URL} and the literal URL it holds give two stores: the placeholder was not resolved")
 	}
 	req := algorithms.Request{Zone: "env", Key: freshKey(t), Limit: limit(t, 3, time.Hour, 0), Cost: 1}
 	if d := moduleTake(t, viaEnv, req); !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("Take through the placeholder URL: %+v", d)
 	}
-	if keys := withoutCtl(scanAll(t, srv)); !slices.Equal(keys, []string{viaEnv.Store().Key("env", req.Key)}) {
+	if keys := withoutCtl(scanAll(t, srv)); !slices.Equal(keys, []string{viaEnv.Store.Key("env", req.Key)}) {
 		t.Fatalf("keys on the server: %q", keys)
 	}
 	if viaEnv.URL != "{env.SLUICE_TEST_REDIS_URL}" {
@@ -91,18 +91,18 @@ func TestModuleSharesOneStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = m1.Cleanup(), m2.Cleanup() }) // no-ops once cleaned up below
-	if m1.Store() == nil || m1.Store() != m2.Store() || m1.Store().Client() != m2.Store().Client() || m1.Key() != m2.Key() {
-		t.Fatalf("same config, different stores: %p %p", m1.Store(), m2.Store())
+	if m1.Store == nil || m1.Store != m2.Store || m1.Store.Client() != m2.Store.Client() || m1.Key() != m2.Key() {
+		t.Fatalf("same config, different stores: %p %p", m1.Store, m2.Store)
 	}
 	// Another setting makes another store.
 	other := provision(t, &Redis{URL: srv.URL(), Timeout: caddy.Duration(testTimeout), PoolSize: 3, KeyPrefix: "other:"})
-	if other.Store() == m1.Store() || other.Key() == m1.Key() {
+	if other.Store == m1.Store || other.Key() == m1.Key() {
 		t.Fatal("a different key_prefix shares the store")
 	}
 
 	req := algorithms.Request{Zone: "share", Key: freshKey(t), Limit: limit(t, 10, time.Hour, 0), Cost: 1}
 	moduleTake(t, m1, req)
-	old := m1.Store()
+	old := m1.Store
 	if err := m1.Cleanup(); err != nil {
 		t.Fatalf("Cleanup m1: %v", err)
 	}
@@ -118,7 +118,7 @@ func TestModuleSharesOneStore(t *testing.T) {
 		t.Fatal("Take on the store after every Cleanup succeeded: the client was not closed")
 	}
 	m3 := provision(t, cfg())
-	if m3.Store() == old {
+	if m3.Store == old {
 		t.Fatal("Provision after every Cleanup reused the destroyed store")
 	}
 	if d := moduleTake(t, m3, req); !d.Allowed || d.Remaining != 7 {
@@ -145,7 +145,7 @@ func TestModuleUnreachableRedisIsAWarning(t *testing.T) {
 			}
 			req := algorithms.Request{Zone: "down", Key: freshKey(t), Limit: limit(t, 10, time.Hour, 0), Cost: 1}
 			for i := range 3 {
-				el, err := timedTake(t, context.Background(), m.Store(), []algorithms.Request{req}, make([]algorithms.Decision, 1))
+				el, err := timedTake(t, context.Background(), m.Store, []algorithms.Request{req}, make([]algorithms.Decision, 1))
 				if err == nil || el > DefaultTimeout+DefaultLateReplyGrace+failMargin {
 					t.Fatalf("Take %d against an unreachable Redis: error %v after %v", i, err, el)
 				}

@@ -29,11 +29,11 @@ type node struct {
 }
 
 // reloadEvery is the least time between two reloads of the Cluster's slot
-// map asked for by failing nodes (reloadSlots).
+// map asked for by failing nodes (reloadHashSlots).
 const reloadEvery = 250 * time.Millisecond
 
 // unmappedNode labels a Cluster store's node of last resort: the calls for
-// slots whose master is not known (before the slot map first loads).
+// hash slots whose master is not known (before the hash slot map first loads).
 const unmappedNode = "unmapped"
 
 // newNode returns a node with its breaker and pipeline workers, reporting
@@ -97,9 +97,9 @@ func dropNodeSeries(target, addr string) {
 }
 
 // nodeFor returns the node that decides key: the store's only node, or the
-// Cluster master go-redis routes key to (the same slot map, so the
+// Cluster master go-redis routes key to (the same hash slot map, so the
 // breaker and the workers chosen are those of the node the call goes to).
-// Before the slot map is known, and while the node of last resort's
+// Before the hash slot map is known, and while the node of last resort's
 // breaker is open then, it is that node: asking go-redis for the master
 // would load the map within the decision, at every decision of an outage.
 func (s *Store) nodeFor(ctx context.Context, key string) *node {
@@ -123,7 +123,7 @@ func (s *Store) nodeFor(ctx context.Context, key string) *node {
 }
 
 // addNode returns the node of master cl, made on first sight. go-redis may
-// replace a node's client (it closes those it has not seen in the slot map
+// replace a node's client (it closes those it has not seen in the hash slot map
 // for a while): the node of that address is kept, with its breaker.
 func (s *Store) addNode(cl *redis.Client) *node {
 	s.nodesMu.Lock()
@@ -161,7 +161,7 @@ func (s *Store) allNodes() []*node {
 
 // nodeFailed is told of a call that failed on n (counted by the breaker,
 // or failed fast by its open breaker). In a Cluster it reloads the slot
-// map (reloadSlots), at most once per reloadEvery: a dead master never
+// map (reloadHashSlots), at most once per reloadEvery: a dead master never
 // answers MOVED, so without it its slots would stay mapped to it until
 // go-redis's periodic reload (a minute), though a replica took them over.
 func (s *Store) nodeFailed(n *node) {
@@ -173,18 +173,18 @@ func (s *Store) nodeFailed(n *node) {
 	if now-last < int64(reloadEvery) || !s.reloadAt.CompareAndSwap(last, now) || !s.reloading.CompareAndSwap(false, true) {
 		return
 	}
-	go s.reloadSlots()
+	go s.reloadHashSlots()
 }
 
-// reloadTimeout bounds one reload of the slot map (go-redis asks the nodes
+// reloadTimeout bounds one reload of the hash slot map (go-redis asks the nodes
 // in turn until one answers).
 const reloadTimeout = 2 * time.Second
 
-// reloadSlots reloads go-redis's slot map (ForEachMaster reloads it
+// reloadHashSlots reloads go-redis's hash slot map (ForEachMaster reloads it
 // before it lists the masters) and retires the nodes that are no longer
 // masters: a dead master's breaker, open, would otherwise stay so. When
 // the masters changed, the open breakers of the others probe at once.
-func (s *Store) reloadSlots() {
+func (s *Store) reloadHashSlots() {
 	defer s.reloading.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), reloadTimeout)
 	defer cancel()
@@ -217,7 +217,7 @@ func (s *Store) reloadSlots() {
 	}
 	s.nodesMu.Unlock()
 	if changed {
-		// A new master, or one gone: slots may have moved to a node whose
+		// A new master, or one gone: hash slots may have moved to a node whose
 		// breaker is open (or to the node of last resort's); it probes now
 		// rather than after its cool-down.
 		s.one.breaker.probeNow()

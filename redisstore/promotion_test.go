@@ -20,7 +20,7 @@ import (
 func TestSentinelKillResumesAtPromotion(t *testing.T) {
 	ss := redistest.StartSentinel(t)
 	m := sentinelStore(t, ss, ss.SentinelAddr)
-	s := m.Store()
+	s := m.Store
 	take(t, s, algorithms.Request{Zone: "load", Key: freshKey(t), Limit: limit(t, 1e9, time.Hour, 0), Cost: 1})
 	load := &shardLoad{}
 	stop := make(chan struct{})

@@ -8,25 +8,13 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Refunds: a zone that counts only some response statuses (the handler's
-// `count`) is charged before the request runs and given its charge back
-// when the response does not match. The give-back is a script call in
-// refund mode (lua/take.lua; its Go twin is algorithms.GiveBack), one per
-// Cluster slot of the refunded keys (one in all on a single server), which
-// the pipeline workers send like any decision: it shares a round trip with
-// the decisions in flight. Nobody waits for it: Refund returns at once, so
-// a refund never delays a response.
-//
-// A refund that cannot be sent, or fails, is lost: the charge stays, the
-// key shows it until it refills (the limiter's favour, never the client's),
-// and caddy_rate_limit_store_refunds_lost_total counts it. So are the
-// refunds posted while the circuit breaker is open (Redis is not called),
-// when the workers' queue is full, or whose timeout passes before a worker
-// sends them; and, at shutdown, those still queued.
-//
-// The deny cache never answers a refusal that rests on a refundable zone's
-// bucket (denycache: a refund, here or on another instance, can lift it),
-// so refunds need not reach the cache.
+// Refunds: a zone that counts only some response statuses (`count`) is
+// given its charge back when the response does not match: the script in
+// refund mode (lua/take.lua; Go twin algorithms.GiveBack), one call per
+// hash slot of the refunded keys, sent by the pipeline workers like a
+// decision. Nobody waits for it. A refund not sent, or failed, is lost
+// (the limiter's favour) and counted (refundsLost). docs/redis.md,
+// "Refunds".
 
 // Refund gives back charges without waiting (see above). It never fails:
 // a lost refund is counted. A concurrency zone has no charge to give back
@@ -36,13 +24,13 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 	if len(refunds) == 0 {
 		return nil
 	}
-	if !s.cluster || refundsInOneSlot(refunds) {
+	if !s.cluster || refundsInOneHashSlot(refunds) {
 		s.postRefunds(refunds)
 		return nil
 	}
 	groups := map[uint16][]algorithms.Refund{}
 	for _, r := range refunds {
-		sl := keySlot(r.Key)
+		sl := hashSlotOf(r.Key)
 		groups[sl] = append(groups[sl], r)
 	}
 	for _, g := range groups {
@@ -63,7 +51,7 @@ func rateRefunds(refunds []algorithms.Refund) []algorithms.Refund {
 	return refunds
 }
 
-// postRefunds hands one script call giving back refunds (all in one slot)
+// postRefunds hands one script call giving back refunds (all in one hash slot)
 // to the pipeline workers of their node, unless its breaker is open.
 func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	c := s.refundCall(refunds)
@@ -106,12 +94,6 @@ func (s *Store) Hold() { s.holds.Add(1) }
 // Unhold ends a Hold.
 func (s *Store) Unhold() { s.holds.Add(-1) }
 
-// Hold holds the store (Store.Hold).
-func (r *Redis) Hold() { r.store.Hold() }
-
-// Unhold ends a Hold (Store.Unhold).
-func (r *Redis) Unhold() { r.store.Unhold() }
-
 // post queues an asynchronous call (c.onDone set) without waiting; it
 // reports false when the queue is full (c is then the caller's).
 func (b *batcher) post(c *call) bool {
@@ -123,12 +105,12 @@ func (b *batcher) post(c *call) bool {
 	}
 }
 
-// refundsInOneSlot reports whether the keys of refunds live in one Cluster
+// refundsInOneHashSlot reports whether the keys of refunds live in one Cluster
 // slot.
-func refundsInOneSlot(refunds []algorithms.Refund) bool {
-	first := keySlot(refunds[0].Key)
+func refundsInOneHashSlot(refunds []algorithms.Refund) bool {
+	first := hashSlotOf(refunds[0].Key)
 	for i := 1; i < len(refunds); i++ {
-		if refunds[i].Key != refunds[0].Key && keySlot(refunds[i].Key) != first {
+		if refunds[i].Key != refunds[0].Key && hashSlotOf(refunds[i].Key) != first {
 			return false
 		}
 	}
@@ -137,8 +119,8 @@ func refundsInOneSlot(refunds []algorithms.Refund) bool {
 
 // Refund implements the store's refund (see Store.Refund).
 func (r *Redis) Refund(ctx context.Context, refunds []algorithms.Refund) error {
-	if r.store == nil {
+	if r.Store == nil {
 		return nil
 	}
-	return r.store.Refund(ctx, refunds)
+	return r.Store.Refund(ctx, refunds)
 }

@@ -225,7 +225,7 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 // renewal of r's lease (a concurrency zone's request still running).
 func (a *argCache) appendRenewal(args []any, r *algorithms.Request) []any {
 	h := a.head(r.Limit)
-	return append(args, h[0], h[1], h[2], h[3], r.Lease, modeRenew, h[4], unknownInstant)
+	return append(args, h[0], h[1], h[2], h[3], r.Holder, modeRenew, h[4], unknownInstant)
 }
 
 // costSlot is the fifth argument of a take: its cost, or a concurrency
@@ -233,7 +233,7 @@ func (a *argCache) appendRenewal(args []any, r *algorithms.Request) []any {
 // by kind.
 func costSlot(r *algorithms.Request) any {
 	if r.Limit.Algorithm == algorithms.Concurrency {
-		return r.Lease
+		return r.Holder
 	}
 	return r.Cost
 }

@@ -23,7 +23,7 @@ func TestSentinelFailover(t *testing.T) {
 
 	l := limit(t, 5, time.Hour, 0)
 	req := algorithms.Request{Zone: "sentinel", Key: freshKey(t), Limit: l, Cost: 1}
-	key := m.Store().Key(req.Zone, req.Key)
+	key := m.Store.Key(req.Zone, req.Key)
 	oldMaster := ss.Master
 	calls := scriptCalls(t, oldMaster)
 	for i := int64(1); i <= 3; i++ {
@@ -61,7 +61,7 @@ func TestSentinelFailover(t *testing.T) {
 	var errs []string
 	for {
 		out := make([]algorithms.Decision, 1)
-		el, err := timedTake(t, context.Background(), m.Store(), []algorithms.Request{probe}, out)
+		el, err := timedTake(t, context.Background(), m.Store, []algorithms.Request{probe}, out)
 		if el > time.Duration(m.Timeout)+failMargin {
 			t.Fatalf("a Take took %v during the failover (timeout %v)", el, time.Duration(m.Timeout))
 		}

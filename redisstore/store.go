@@ -16,12 +16,13 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/denycache"
 	"github.com/sluicehq/caddy-sluice/internal/zonename"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
-// Store decides rate limits in Redis: one Lua script per request (per
-// Cluster slot when a request's keys span slots), with the time read from
-// Redis itself, under a tight timeout, behind a circuit breaker and a deny
-// cache.
+// Store decides rate limits in Redis: one script call per request (per
+// hash slot when a request's keys span several), with the time read from
+// Redis itself, under a tight timeout, through its layers: the local
+// allowance, the deny cache and each node's circuit breaker (layers.go).
 type Store struct {
 	client  redis.UniversalClient
 	cluster bool
@@ -47,6 +48,11 @@ type Store struct {
 	guard     *promotionGuard    // Sentinel: leaves the old master at the promotion (failover.go); nil otherwise
 	opts      storeOptions
 
+	// top is the store's Take, its layers composed (stack, layers.go);
+	// call is a node's, below the choice of the node (nodeStack).
+	top  stores.Store
+	call nodeCall
+
 	batch   *batcher                   // one's: pipelines concurrent script calls (batch.go)
 	allowMu sync.Mutex                 // makes allow
 	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
@@ -61,8 +67,8 @@ type Store struct {
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
-	// leases keeps the concurrency zones' leases (concurrency.go).
-	leases *leaseKeeper
+	// slots keeps the concurrency zones' held slots (concurrency.go).
+	slots *slotKeeper
 }
 
 // storeOptions are a store's breaker and deny cache settings and what it
@@ -111,10 +117,11 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 	s.notSent = storeMetrics.notSent.WithLabelValues(lv...)
 	s.refundsLost = storeMetrics.refundsLost.WithLabelValues(lv...)
 	s.refundDone = s.refundCallDone
-	s.leases = newLeaseKeeper(s, o.Target)
+	s.slots = newSlotKeeper(s, o.Target)
 	if s.deny != nil {
 		s.watch = startWatch(s)
 	}
+	s.stack()
 	return s
 }
 
@@ -232,7 +239,7 @@ func (s *Store) Destruct() error {
 		n.close(s.opts.Target)
 	}
 	s.one.close(s.opts.Target)
-	s.leases.close()
+	s.slots.close()
 	if s.guard != nil {
 		s.guard.close()
 	}
@@ -298,9 +305,10 @@ func (s *Store) appendKey(b []byte, zone string, key algorithms.Key) []byte {
 // zones' fail policy; the decision never waits longer than the timeout, plus
 // the late-reply grace once it was sent (batch.go). In a Cluster, a request
 // spanning shards with one down may be decided in part
-// (algorithms.PartialError: takeAcrossSlots).
+// (algorithms.PartialError: takeAcrossHashSlots).
 //
-// Before Redis: the deny cache may answer a refusal locally (the request's
+// Before Redis (the layers, layers.go): a local allowance may decide it,
+// the deny cache may answer a refusal locally (the request's
 // keys refused moments ago: their states, run forward, still refuse it; see
 // package denycache), and an open circuit breaker returns an error wrapping
 // ErrCircuitOpen at once. Every error names its kind (StoreErrorKind, see
@@ -309,40 +317,34 @@ func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algor
 	if len(reqs) == 0 {
 		return nil
 	}
-	if a := s.allow.Load(); a != nil {
-		if cfgs := a.zones.Load(); cfgs != nil && a.uses(*cfgs, reqs) {
-			return s.takeAllowance(ctx, *cfgs, reqs, out)
-		}
-	}
-	return s.takeRedis(ctx, reqs, out)
+	return s.top.Take(ctx, reqs, out)
 }
 
-// takeRedis is Take without the local allowance: every zone decided by
-// Redis (or the deny cache).
-func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
-	if s.deny.Active() && s.denied(reqs, out) {
-		return nil
-	}
+// takeNodes is the bottom of the store's stack (layers.go): every zone
+// decided by Redis, on the node of its key, and a refusal's states given
+// to the deny cache (the script's reply carries them).
+func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
 	now := time.Now() // one reading: the decision's deadline, the deny cache's start
 	var start int64
 	var tok denycache.Token
 	var ref *refusal // a refusal's states, for the deny cache (armed only)
-	var refBuf refusal
 	if s.deny != nil {
 		start, tok = denycache.At(now), s.deny.Token()
 		if tok != 0 {
-			ref = &refBuf
+			ref = getRefusal()
+			defer putRefusal(ref)
 		}
 	}
 	deadline := now.Add(s.timeout)
 	var err error
 	var fast bool
-	if !s.cluster || tokensInOneSlot(reqs) {
+	if !s.cluster || inOneHashSlot(reqs) {
 		// The pipeline workers bound the wait by c.deadline themselves.
 		c := getCall(ctx, deadline)
 		c.fresh = true
 		c.setKeys(s, reqs)
-		fast, err = s.exec(s.nodeFor(ctx, c.key0()), c, reqs, out, false, ref)
+		err = s.call(s.nodeFor(ctx, c.key0()), c, reqs, out, ref)
+		fast = failedFast(err)
 	} else {
 		dctx, cancel := context.WithDeadlineCause(ctx, deadline, errDecisionDeadline)
 		keys := make([]string, len(reqs))
@@ -350,7 +352,7 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 			keys[i] = s.keyOf(&reqs[i])
 		}
 		var failed []bool
-		fast, failed, err = s.takeAcrossSlots(dctx, keys, reqs, out)
+		fast, failed, err = s.takeAcrossHashSlots(dctx, keys, reqs, out)
 		cancel()
 		if failed != nil {
 			return s.partial(ctx, reqs, out, failed, err)
@@ -362,7 +364,7 @@ func (s *Store) takeRedis(ctx context.Context, reqs []algorithms.Request, out []
 	if err != nil {
 		return s.takeFailed(ctx, reqs, err)
 	}
-	s.leases.admitted(reqs, out)
+	s.slots.admitted(reqs, out)
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
@@ -390,13 +392,13 @@ func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err e
 			s.allowForget()
 		}
 	}
-	s.leases.undecided(reqs, err, abandoned)
+	s.slots.undecided(reqs, err, abandoned)
 	return &storeError{err}
 }
 
-// partial accounts for a request decided in part (takeAcrossSlots): the
+// partial accounts for a request decided in part (takeAcrossHashSlots): the
 // leases of the zones decided are kept, those of the zones that failed
-// handled as a failed Take's; err is the failed slots' error.
+// handled as a failed Take's; err is the failed hash slots' error.
 func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision, failed []bool, err error) error {
 	var done, undone []algorithms.Request
 	var dout []algorithms.Decision
@@ -407,7 +409,7 @@ func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []al
 			done, dout = append(done, reqs[i]), append(dout, out[i])
 		}
 	}
-	s.leases.admitted(done, dout)
+	s.slots.admitted(done, dout)
 	if _, open := err.(*circuitError); !open {
 		err = s.takeFailed(ctx, undone, err)
 	}
@@ -418,37 +420,12 @@ func (s *Store) partial(ctx context.Context, reqs []algorithms.Request, out []al
 // timeout: a call ended by it failed, its caller did not go away.
 var errDecisionDeadline = errors.New("redis: decision timeout")
 
-// exec runs c (one script call, its keys in one slot) on node n, behind
-// n's breaker: fast reports that the breaker failed it at once (err is the
-// breaker's). It consumes c.
-func (s *Store) exec(n *node, c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) (fast bool, err error) {
-	probe, err := n.breaker.allow()
-	if err != nil {
-		putCall(c)
-		s.nodeFailed(n)
-		return true, err
-	}
-	ctx := c.ctx
-	err = s.runCall(n.batch, c, reqs, out, refund, ref)
-	// The caller gone (its context done first, not by the decision's own
-	// deadline) says nothing about Redis.
-	abandoned := err != nil && ctx.Err() != nil && context.Cause(ctx) != errDecisionDeadline
-	failed := err != nil && !abandoned && counts(err)
-	n.breaker.done(probe, failed, abandoned, err)
-	if failed {
-		n.failures.Add(1)
-		n.failuresCtr.Inc()
-		s.nodeFailed(n)
-	}
-	return false, err
-}
-
 // denied answers reqs from the deny cache when it can: exactly as Redis
 // would at this moment, nothing charged (package denycache). It reports
 // whether it answered.
 func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) bool {
-	if s.cluster && len(reqs) > 1 && !tokensInOneSlot(reqs) {
-		// Decided slot by slot, never from the cache; and it may charge
+	if s.cluster && len(reqs) > 1 && !inOneHashSlot(reqs) {
+		// Decided hash slot by hash slot, never from the cache; and it may charge
 		// the zones.
 		s.deny.Drop(reqs)
 		return false
@@ -466,6 +443,17 @@ func (s *Store) denied(reqs []algorithms.Request, out []algorithms.Decision) boo
 type refusal struct {
 	now  int64
 	raws []any // per zone: a string, or 0 when Redis did not send it
+}
+
+// refusals recycles refusals: one passes through the node's layers, so it
+// would escape to the heap at every decision.
+var refusals = sync.Pool{New: func() any { return new(refusal) }}
+
+func getRefusal() *refusal { return refusals.Get().(*refusal) }
+
+func putRefusal(r *refusal) {
+	*r = refusal{}
+	refusals.Put(r)
 }
 
 // remember stores a refusal's states in the deny cache (tok and start were
@@ -487,20 +475,21 @@ func (s *Store) remember(tok denycache.Token, start int64, reqs []algorithms.Req
 	s.deny.Remember(tok, start, ref.now, reqs, out, snaps)
 }
 
-// tokensInOneSlot reports whether the keys of reqs live in one Cluster
-// slot, without building them (keySlot).
-func tokensInOneSlot(reqs []algorithms.Request) bool {
-	first := keySlot(reqs[0].Key)
+// inOneHashSlot reports whether the keys of reqs live in one Cluster hash
+// slot, without building them (hashSlotOf).
+func inOneHashSlot(reqs []algorithms.Request) bool {
+	first := hashSlotOf(reqs[0].Key)
 	for i := 1; i < len(reqs); i++ {
-		if reqs[i].Key != reqs[0].Key && keySlot(reqs[i].Key) != first {
+		if reqs[i].Key != reqs[0].Key && hashSlotOf(reqs[i].Key) != first {
 			return false
 		}
 	}
 	return true
 }
 
-// run evaluates the script once for keys/reqs (all in one slot) on their
-// node: a decision behind the node's breaker (exec), a refund past it.
+// run evaluates the script once for keys/reqs (all in one hash slot) on
+// their node: a decision through the node's layers (s.call), a refund past
+// them.
 func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision, refund bool) (fast bool, err error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -512,10 +501,11 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 	if refund {
 		return false, s.runCall(n.batch, c, reqs, out, refund, nil)
 	}
-	return s.exec(n, c, reqs, out, refund, nil)
+	err = s.call(n, c, reqs, out, nil)
+	return failedFast(err), err
 }
 
-// runCall evaluates the script once for c's keys (all in one slot) and
+// runCall evaluates the script once for c's keys (all in one hash slot) and
 // reqs, through the pipeline workers b, and decodes the reply into out
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
@@ -656,34 +646,34 @@ func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, r
 	return nil
 }
 
-// takeAcrossSlots decides a request whose keys live in several Cluster
-// slots: one script per slot, all at once (a slot's shard stalled costs the
-// others no wait, nor their deadline). When a slot refuses, the slots
+// takeAcrossHashSlots decides a request whose keys live in several Cluster
+// slots: one script per hash slot, all at once (a hash slot's shard stalled costs the
+// others no wait, nor their deadline). When a hash slot refuses, the slots
 // charged are refunded. Between a charge and its refund (one round trip) a
 // concurrent request may see those zones charged: the only window in which
 // a multi-zone decision is not atomic.
 //
-// A slot that fails (its node's breaker open, or the call failing): when
-// every zone of the failed slots is FailApart and another slot decided, the
+// A hash slot that fails (its node's breaker open, or the call failing): when
+// every zone of the failed hash slots is FailApart and another hash slot decided, the
 // decided zones stand and failed marks the others (PartialError, see
-// docs/redis.md); otherwise the slots charged are refunded and the request
+// docs/redis.md); otherwise the hash slots charged are refunded and the request
 // fails as a whole (fast: every failure was an open breaker's). A refusal
-// by a decided slot refuses the request whatever failed.
-func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, failed []bool, err error) {
+// by a decided hash slot refuses the request whatever failed.
+func (s *Store) takeAcrossHashSlots(ctx context.Context, keys []string, reqs []algorithms.Request, out []algorithms.Decision) (fast bool, failed []bool, err error) {
 	// out may hold a previous request's decisions (callers reuse it), and
-	// zones in slots that failed must not report them.
+	// zones in hash slots that failed must not report them.
 	clear(out[:len(reqs)])
 	groups := map[uint16][]int{}
 	var order []uint16
 	for i := range reqs {
-		sl := keySlot(reqs[i].Key)
+		sl := hashSlotOf(reqs[i].Key)
 		if _, ok := groups[sl]; !ok {
 			order = append(order, sl)
 		}
 		groups[sl] = append(groups[sl], i)
 	}
-	// A slot whose node's breaker fails it at once, and whose zones are
-	// not all FailApart, fails the request before any slot is charged.
+	// A hash slot whose node's breaker fails it at once, and whose zones are
+	// not all FailApart, fails the request before any hash slot is charged.
 	for _, sl := range order {
 		idx := groups[sl]
 		if !anyNotFailApart(reqs, idx) {
@@ -698,13 +688,13 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
 		}
 	}
-	type slotRun struct {
+	type hashSlotRun struct {
 		idx  []int
 		out  []algorithms.Decision
 		fast bool
 		err  error
 	}
-	runs := make([]slotRun, len(order))
+	runs := make([]hashSlotRun, len(order))
 	var wg sync.WaitGroup
 	for g, sl := range order {
 		r := &runs[g]
@@ -765,7 +755,7 @@ func (s *Store) takeAcrossSlots(ctx context.Context, keys []string, reqs []algor
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
-		// Zones of slots that failed are reported as allowed with no
+		// Zones of hash slots that failed are reported as allowed with no
 		// numbers; the refusal comes from another zone.
 		for i := range reqs {
 			if failed != nil && failed[i] {

@@ -17,46 +17,15 @@ import (
 	"github.com/sluicehq/caddy-sluice/denycache"
 )
 
-// The deny cache's watch over Redis (package denycache: why it is needed
-// for soundness). A goroutine per store (started with it, stopped by
-// Destruct) polls, every watchInterval, a few of the store's own keys and
-// facts, on every master:
-//
-//   - <prefix>ctl:{sluice}:resets, a counter every admin reset increments
-//     (ResetKeys): a reset through any instance reaches this one;
-//   - a canary, <prefix>ctl:{<tag>}:epoch, created with a random value when
-//     missing (tag "sluice"; in a Cluster, one per master: "sluice" for the
-//     master of that slot, "sluice-<n>" for the others, the first n whose
-//     slot the master owns): gone or changed after FLUSHALL, FLUSHDB, a
-//     restart without persistence, or data replaced by a replica's full
-//     resync;
-//   - the master's run_id (INFO server): changed by a restart (even one
-//     that reloads a snapshot, which brings the canary back but not the
-//     writes after it) and by a failover (the new master may have missed
-//     writes; Sentinel: the failover client's master; Cluster: every
-//     master, by address);
-//   - its evicted_keys count (INFO stats): keys evicted under maxmemory
-//     (Sluice's keys all carry a TTL: any policy but noeviction may take
-//     them);
-//   - its clock (TIME): the cache estimates Redis's time from its own
-//     monotonic clock since a refusal, so a clock of Redis's that steps
-//     forward (the store then sees more time passed, and admits sooner)
-//     must be seen: when a server's clock advanced, from one poll to the
-//     next, by more than the local time between them (with 0.1% and 1ms to
-//     spare), it stepped.
-//
-// When any of these differs from the previous successful poll, the store's
-// deny cache is cleared; a failed poll clears it too, and the next
-// successful one compares with the last seen. The cache stores nothing
-// before the first successful poll (denycache.Cache.Arm). A poll runs under
-// the store's timeout, on its own goroutine: it never delays a decision. It
-// is skipped while the circuit breaker is open (decisions do not reach
-// Redis then, and the failures that opened it cleared the cache). Its
-// failures are logged only as they start and end, at debug level; a
-// server that refuses INFO to Sluice's user (ACL) is reported once, as a
-// warning, and then polled without it (restarts that keep the canary and
-// failovers go unseen: see the docs); one that refuses the control keys,
-// once too (the cache then stays empty).
+// The watch: a goroutine per store (started with it, stopped by Destruct)
+// polls, every watchInterval, on every master, the reset counter
+// (<prefix>ctl:{sluice}:resets), a canary (<prefix>ctl:{<tag>}:epoch), the
+// master's run_id and evicted_keys, and its clock. A changed view or a
+// failed poll clears the deny cache (a changed view also makes the local
+// allowance forget its grants); a clock that stepped forward clears it too.
+// The cache stores nothing before the first successful poll (Arm). Skipped
+// while the breaker is open. What each fact catches, and the ACL cases:
+// docs/redis.md, "The watch".
 
 // watchInterval is the time between two polls.
 const watchInterval = 250 * time.Millisecond
@@ -251,14 +220,14 @@ func (w *watcher) clusterView(ctx context.Context, cc *redis.ClusterClient) (str
 }
 
 // canaryTag returns the first of "sluice", "sluice-1", "sluice-2" … whose
-// slot is in ranges (a master's), or "" if none is found.
+// hash slot is in ranges (a master's), or "" if none is found.
 func canaryTag(ranges [][2]int) string {
 	for i := range 1 << 20 {
 		tag := ctlTag
 		if i > 0 {
 			tag += "-" + strconv.Itoa(i)
 		}
-		sl := int(slot([]byte(tag)))
+		sl := int(hashSlot([]byte(tag)))
 		for _, r := range ranges {
 			if r[0] <= sl && sl <= r[1] {
 				return tag

@@ -151,7 +151,7 @@ func TestDenyCacheSentinelFailover(t *testing.T) {
 		t.Fatalf("Provision: %v", err)
 	}
 	t.Cleanup(func() { _ = m.Cleanup() })
-	s := m.Store()
+	s := m.Store
 	waitArmed(t, s)
 	r := algorithms.Request{Zone: "sfo", Key: freshKey(t), Limit: limit(t, 1, time.Hour, 0), Cost: 1}
 	refusedLocally(t, ss.Master, s, r)

@@ -2,13 +2,13 @@ package redisstore
 
 import "github.com/sluicehq/caddy-sluice/algorithms"
 
-// slotCount is the number of Redis Cluster hash slots.
-const slotCount = 16384
+// hashSlotCount is the number of Redis Cluster hash slots.
+const hashSlotCount = 16384
 
-// slot returns the Cluster hash slot of a key whose hash tag is tag (the
+// hashSlot returns the Cluster hash slot of a key whose hash tag is tag (the
 // text between the first '{' and the next '}'): CRC16/XMODEM of the tag,
 // modulo 16384, as Redis computes it.
-func slot(tag []byte) uint16 {
+func hashSlot(tag []byte) uint16 {
 	var crc uint16
 	for _, b := range tag {
 		crc ^= uint16(b) << 8
@@ -20,13 +20,13 @@ func slot(tag []byte) uint16 {
 			}
 		}
 	}
-	return crc % slotCount
+	return crc % hashSlotCount
 }
 
-// keySlot is the Cluster slot of every key of identity k: a key's hash tag
+// hashSlotOf is the Cluster hash slot of every key of identity k: a key's hash tag
 // is k's text form (Store.Key: neither the prefix nor the encoded zone name
 // holds a '{').
-func keySlot(k algorithms.Key) uint16 {
+func hashSlotOf(k algorithms.Key) uint16 {
 	var b [2*algorithms.KeySize + 8]byte
-	return slot(k.AppendText(b[:0]))
+	return hashSlot(k.AppendText(b[:0]))
 }

@@ -1,0 +1,98 @@
+// Package stores is the contract between the rate_limit handler and its
+// state stores (the guest modules of the http.handlers.rate_limit.stores
+// namespace): the Store interface, the capabilities a store may add to it,
+// and Layer, the shape of whatever wraps a store's Take.
+//
+// A store asserts each capability it has at compile time
+// (var _ stores.Refunder = (*Store)(nil)); the handler asks for one with a
+// type assertion at Provision. Stores import this package and algorithms,
+// never the handler's.
+package stores
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Store decides rate limits: the one capability every store has.
+//
+// Take decides every zone of one request in one call: if every request is
+// allowed, all are charged; if any is refused, none is charged. A refusal
+// never consumes. It writes one decision per request into out, which the
+// caller sizes to len(reqs) (an out parameter, not a returned slice, so the
+// hot path allocates nothing). An error means the store could not decide;
+// out is then meaningless, except for an *algorithms.PartialError: the
+// zones it does not mark failed (all FailApart) were decided and charged.
+type Store interface {
+	Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error
+}
+
+// Keyed is a store whose configuration has an identity: two handlers whose
+// stores report the same key share state (one zone name, one limit).
+type Keyed interface {
+	Key() string
+}
+
+// Refunder gives charges back: a zone with count needs it, and delay
+// cancels a waiter's charge with it. Refund must not block the response on
+// the network (a remote store queues it).
+type Refunder interface {
+	Refund(ctx context.Context, refunds []algorithms.Refund) error
+}
+
+// Holder is a store that a reload replacing it keeps open while requests
+// hold it: Hold when a request may still call it after the response
+// (charges in flight, their refunds, waiters), Unhold when it no longer
+// will.
+type Holder interface {
+	Hold()
+	Unhold()
+}
+
+// Releaser holds concurrency slots: Release gives back the slots Take
+// granted to the concurrency zones of reqs (by holder id) and ignores the
+// other zones. It must not block the response on the network: a remote
+// store queues the release and retries it, or leaves the slot to its
+// lease's expiry.
+type Releaser interface {
+	Release(ctx context.Context, reqs []algorithms.Request) error
+}
+
+// SlotHeir counts the slots other stores of the process hold in zones (a
+// reload that changes a memory store's settings makes a new store while
+// the requests still running hold their slots in the old one).
+type SlotHeir interface {
+	InheritSlots(zones []string)
+}
+
+// Allowancer serves a zone from a local allowance: units of the shared
+// limit granted to this instance, spent here without a round trip.
+// LocalAllowance is called at Provision for each zone with one, with the
+// largest grant (maxGrant units) and how long unspent units are kept; the
+// returned release is called at Cleanup.
+type Allowancer interface {
+	LocalAllowance(zone string, l algorithms.Limit, maxGrant int64, expiry time.Duration) (release func(), err error)
+}
+
+// Admin is a store whose keys the admin API can read and reset.
+type Admin interface {
+	// PeekKeys writes each key's view (algorithms.Peek) to out and whether
+	// it holds state to found, charging nothing.
+	PeekKeys(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) error
+	// ResetKeys deletes the keys' state and returns how many held some.
+	ResetKeys(ctx context.Context, zone string, keys []algorithms.Key) (int, error)
+}
+
+// Described describes itself, without secrets, for the admin API's zone
+// listing.
+type Described interface {
+	AdminInfo() map[string]any
+}
+
+// ErrorKind is implemented by the errors a store returns: the kind
+// ("timeout", "circuit_open", ...) labels the handler's store error metric.
+type ErrorKind interface {
+	StoreErrorKind() string
+}
