@@ -511,8 +511,8 @@ func adaptiveInfo(z *zone, i *adminZoneInfo) {
 		}
 		if last != nil {
 			info.Limit = last.lim.Limit()
-			info.BaselineMs = float64(last.lim.Baseline().Microseconds()) / 1000
-			info.LatencyMs = float64(last.lim.Latency().Microseconds()) / 1000
+			info.BaselineMs = float64(last.lim.Baseline()) / float64(time.Millisecond)
+			info.LatencyMs = float64(last.lim.Latency()) / float64(time.Millisecond)
 		}
 	}
 	i.Algorithm, i.Adaptive = "adaptive", info
