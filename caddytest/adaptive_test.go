@@ -4,9 +4,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // End-to-end tests of adaptive concurrency zones (`concurrent adaptive`)
@@ -25,6 +28,32 @@ func adaptiveListing(t *testing.T, zone string) map[string]any {
 		t.Fatalf("zone %s listed without its adaptive part: %v", zone, z)
 	}
 	return a
+}
+
+// fixedAdaptive loads a site on port A whose rate_limit has an adaptive
+// zone keyed on X-User with its limit fixed at n (minimum = maximum), the
+// zone's other lines extra, the directive's other zones others, in front
+// of upstream.
+func fixedAdaptive(t *testing.T, tc *caddytest.Tester, zone string, n int, extra, others, upstream string) {
+	t.Helper()
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum @N@
+				maximum @N@
+			}
+@EXTRA@
+		}
+@OTHERS@
+	}
+	reverse_proxy @UP@ {
+		flush_interval -1
+	}
+}
+`, "ZONE", zone, "N", strconv.Itoa(n), "EXTRA", extra, "OTHERS", others, "UP", upstream))
 }
 
 // fire sends n GET requests to path with header X-User user at once and
@@ -69,25 +98,12 @@ func TestAdaptiveExact(t *testing.T) {
 	tc := newTester(t)
 	up := newHoldUpstream(t)
 	zone, rate := zoneName("adaptive_exact"), zoneName("adaptive_rate")
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			concurrent adaptive {
-				minimum 5
-				maximum 5
-			}
-		}
-		zone @RATE@ {
+	fixedAdaptive(t, tc, zone, 5, "", `		zone `+rate+` {
 			key {http.request.header.X-User}
 			events 100000
-			window 1h
-		}
-	}
-	reverse_proxy @UP@
-}
-`, "ZONE", zone, "RATE", rate, "UP", up.addr()))
+			window 87600h
+			algorithm fixed_window
+		}`, up.addr())
 	const n = 100
 	client := loopbackClient(n)
 	defer client.CloseIdleConnections()
@@ -144,21 +160,7 @@ func TestAdaptiveReportOnly(t *testing.T) {
 	tc := newTester(t)
 	up := newHoldUpstream(t)
 	zone := zoneName("adaptive_report")
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			concurrent adaptive {
-				minimum 2
-				maximum 2
-			}
-			report_only
-		}
-	}
-	reverse_proxy @UP@
-}
-`, "ZONE", zone, "UP", up.addr()))
+	fixedAdaptive(t, tc, zone, 2, "\t\t\treport_only", "", up.addr())
 	client := loopbackClient(10)
 	defer client.CloseIdleConnections()
 	up.hold()
@@ -184,21 +186,7 @@ func TestAdaptiveDelay(t *testing.T) {
 	tc := newTester(t)
 	up := newHoldUpstream(t)
 	zone := zoneName("adaptive_delay")
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			concurrent adaptive {
-				minimum 1
-				maximum 1
-			}
-			delay 10s
-		}
-	}
-	reverse_proxy @UP@
-}
-`, "ZONE", zone, "UP", up.addr()))
+	fixedAdaptive(t, tc, zone, 1, "\t\t\tdelay 10s", "", up.addr())
 	client := loopbackClient(3)
 	defer client.CloseIdleConnections()
 	up.hold()
@@ -248,22 +236,7 @@ func TestAdaptiveStreamLeavesItsPlace(t *testing.T) {
 	defer sse.Close()
 	defer close(stop)
 	zone := zoneName("adaptive_sse")
-	load(t, tc, config("", `
-http://localhost:@A@ {
-	rate_limit {
-		zone @ZONE@ {
-			key {http.request.header.X-User}
-			concurrent adaptive {
-				minimum 1
-				maximum 1
-			}
-		}
-	}
-	reverse_proxy @UP@ {
-		flush_interval -1
-	}
-}
-`, "ZONE", zone, "UP", sse.Listener.Addr().String()))
+	fixedAdaptive(t, tc, zone, 1, "", "", sse.Listener.Addr().String())
 	client := loopbackClient(2)
 	defer client.CloseIdleConnections()
 	req, _ := http.NewRequest(http.MethodGet, siteA+"/events", nil)

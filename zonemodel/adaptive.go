@@ -60,17 +60,11 @@ func (a *Adaptive) Settings() (adaptive.Settings, error) {
 // its initial value (the learnt one is set per request), checking the
 // fields that do not apply.
 func (z *Zone) adaptiveLimit() (algorithms.Limit, error) {
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
-		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
-		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
-		{"concurrent <n>", z.Concurrent != 0}, {"concurrent_from", z.ConcurrentFrom != ""}, {"lease", z.Lease != 0},
-		{"count", len(z.Count) > 0}, {"penalty", z.Penalty != 0}, {"delay_after", z.DelayAfter != 0},
-		{"on_exceed", z.OnExceed != "" && z.OnExceed != "refuse"}, {"local_allowance", z.LocalAllowance != nil},
-	} {
+	for _, f := range append(z.rateFields(),
+		fieldSet{"concurrent <n>", z.Concurrent != 0}, fieldSet{"concurrent_from", z.ConcurrentFrom != ""}, fieldSet{"lease", z.Lease != 0},
+		fieldSet{"count", len(z.Count) > 0}, fieldSet{"penalty", z.Penalty != 0}, fieldSet{"delay_after", z.DelayAfter != 0},
+		fieldSet{"on_exceed", z.OnExceed != "" && z.OnExceed != "refuse"}, fieldSet{"local_allowance", z.LocalAllowance != nil},
+	) {
 		if f.set {
 			return algorithms.Limit{}, fmt.Errorf("%s does not apply to an adaptive concurrency zone (concurrent adaptive): its limit is learnt from the upstream's latency; put a rate in a zone of its own", f.name)
 		}

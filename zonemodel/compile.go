@@ -162,20 +162,29 @@ func (z *Zone) Limit() (algorithms.Limit, error) {
 	return l, nil
 }
 
+// fieldSet is a field's name and whether the zone sets it.
+type fieldSet struct {
+	name string
+	set  bool
+}
+
+// rateFields are the fields of a rate, which a concurrency zone (fixed or
+// adaptive) does not take.
+func (z *Zone) rateFields() []fieldSet {
+	return []fieldSet{
+		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
+		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
+		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
+	}
+}
+
 // concurrencyLimit compiles a concurrency zone's limit (see Limit), with
 // errors naming the field.
 func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
 	if z.Concurrent == 0 && z.ConcurrentFrom == "" {
 		return algorithms.Limit{}, errors.New("lease applies only to a concurrency zone (set concurrent); a rate zone has no lease")
 	}
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
-		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
-		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
-	} {
+	for _, f := range z.rateFields() {
 		if f.set {
 			return algorithms.Limit{}, fmt.Errorf("%s does not apply to a concurrency zone (concurrent): it limits the requests in flight, not a rate; put the rate in a zone of its own", f.name)
 		}
