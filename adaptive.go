@@ -211,7 +211,7 @@ func (az *adaptiveZone) each(f func(*adaptiveKey)) {
 	}
 }
 
-// shownFor returns what responses show of limit n.
+// adaptiveShown returns what responses show of an adaptive zone's limit n.
 func (z *zone) adaptiveShown(n int64) *shownLimit {
 	az := z.adapt
 	if n < 0 || n > maxAdaptiveShown {

@@ -1,15 +1,20 @@
 package caddytest_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
 // End-to-end tests of adaptive concurrency zones (`concurrent adaptive`)
@@ -315,4 +320,63 @@ http://localhost:@A@ {
 	if got := jsonInt(t, adaptiveListing(t, zone), "limit"); got != 3 {
 		t.Fatalf("after a reload that changes the zone: limit %d, want its initial 3", got)
 	}
+}
+
+// TestAdaptiveRedisPerInstance: with `store redis`, an adaptive zone is
+// still decided in this instance's memory: exactly its fixed limit of 3
+// of 20 held requests reach the upstream, Redis holds no key of the zone
+// (only of the rate zone beside it), and with Redis stopped (the rate
+// zone failing open) the adaptive zone still admits exactly 3.
+func TestAdaptiveRedisPerInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone, rate := zoneName("adaptive_redis"), zoneName("adaptive_redis_rate")
+	fixedAdaptive(t, tc, zone, 3, "", `		zone `+rate+` {
+			key {http.request.header.X-User}
+			events 1000
+			window 1h
+		}
+		store redis `+srv.URL()+` {
+			timeout 500ms
+		}`, up.addr())
+	client := loopbackClient(20)
+	defer client.CloseIdleConnections()
+	round := func(name string) {
+		t.Helper()
+		up.hold()
+		up.peak.Store(0)
+		codes, wg := fire(t, client, 20, "/hold", "rd-"+nonce)
+		up.waitArrived(t, 3)
+		for i := range 17 {
+			select {
+			case c := <-codes:
+				if c != http.StatusTooManyRequests {
+					t.Fatalf("%s: a request answered %d while 3 were held", name, c)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s: only %d refusals came back", name, i)
+			}
+		}
+		if peak := up.peak.Load(); peak != 3 {
+			t.Fatalf("%s: upstream peak %d, want exactly 3", name, peak)
+		}
+		up.releaseAll()
+		wg.Wait()
+	}
+	round("Redis up")
+	keys, err := srv.Client().Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, zone+":") {
+			t.Errorf("Redis holds %q: the adaptive zone's state went to the store", k)
+		}
+	}
+	if !slices.ContainsFunc(keys, func(k string) bool { return strings.Contains(k, rate) }) {
+		t.Errorf("Redis holds no key of the rate zone %s: %v", rate, keys)
+	}
+	srv.Stop()
+	round("Redis down")
 }
