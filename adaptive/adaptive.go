@@ -223,10 +223,12 @@ func (v *vegas) baseline() time.Duration { return v.noLoad }
 
 // aimd grows the limit by one per window while the window's mean latency
 // stays within tolerance×baseline, and cuts it by a tenth when it does
-// not. The baseline is the least window mean of the last aimdPeriod
-// windows (all-time until the first period ends): re-measured without
-// lowering the limit, so it refuses nothing. A window far below the limit
-// (app-limited) changes nothing.
+// not. The baseline is the least window mean seen; every aimdPeriod
+// windows it is re-measured as the least mean of the period's app-limited
+// windows (those far below the limit: the upstream unloaded by us), or
+// kept when there was none: re-measuring never lowers the limit, so it
+// refuses nothing, and sustained load cannot raise the baseline (Envoy's
+// minRTT drift). A window far below the limit changes nothing else.
 type aimd struct {
 	tolerance float64
 	base, low time.Duration
@@ -237,16 +239,20 @@ const aimdPeriod = 600
 
 func (a *aimd) update(w Window, limit float64) float64 {
 	a.windows++
-	if a.low == 0 || w.RTT < a.low {
+	appLimited := float64(w.InFlight)*2 < limit
+	if appLimited && (a.low == 0 || w.RTT < a.low) {
 		a.low = w.RTT
 	}
 	if a.base == 0 || w.RTT < a.base {
 		a.base = w.RTT
 	}
 	if a.windows >= aimdPeriod {
-		a.base, a.low, a.windows = a.low, 0, 0
+		if a.low > 0 {
+			a.base = a.low
+		}
+		a.low, a.windows = 0, 0
 	}
-	if float64(w.InFlight)*2 < limit {
+	if appLimited {
 		return limit
 	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {

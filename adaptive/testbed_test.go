@@ -266,3 +266,29 @@ func TestTestbedBelowCapacityLong(t *testing.T) {
 		}
 	}
 }
+
+// TestTestbedSustainedOverload: after 20 s at 0.5x (the baseline learnt
+// unloaded), five minutes at 3x, through several re-measurements of the
+// baseline: the limit does not drift up (its mean over the last minute
+// within 25% of its mean over the second), and the admitted p99 of the
+// last minute stays within 2x the unloaded p99.
+func TestTestbedSustainedOverload(t *testing.T) {
+	s, _ := Settings{}.Resolve()
+	res := runTestbed([]phase{{"0.5x", 0.5, 20 * time.Second}, {"3x long", 3, 4 * time.Minute}, {"3x last minute", 3, time.Minute}},
+		func() *Limiter { return NewLimiter(s) }, 3)
+	mean := func(ns []int64) float64 {
+		var sum int64
+		for _, n := range ns {
+			sum += n
+		}
+		return float64(sum) / float64(len(ns))
+	}
+	early, late := mean(res[1].limits[600:1200]), mean(res[2].limits)
+	t.Logf("limit mean: second minute %.1f, last minute %.1f; p99 unloaded %s, last minute %s", early, late, res[0].pct(0.99), res[2].pct(0.99))
+	if late > 1.25*early {
+		t.Errorf("the limit drifted up under sustained overload: %.1f in the second minute, %.1f in the last", early, late)
+	}
+	if p := res[2].pct(0.99); p > 2*res[0].pct(0.99) {
+		t.Errorf("admitted p99 in the last minute %s, want at most 2x the unloaded %s", p, res[0].pct(0.99))
+	}
+}
