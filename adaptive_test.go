@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -129,5 +130,32 @@ func TestEventStream(t *testing.T) {
 		if eventStream(ct) != want {
 			t.Errorf("eventStream(%q) = %v, want %v", ct, !want, want)
 		}
+	}
+}
+
+// TestAdaptiveRetryAfterHint: a refusal's Retry-After is the key's last
+// measured latency (3 s here), at least 1 s before anything is measured.
+func TestAdaptiveRetryAfterHint(t *testing.T) {
+	h := newHandler(t, `rate_limit {
+		zone hint {
+			key static
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+		}
+	}`, nil)
+	serve(t, h, "GET", "/", nil) // the key exists
+	var ak *adaptiveKey
+	h.zones[0].adapt.each(func(k *adaptiveKey) { ak = k })
+	ak.lim.Force() // the one place taken
+	if w := serve(t, h, "GET", "/", nil); w.Code != 429 || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("before any latency: %d Retry-After %q, want 429 and 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	for i := range 10 {
+		ak.lim.Observe(time.Duration(i)*time.Second, 3*time.Second, 1)
+	}
+	if w := serve(t, h, "GET", "/", nil); w.Code != 429 || w.Header().Get("Retry-After") != "3" {
+		t.Fatalf("after windows of 3 s: %d Retry-After %q, want 429 and 3", w.Code, w.Header().Get("Retry-After"))
 	}
 }

@@ -380,3 +380,37 @@ func TestAdaptiveRedisPerInstance(t *testing.T) {
 	srv.Stop()
 	round("Redis down")
 }
+
+// TestAdaptiveWebSocketLeavesItsPlace: limit fixed at 1: an open WebSocket
+// (its 101 is its first byte) gives its place back, so a second WebSocket
+// and a plain request pass while the first is still open and echoing, and
+// no latency sample is taken of either upgrade.
+func TestAdaptiveWebSocketLeavesItsPlace(t *testing.T) {
+	app := newWSApp(t)
+	zone := zoneName("adaptive_ws")
+	load(t, newTester(t), wsConfig(app, `zone @ZONE@ {
+			key {http.request.header.X-User}
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+				window 1ms
+			}
+		}`, "ZONE", zone))
+	url := "ws://localhost:" + strconv.Itoa(portA) + "/chat"
+	user := "aws-" + nonce
+	first, code := dialWS(t, url, user)
+	if code != http.StatusSwitchingProtocols {
+		t.Fatalf("the first WebSocket: %d, want 101", code)
+	}
+	first.echo(t, "one")
+	second, code := dialWS(t, url, user)
+	if code != http.StatusSwitchingProtocols {
+		t.Fatalf("a second WebSocket beside an open one: %d, want 101 (the first gave its place back at its 101)", code)
+	}
+	second.echo(t, "two")
+	first.echo(t, "still open")
+	a := adaptiveListing(t, zone)
+	if jsonInt(t, a, "in_flight") != 0 || a["latency_ms"] != 0.0 {
+		t.Fatalf("admin listing with two WebSockets open: %v, want nothing in flight and no latency sampled", a)
+	}
+}
