@@ -414,3 +414,41 @@ func TestAdaptiveWebSocketLeavesItsPlace(t *testing.T) {
 		t.Fatalf("admin listing with two WebSockets open: %v, want nothing in flight and no latency sampled", a)
 	}
 }
+
+// TestAdaptivePerClientAndMatch: keyed per client, each client has a limit
+// of its own (fixed at 2: alice's third held request is refused, bob's two
+// pass); with match, the zone leaves other paths alone.
+func TestAdaptivePerClientAndMatch(t *testing.T) {
+	tc := newTester(t)
+	up := newHoldUpstream(t)
+	zone := zoneName("adaptive_match")
+	fixedAdaptive(t, tc, zone, 2, "\t\t\tmatch {\n\t\t\t\tpath /hold*\n\t\t\t}", "", up.addr())
+	client := loopbackClient(8)
+	defer client.CloseIdleConnections()
+	up.hold()
+	alice, aliceWG := fire(t, client, 3, "/hold", "alice-"+nonce)
+	up.waitArrived(t, 2)
+	if c := <-alice; c != http.StatusTooManyRequests {
+		t.Fatalf("alice's third request: %d, want 429", c)
+	}
+	bob, bobWG := fire(t, client, 2, "/hold", "bob-"+nonce)
+	up.waitArrived(t, 2)
+	if r := get(t, client, siteA+"/app", "X-User: alice-"+nonce); r.code != http.StatusOK {
+		t.Fatalf("a path the zone does not match: %d, want 200", r.code)
+	}
+	if got := up.inFlight.Load(); got != 4 {
+		t.Fatalf("%d held at the upstream, want alice's 2 and bob's 2", got)
+	}
+	if a := adaptiveListing(t, zone); jsonInt(t, a, "keys") != 2 || jsonInt(t, a, "in_flight") != 4 {
+		t.Fatalf("admin listing %v, want 2 keys and 4 in flight", a)
+	}
+	up.releaseAll()
+	aliceWG.Wait()
+	bobWG.Wait()
+	close(bob)
+	for c := range bob {
+		if c != http.StatusOK {
+			t.Fatalf("bob's request answered %d", c)
+		}
+	}
+}
