@@ -61,6 +61,19 @@ http://localhost:@A@ {
 `, "ZONE", zone, "N", strconv.Itoa(n), "EXTRA", extra, "OTHERS", others, "UP", upstream))
 }
 
+// waitAdaptiveIdle waits for an adaptive zone to have nothing in flight:
+// a client has its answer a moment before the handler exits.
+func waitAdaptiveIdle(t *testing.T, zone string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for jsonInt(t, adaptiveListing(t, zone), "in_flight") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("zone %s: %v in flight 5 s after every request ended, want 0", zone, adaptiveListing(t, zone)["in_flight"])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // fire sends n GET requests to path with header X-User user at once and
 // returns their statuses on codes (0: failed) and the Retry-After of the
 // refusals.
@@ -147,10 +160,9 @@ func TestAdaptiveExact(t *testing.T) {
 		if ok != 5 {
 			t.Fatalf("round %d: %d answered 200, want 5", round, ok)
 		}
+		waitAdaptiveIdle(t, zone)
 	}
-	if a := adaptiveListing(t, zone); jsonInt(t, a, "in_flight") != 0 {
-		t.Fatalf("in flight %v after every request ended, want 0", a["in_flight"])
-	}
+	waitAdaptiveIdle(t, zone)
 	// The rate zone was charged only for the admitted requests: all or
 	// nothing across the two.
 	code, body := adminAPI(t, "GET", "/rate_limit/zones/"+rate+"/keys/"+user)
@@ -363,6 +375,7 @@ func TestAdaptiveRedisPerInstance(t *testing.T) {
 		}
 		up.releaseAll()
 		wg.Wait()
+		waitAdaptiveIdle(t, zone)
 	}
 	round("Redis up")
 	keys, err := srv.Client().Keys(context.Background(), "*").Result()
