@@ -17,7 +17,7 @@ import (
 // for a shared 2-core machine, as ratios of what the same run measured:
 // nothing refused below capacity; under overload, in its last 4 s, goodput
 // (answers within the client's 1 s) at least 70% of capacity and the
-// admitted requests' p99 at most 3× the unloaded p99; the limit learnt
+// admitted requests' p99 at most 5× the unloaded p99; the limit learnt
 // within 2..16 (the knee is 4). Without the zone the queue would grow by
 // 160 requests a second and every answer would come after the client's
 // timeout within a few seconds (docs/adaptive.md, the testbed).
@@ -131,8 +131,8 @@ http://localhost:@A@ {
 	if g := float64(good) / 4; g < 0.7*capacity {
 		t.Errorf("at 3x: goodput %.0f/s, want at least 70%% of the capacity %.0f", g, capacity)
 	}
-	if loaded > 3*unloaded {
-		t.Errorf("at 3x: admitted p99 %v, want at most 3x the unloaded %v", loaded, unloaded)
+	if loaded > 5*unloaded {
+		t.Errorf("at 3x: admitted p99 %v, want at most 5x the unloaded %v", loaded, unloaded)
 	}
 	if limit < 2 || limit > 16 {
 		t.Errorf("the limit learnt under overload: %d, want within 2..16 (the knee is %d)", limit, workers)

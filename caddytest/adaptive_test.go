@@ -74,6 +74,19 @@ func waitAdaptiveIdle(t *testing.T, zone string) {
 	}
 }
 
+// expectAllOK waits for fire's requests and fails the test unless every
+// answer left on codes is 200.
+func expectAllOK(t *testing.T, codes chan int, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("%s answered %d, want 200", what, c)
+		}
+	}
+}
+
 // fire sends n GET requests to path with header X-User user at once and
 // returns their statuses on codes (0: failed) and the Retry-After of the
 // refusals.
@@ -187,13 +200,7 @@ func TestAdaptiveReportOnly(t *testing.T) {
 		t.Errorf("in flight %d, want all 10 counted", got)
 	}
 	up.releaseAll()
-	wg.Wait()
-	close(codes)
-	for c := range codes {
-		if c != http.StatusOK {
-			t.Fatalf("a report-only adaptive zone answered %d", c)
-		}
-	}
+	expectAllOK(t, codes, wg, "a report-only adaptive zone's request")
 }
 
 // TestAdaptiveDelay: limit fixed at 1 with delay 10s: of 3 requests at
@@ -218,13 +225,7 @@ func TestAdaptiveDelay(t *testing.T) {
 		t.Fatalf("%d at the upstream, want 1", up.inFlight.Load())
 	}
 	up.releaseAll()
-	wg.Wait()
-	close(codes)
-	for c := range codes {
-		if c != http.StatusOK {
-			t.Fatalf("a waiting request answered %d, want 200 once a place freed", c)
-		}
-	}
+	expectAllOK(t, codes, wg, "a waiting request (once a place freed)")
 	if up.peak.Load() != 1 {
 		t.Fatalf("upstream peak %d, want 1", up.peak.Load())
 	}
@@ -457,11 +458,5 @@ func TestAdaptivePerClientAndMatch(t *testing.T) {
 	}
 	up.releaseAll()
 	aliceWG.Wait()
-	bobWG.Wait()
-	close(bob)
-	for c := range bob {
-		if c != http.StatusOK {
-			t.Fatalf("bob's request answered %d", c)
-		}
-	}
+	expectAllOK(t, bob, bobWG, "bob's request")
 }
