@@ -243,7 +243,7 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 			opts += "n1"
 		}
 		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d %d %d %d %d %s %s 0]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, opts)
+		want := fmt.Sprintf("[%d:%d:%d:%d:%s %d %s 0]", alg, l.Events, l.Window, l.Capacity(), opts, r.Cost, mode)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
 		}
@@ -252,7 +252,7 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		}
 		at := rng.Int64N(1 << 42)
 		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
-		want = fmt.Sprintf("[%d %d %d %d %d 1 %s %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, base, at)
+		want = fmt.Sprintf("[%d:%d:%d:%d:%s %d 1 %d]", alg, l.Events, l.Window, l.Capacity(), base, r.Cost, at)
 		if got != want {
 			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}

@@ -10,10 +10,10 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max
+local byte, char, unpk, tonum, call, min, max, fmt
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
-  min, max = math.min, math.max
+  min, max, fmt = math.min, math.max, string.format
 end
 
 -- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
@@ -76,10 +76,8 @@ end
 
 -- The stored state. The constant-size states (token bucket, gcra, sliding
 -- and fixed window) are stored in binary: 7 to 12 bytes for common limits,
--- which fit Redis's smallest string object (on Redis 7.0, MEMORY USAGE of
--- sluice:v1:api0:{41-cb007107} is 88 bytes with a value of at most 12
--- bytes, 104 with the text form's 18 to 25). The layout, mirrored by
--- codec.go:
+-- which fit Redis's smallest string object (docs/performance.md gives the
+-- memory per key). The layout, mirrored by codec.go:
 --
 --   1 byte    128 + 32 x algorithm id (0..3) + 4 x n1 + unit (0..3)
 --   1 byte    n2 (0..7), the second count's length: sliding window only
@@ -284,24 +282,19 @@ local function penalized(at, val)
   return char(112, b1, b2, b3, b4, b5, b6) .. (val or '')
 end
 
--- A zone's options (ARGV 7, see take.lua): '0' for none, else fields of a
--- letter and digits: 'p<ms>' the penalty, 'd<ms>' the longest wait (delay),
--- 'a<n>' delay_after (tokens), 'n1' this request may not wait. Their parse
--- is memoized as nums is (a zone sends the same string on every call).
-local optc, noptc = {}, 0
+-- A zone's options (the last field of its spec, see take.lua): '0' for
+-- none, else fields of a letter and digits: 'p<ms>' the penalty, 'd<ms>'
+-- the longest wait (delay), 'a<n>' delay_after (tokens), 'n1' this request
+-- may not wait. opts returns them as a table, nil for none; take keeps it
+-- with the spec it parsed.
 local function opts(o)
-  local t = optc[o]
-  if t then
-    return t
+  if o == '0' then
+    return nil
   end
-  t = {p = 0, d = 0, a = 0, n = 0}
+  local t = {p = 0, d = 0, a = 0, n = 0}
   for k, v in string.gmatch(o, '(%a)(%d+)') do
     t[k] = tonum(v)
   end
-  if noptc >= 1000 then
-    optc, noptc = {}, 0
-  end
-  optc[o], noptc = t, noptc + 1
   return t
 end
 
