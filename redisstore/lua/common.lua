@@ -10,10 +10,10 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max, fmt
+local byte, char, unpk, tonum, call, min, max, fmt, spk
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
-  min, max, fmt = math.min, math.max, string.format
+  min, max, fmt, spk = math.min, math.max, string.format, struct.pack
 end
 
 -- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
@@ -120,17 +120,34 @@ local function be(s, i, j)
   return v
 end
 
--- buf holds the variable-length fields pack writes, overwritten by every
--- pack: in a Redis Function library it outlives the call, so writing a
--- state allocates nothing but the string.
-local buf = {}
+-- nbytes returns the count of bytes of v >= 0, big-endian without leading
+-- zeros (0 for 0).
+local function nbytes(v)
+  if v < 1 then
+    return 0
+  elseif v < 256 then
+    return 1
+  elseif v < 65536 then
+    return 2
+  elseif v < 16777216 then
+    return 3
+  elseif v < 4294967296 then
+    return 4
+  elseif v < 1099511627776 then
+    return 5
+  elseif v < 281474976710656 then
+    return 6
+  end
+  return 7
+end
+
+-- packfmt memoizes struct.pack's formats of the binary states, by their
+-- fields' lengths (in a Redis Function library it outlives the call).
+local packfmt = {}
 
 -- pack returns the binary state of algorithm alg: its instant at, counts f1
 -- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead. It writes the fields after the instant backwards,
--- ending at buf[32], each least significant byte first, so no field's
--- length is needed before its bytes are written; the header and the
--- instant go to string.char as arguments.
+-- be written instead. One struct.pack writes it ('I0' writes nothing).
 local function pack(alg, at, f1, f2, last)
   local x = at - 1600000000000
   if x < 0 or x >= 1099511627776 then
@@ -144,43 +161,26 @@ local function pack(alg, at, f1, f2, last)
   elseif last % 1000 == 0 then
     k, u = 1, 1000
   end
-  local i, d = 32, 0
   last = last / u
-  while last >= 1 do
-    d = last % 256
-    buf[i] = d
-    i = i - 1
-    last = (last - d) / 256
-  end
-  local e, n2 = i, nil
+  local n1, nl = nbytes(f1), nbytes(last)
+  local h = 128 + 32 * alg + 4 * n1 + k
   if f2 then
-    while f2 >= 1 do
-      d = f2 % 256
-      buf[i] = d
-      i = i - 1
-      f2 = (f2 - d) / 256
+    local n2 = nbytes(f2)
+    local key = 512 + 64 * n1 + 8 * n2 + nl
+    local f = packfmt[key]
+    if not f then
+      f = '>BBI5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
+      packfmt[key] = f
     end
-    n2, e = e - i, i
+    return spk(f, h, n2, x, f1, f2, last)
   end
-  while f1 >= 1 do
-    d = f1 % 256
-    buf[i] = d
-    i = i - 1
-    f1 = (f1 - d) / 256
+  local key = 8 * n1 + nl
+  local f = packfmt[key]
+  if not f then
+    f = '>BI5I' .. n1 .. 'I' .. nl
+    packfmt[key] = f
   end
-  local h = 128 + 32 * alg + 4 * (e - i) + k
-  local x5 = x % 256 -- the instant's 5 bytes: char's arguments
-  x = (x - x5) / 256
-  local x4 = x % 256
-  x = (x - x4) / 256
-  local x3 = x % 256
-  x = (x - x3) / 256
-  local x2 = x % 256
-  local x1 = (x - x2) / 256
-  if n2 then
-    return char(h, n2, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
-  end
-  return char(h, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
+  return spk(f, h, x, f1, last)
 end
 
 -- load_state reads a stored state of algorithm alg: the binary form, or
