@@ -68,36 +68,48 @@ args() { # layout case keyspace
 cpu() { cli info cpu | awk -F: '/_main_thread:/ { s += $2 } END { printf "%.6f", s }'; }
 stat() { cli info commandstats | awk -F'[:=,]' '/^cmdstat_fcall:/ { print $3, $7 }'; }
 bench() { redis-benchmark -p "$port" -c 50 -P 16 -r 100000 "$@" >/dev/null; }
+# Every library is loaded at once, its probes renamed with its index (its
+# decision function's name already differs), and the libraries take turns
+# function by function, so a machine's drift hits them alike.
+cli function flush >/dev/null
+declare -a layouts takes
+for li in "${!LIBS[@]}"; do
+	sed "s/register_function('p_\([a-z]*\)'/register_function('p_\1_$li'/" "${LIBS[$li]}" | cli -x function load >/dev/null
+	takes[li]=sluice_take_$(head -1 "${LIBS[$li]}" | sed 's/.*name=probe_sluice_//')
+	layouts[li]=new
+	grep -q '^local ARGS = 8$' "${LIBS[$li]}" && layouts[li]=old
+done
 declare -A res wall
-for r in $(seq "$ROUNDS"); do
-	for li in "${!LIBS[@]}"; do
-		cli function flush >/dev/null
-		cli -x function load <"${LIBS[$li]}" >/dev/null
-		lfn=$(head -1 "${LIBS[$li]}" | sed 's/.*name=probe_sluice_//')
-		layout=new
-		grep -q '^local ARGS = 8$' "${LIBS[$li]}" && layout=old
-		for c in "${CASES[@]}"; do
-			for ks in hot many; do
+# p_floor writes a constant over the keys' states: with it, every case
+# starts from no key and is filled again.
+fill=1
+for _ in $(seq "$ROUNDS"); do
+	for c in "${CASES[@]}"; do
+		for ks in hot many; do
+			if [[ $fill == 1 || " ${FNS[*]} " == *" p_floor "* ]]; then
+				cli flushall >/dev/null
 				# shellcheck disable=SC2046
-				bench -n 300000 FCALL "sluice_take_$lfn" $(args "$layout" "$c" "$ks")
-				for f in "${FNS[@]}"; do
-					fn=$f
-					[[ $f == take ]] && fn=sluice_take_$lfn
+				bench -n 300000 FCALL "${takes[0]}" $(args "${layouts[0]}" "$c" "$ks")
+			fi
+			for f in "${FNS[@]}"; do
+				for li in "${!LIBS[@]}"; do
+					fn=${f}_$li
+					[[ $f == take ]] && fn=${takes[li]}
 					# shellcheck disable=SC2046
-					bench -n 10000 FCALL "$fn" $(args "$layout" "$c" "$ks")
+					bench -n 10000 FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
 					cli config resetstat >/dev/null
 					c0=$(cpu)
 					# shellcheck disable=SC2046
-					bench -n "$N" FCALL "$fn" $(args "$layout" "$c" "$ks")
+					bench -n "$N" FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
 					c1=$(cpu)
 					read -r calls us < <(stat)
 					res["$li $c $ks $f"]+="$(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }') "
 					wall["$li $c $ks $f"]+="$us "
 				done
-				cli flushall >/dev/null
 			done
 		done
 	done
+	fill=0
 done
 med() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }'; }
 hdr="| function |"

@@ -16,26 +16,29 @@ local function bind()
   min, max, fmt, spk = math.min, math.max, string.format, struct.pack
 end
 
--- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
--- few strings on every call, and a lookup costs far less than strtod. It
--- is emptied when it reaches 1000 entries, so costs or limits that vary
--- cannot grow it without bound. num(s) is tonumber(s), remembered; the hot
--- path writes `nums[s] or num(s)`, which calls num only on a miss.
-local nums, nnums = {}, 0
-local function num(s)
-  local v = nums[s]
-  if v then
+-- memo returns a cache of f's results, read on the hot path as
+-- `c[k] or miss(k)`: miss computes f(k) and keeps it (unless nil). The
+-- cache is emptied when it reaches 1000 entries, so keys that vary cannot
+-- grow it without bound.
+local function memo(f)
+  local c, n = {}, 0
+  local function miss(k)
+    local v = f(k)
+    if v ~= nil then
+      if n >= 1000 then
+        for key in pairs(c) do c[key] = nil end
+        n = 0
+      end
+      c[k], n = v, n + 1
+    end
     return v
   end
-  v = tonum(s)
-  if v then
-    if nnums >= 1000 then
-      nums, nnums = {}, 0
-    end
-    nums[s], nnums = v, nnums + 1
-  end
-  return v
+  return c, miss
 end
+
+-- nums memoizes tonumber for ARGV: a zone's cost arrives as the same few
+-- strings on every call, and a lookup costs far less than strtod.
+local nums, num = memo(function(s) return tonum(s) end)
 
 -- idiv is floor(a/b) for |a| < 2^53, 0 < b, corrected for the rounding of
 -- the double division.

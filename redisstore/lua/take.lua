@@ -89,38 +89,23 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
   [4] = sliding_log_refund, [5] = concurrency_release}
 
--- specs maps a spec (ARGV, A_SPEC) to its parse: {algorithm id, events,
--- window, capacity, options (nil: none)}; nil for a malformed spec or an
--- unknown algorithm. Emptied at 1000 entries, so specs that vary cannot
--- grow it without bound.
-local specs, nspecs = {}, 0
-local function spec(s)
+-- specs maps a spec (ARGV, A_SPEC) to its parse (memo): {algorithm id,
+-- events, window, capacity, options (nil: none)}; nil for a malformed spec
+-- or an unknown algorithm.
+local specs, spec = memo(function(s)
   local a, e, w, c, o = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
   a = tonum(a)
   if not a or not steps[a] then
     return nil
   end
-  local z = {a, tonum(e), tonum(w), tonum(c), opts(o)}
-  if nspecs >= 1000 then
-    specs, nspecs = {}, 0
-  end
-  specs[s], nspecs = z, nspecs + 1
-  return z
-end
+  return {a, tonum(e), tonum(w), tonum(c), opts(o)}
+end)
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
 -- is formatted by Redis with snprintf (%.17g), which costs more than the
 -- rest of the SET (an integer's %d costs little); a decision's TTLs
--- repeat. Emptied at 1000 entries.
-local ttls, nttls = {}, 0
-local function ttl(px)
-  local s = fmt('%d', px)
-  if nttls >= 1000 then
-    ttls, nttls = {}, 0
-  end
-  ttls[px], nttls = s, nttls + 1
-  return s
-end
+-- repeat.
+local ttls, ttl = memo(function(px) return fmt('%d', px) end)
 
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
 -- margin, deletes the key when there is no state (val nil), or writes
