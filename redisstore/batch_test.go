@@ -189,11 +189,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's eight
-// per zone (lua/take.lua, script.go): algorithm id, events, window,
-// capacity, cost, mode, the options and the charge's instant (a refund's);
-// for random limits (colliding in the cache), penalties, delays, costs and
-// modes.
+// TestArgsCacheKeepsTheLayout: the cached arguments are the script's four
+// per zone (lua/take.lua, script.go): the spec (algorithm id, events,
+// window, capacity, the options), cost, mode and the charge's instant (a
+// refund's); for random limits (colliding in the cache), penalties, delays,
+// costs and modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
 	var a argCache
 	rng := rand.New(rand.NewPCG(1, 2))
