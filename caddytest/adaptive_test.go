@@ -275,7 +275,7 @@ func TestAdaptiveStreamLeavesItsPlace(t *testing.T) {
 }
 
 // TestAdaptiveReloadKeepsLimit: the limit learnt (grown from 2 to its
-// maximum 5 by two clients in a loop) survives a reload that keeps the
+// maximum 5 by four clients in a loop) survives a reload that keeps the
 // zone's settings, and starts over at initial when they change. The
 // caddy_rate_limit_adaptive_limit gauge shows it.
 func TestAdaptiveReloadKeepsLimit(t *testing.T) {
@@ -297,13 +297,15 @@ http://localhost:@A@ {
 			}
 		}
 	}
-	reverse_proxy /app* @UP@
-	respond "@BODY@"
+	route {
+		reverse_proxy /app* @UP@
+		respond "@BODY@"
+	}
 }
 `, "ZONE", zone, "UP", up.addr(), "INITIAL", initial, "BODY", body)
 	}
 	load(t, tc, site("2", "one"))
-	client := loopbackClient(2)
+	client := loopbackClient(4)
 	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(20 * time.Second)
 	for jsonInt(t, adaptiveListing(t, zone), "limit") < 5 {
@@ -311,7 +313,7 @@ http://localhost:@A@ {
 			t.Fatalf("the limit did not grow to 5: %v", adaptiveListing(t, zone))
 		}
 		var wg sync.WaitGroup
-		for range 2 {
+		for range 4 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
