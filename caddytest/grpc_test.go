@@ -509,13 +509,17 @@ func TestGRPCPushback(t *testing.T) {
 			if len(calls) != 2 || len(begun) != 3 {
 				t.Fatalf("the service saw %d calls and the client made %d attempts; want 2 and 3 (the second call refused once, then let in)", len(calls), len(begun))
 			}
-			gap, retryAfter := calls[1].Sub(calls[0]), begun[2].Sub(begun[1])
-			t.Logf("%s: second call reached the service %v after the first; its retry began %v after its refused attempt", tr.name, gap, retryAfter)
-			if gap < 700*time.Millisecond || gap > 3*time.Second {
-				t.Errorf("the second call reached the service %v after the first, want 700ms..3s (the refill of one event, 800ms)", gap)
+			// The first call is charged between its attempt's start and its
+			// arrival at the service, so the refill is due 800ms after a
+			// moment no earlier than begun[0]: the retry may begin, and
+			// reach the service, no sooner (10ms: the clocks' rounding).
+			gap, retryAfter := calls[1].Sub(begun[0]), begun[2].Sub(begun[0])
+			t.Logf("%s: second call reached the service %v after the first call began; its retry began %v after it (%v after its refused attempt)", tr.name, gap, retryAfter, begun[2].Sub(begun[1]))
+			if gap < 790*time.Millisecond || gap > 3*time.Second {
+				t.Errorf("the second call reached the service %v after the first began, want 790ms..3s (the refill of one event, 800ms)", gap)
 			}
-			if retryAfter < 600*time.Millisecond {
-				t.Errorf("the retry began %v after the refused attempt: the pushback (about 800ms) was not waited", retryAfter)
+			if retryAfter < 790*time.Millisecond {
+				t.Errorf("the retry began %v after the first call began: the pushback (the refill, 800ms) was not waited", retryAfter)
 			}
 
 			// Penalty: -1, so the client gives up at once.
