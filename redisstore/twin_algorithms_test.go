@@ -34,6 +34,9 @@ func TestVectorsLua(t *testing.T) {
 			key := "vector:" + v.File + ":" + string(rune('a'+vi))
 			srv.Do(t, "DEL", key)
 			for i, s := range v.Compile(t) {
+				if s.Settle {
+					t.Skip("settle: not in the Lua twins yet")
+				}
 				if s.Refund {
 					// The refund, then the key's view (a take of cost 0).
 					rf := algorithms.Refund{Limit: s.Limit, Cost: s.Cost, At: s.At}
