@@ -180,11 +180,13 @@ type adminZoneInfo struct {
 	Store      map[string]any `json:"store"`
 	// Count, OnExceed, Penalty, Delay and DelayAfter: the zone's settings,
 	// when set.
-	Count      []string `json:"count,omitempty"`
-	OnExceed   string   `json:"on_exceed,omitempty"`
-	Penalty    string   `json:"penalty,omitempty"`
-	Delay      string   `json:"delay,omitempty"`
-	DelayAfter int64    `json:"delay_after,omitempty"`
+	Count []string `json:"count,omitempty"`
+	// Settle is the zone's settle source ("json usage.total_tokens").
+	Settle     string `json:"settle,omitempty"`
+	OnExceed   string `json:"on_exceed,omitempty"`
+	Penalty    string `json:"penalty,omitempty"`
+	Delay      string `json:"delay,omitempty"`
+	DelayAfter int64  `json:"delay_after,omitempty"`
 	// A concurrency zone's slots and lease (algorithm "concurrency"; its
 	// events, window and burst are then 0).
 	Concurrent int64  `json:"concurrent,omitempty"`

@@ -55,6 +55,12 @@ type admission struct {
 	res         reservation
 	reserved    bool
 	wantsStatus bool
+	// wantsBody: a control reads the response's body (atBody); rw is the
+	// writer the next handlers were given, while they run.
+	wantsBody bool
+	rw        http.ResponseWriter
+	// settling is the settle zones' reading of the response (settle.go).
+	settling *settlement
 }
 
 // outcome is what a request's take and verdict came to.
@@ -255,7 +261,8 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 		return next.ServeHTTP(w, a.r)
 	}
 	sw := statusWriterPool.Get().(*statusWriter)
-	sw.ResponseWriter, sw.hook, sw.known, sw.refused = w, a, false, false
+	sw.ResponseWriter, sw.hook, sw.known, sw.refused, sw.body = w, a, false, false, a.wantsBody
+	a.rw = w
 	returned := false
 	defer func() {
 		if !sw.known {
@@ -279,6 +286,14 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 	err = next.ServeHTTP(sw, a.r)
 	returned = true
 	return err
+}
+
+// bodyWritten is called with each piece of the body written to the client
+// (a.wantsBody).
+func (a *admission) bodyWritten(p []byte) {
+	for _, c := range a.h.on[atBody] {
+		c.body(a, p)
+	}
 }
 
 // statusKnown is called once, with the response's status (statuswriter.go

@@ -44,6 +44,9 @@ type zone struct {
 	// every response. countSpec is the setting as written.
 	counts    *statusSet
 	countSpec []string
+	// settle is where the zone reads the actual amount (settle.go); nil:
+	// none.
+	settle *settleZone
 	// pass forwards a request the zone would refuse (on_exceed pass,
 	// pass.go).
 	pass bool

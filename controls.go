@@ -47,6 +47,9 @@ type hooks struct {
 	serve func(a *admission) error
 	// status runs once the response's status is known (a.wantsStatus).
 	status func(a *admission, status int)
+	// body runs on the response's body as it is written, after the client
+	// was written to (a.wantsBody); p must not be kept.
+	body func(a *admission, p []byte)
 	// exit runs on every exit of an allowed request.
 	exit func(a *admission)
 }
@@ -62,6 +65,7 @@ const (
 	atVerdict
 	atServe
 	atStatus
+	atBody
 	atExit
 	numStages
 )
@@ -95,6 +99,8 @@ func (c *control) hookAt(s stage) bool {
 		return c.serve != nil
 	case atStatus:
 		return c.status != nil
+	case atBody:
+		return c.body != nil
 	case atExit:
 		return c.exit != nil
 	}
@@ -102,11 +108,13 @@ func (c *control) hookAt(s stage) bool {
 }
 
 // controls is the registration table: one line per control, in the order
-// their hooks run within a stage (pass marks before delay waits; count
-// settles before inflight wakes a waiter).
+// their hooks run within a stage (pass marks before delay waits; count and
+// settle settle before inflight wakes a waiter; settle's verdict follows
+// count's).
 var controls = [...]*control{
 	&penaltyControl,     // penalty.go
 	&countControl,       // count.go
+	&settleControl,      // settle.go
 	&passControl,        // pass.go
 	&delayControl,       // delay.go
 	&inflightControl,    // inflight.go

@@ -55,3 +55,9 @@ func (sh *shard) settle(k mapKey, cost int64) {
 		}
 	}
 }
+
+// Settle is Refund: it settles the refunds that carry Settle to their
+// amounts (stores.Settler).
+func (s *Store) Settle(ctx context.Context, refunds []algorithms.Refund) error {
+	return s.Refund(ctx, refunds)
+}

@@ -39,6 +39,8 @@ type Compiled struct {
 	Enabled    bool
 	// Allowance is the zone's local allowance; nil: none.
 	Allowance *LocalAllowance
+	// Settle is where the zone reads the actual amount; nil: none.
+	Settle *Settle
 }
 
 // Dynamic reports whether the zone's limit is chosen per request.
@@ -97,8 +99,11 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if err := z.checkAllowance(); err != nil {
 		return nil, err
 	}
+	if err := z.checkSettle(); err != nil {
+		return nil, err
+	}
 	c := &Compiled{Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
-		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance}
+		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle}
 	if err := c.compileCost(z); err != nil {
 		return nil, err
 	}
