@@ -65,9 +65,11 @@ func (s *jsonScan) feed(p []byte) {
 	}
 }
 
-// end tells s the text has ended: a number at its very end is complete.
+// end tells s the text has ended: a number at its very end is complete
+// only as the whole text (inside a container, the text was cut short, and
+// so may the number have been).
 func (s *jsonScan) end() {
-	if s.st == scanNumber {
+	if s.st == scanNumber && s.depth == 0 {
 		s.endNumber()
 		s.afterValue()
 	}
