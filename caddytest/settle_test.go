@@ -109,7 +109,7 @@ http://localhost:@A@ {
 		}
 		settle_wait 5s
 		response {
-			body `+"`"+openAIRefusal+"`"+`
+			body ` + "`" + openAIRefusal + "`" + `
 		}
 	}
 	reverse_proxy @APP@ {
