@@ -250,6 +250,9 @@ type adminState struct {
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	// InUse: a concurrency zone's slots in use (limit − remaining).
 	InUse *int64 `json:"in_use,omitempty"`
+	// Debt: a settle zone's units owed beyond its capacity (token_bucket
+	// and gcra; settle.go), 0 when none.
+	Debt *int64 `json:"debt,omitempty"`
 }
 
 func stateOf(d algorithms.Decision) adminState {
@@ -454,6 +457,9 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 	out.adminState = stateOf(decs[best])
 	if az.z.conc != nil {
 		out.showInUse()
+	}
+	if az.z.settle != nil {
+		out.showDebt(az.z.limit)
 	}
 	return writeJSON(w, out)
 }

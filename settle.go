@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // settleControl: a zone that charges what the response reports (`settle
@@ -351,4 +353,22 @@ func (s *sseLines) event(rd *usageRead) {
 	}
 	s.data = false
 	rd.json.reset(rd.sz.path)
+}
+
+// showDebt adds to a settle zone's peek each key's debt: the units owed
+// beyond the capacity, from the time the key takes to be back to full
+// (token_bucket and gcra; the windows count no debt beyond their window).
+func (p *adminPeek) showDebt(l algorithms.Limit) {
+	debt := func(st *adminState) {
+		var d int64
+		if l.Algorithm == algorithms.TokenBucket || l.Algorithm == algorithms.GCRA {
+			owed := float64(st.ResetAfterMs) * float64(l.Events) / float64(l.Window)
+			d = max(int64(owed)-l.Capacity(), 0)
+		}
+		st.Debt = &d
+	}
+	debt(&p.adminState)
+	for i := range p.Keys {
+		debt(&p.Keys[i].adminState)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -161,15 +162,16 @@ func TestSettleOpenAIMemory(t *testing.T) {
 			up := newOpenAIUpstream(t, 300)
 			zone := zoneName("tokens")
 			load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100"))
-			checkTokenBudget(t, up, stream)
+			checkTokenBudget(t, up, zone, stream)
 		})
 	}
 }
 
 // checkTokenBudget runs the sequence against the loaded tokenSite.
-func checkTokenBudget(t *testing.T, up *openAIUpstream, stream bool) {
+func checkTokenBudget(t *testing.T, up *openAIUpstream, zone string, stream bool) {
 	t.Helper()
-	c := openAIClient(siteA, "sk-"+nonce+strconv.FormatBool(stream))
+	key := "sk-" + nonce + strconv.FormatBool(stream)
+	c := openAIClient(siteA, key)
 	ctx := context.Background()
 	passed := 0
 	for i := range 10 {
@@ -198,6 +200,13 @@ func checkTokenBudget(t *testing.T, up *openAIUpstream, stream bool) {
 	}
 	if n := up.called("gpt-test"); n != 4 {
 		t.Fatalf("the upstream served %d completions, want 4", n)
+	}
+	// The admin API shows the debt: 1,200 spent of 1,000, less what has
+	// refilled since (a token every 3.6s).
+	path := "/rate_limit/zones/" + zone + "/keys/" + url.PathEscape("Bearer "+key)
+	code, body := adminAPI(t, "GET", path)
+	if debt, _ := body["debt"].(float64); code != http.StatusOK || debt < 199 || debt > 200 {
+		t.Errorf("GET %s: %d, debt %v, want 200: %v", path, code, body["debt"], body)
 	}
 }
 
