@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
@@ -45,7 +46,8 @@ type Store struct {
 	// Run is the simulation the store belongs to.
 	Run string `json:"run,omitempty"`
 
-	run *run
+	run  *run
+	take stores.Store // the memory store under the recording layer
 }
 
 // CaddyModule returns the Caddy module information.
@@ -63,25 +65,34 @@ func (s *Store) Provision(caddy.Context) error {
 		return errors.New("store simulate: only `caddy rate-limit simulate` uses this store")
 	}
 	s.run = v.(*run)
+	s.take = stores.Stack(s.run.mem, s.recordLayer)
 	return nil
 }
 
 // Key identifies the store: every handler of one simulation shares it.
 func (s *Store) Key() string { return "simulate run=" + s.Run }
 
-// Take decides with the memory store at the virtual instant and records
-// the decisions. A request admitted later (a `delay` zone) waits in
-// virtual time: its reservation is charged at its arrival, as in
-// production, and the handler is told not to hold it up in real time.
+// Take decides with the memory store at the virtual instant, under the
+// recording layer.
 func (s *Store) Take(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
-	if err := s.run.mem.Take(ctx, reqs, out); err != nil {
-		return err
-	}
-	s.run.rec.record(s.run.now, reqs, out)
-	for i := range out {
-		out[i].Delay = 0
-	}
-	return nil
+	return s.take.Take(ctx, reqs, out)
+}
+
+// recordLayer records every decision of next for the report. A request
+// admitted later (a `delay` zone) waits in virtual time: its reservation
+// is charged at its arrival, as in production, and the handler is told not
+// to hold it up in real time.
+func (s *Store) recordLayer(next stores.Store) stores.Store {
+	return stores.TakeFunc(func(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
+		if err := next.Take(ctx, reqs, out); err != nil {
+			return err
+		}
+		s.run.rec.record(s.run.now, reqs, out)
+		for i := range out {
+			out[i].Delay = 0
+		}
+		return nil
+	})
 }
 
 // Refund gives back the charges of `count` zones whose response status
@@ -239,6 +250,11 @@ func (a *Auth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Store)(nil)
+	_ stores.Store                = (*Store)(nil)
+	_ stores.Keyed                = (*Store)(nil)
+	_ stores.Refunder             = (*Store)(nil)
+	_ stores.Settler              = (*Store)(nil)
+	_ stores.Releaser             = (*Store)(nil)
 	_ caddy.Provisioner           = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)
 	_ caddy.Provisioner           = (*Upstream)(nil)
