@@ -17,7 +17,8 @@ package algorithms
 //     forgiven when the window turns; sliding_window caps it at the limit);
 //   - sliding_log: the charge's event takes the actual amount, exactly.
 //
-// A debt is bounded by MaxDebt scaled units. docs/algorithms.md.
+// A debt is bounded by 2^53 scaled units and by MaxRefill: a key owes at
+// most 100 years of refill (docs/reference.md, settle).
 
 // MaxSettled is the largest amount a settle takes: 2^53, so that every
 // quantity stays exact in the Lua twins' doubles.
@@ -81,7 +82,7 @@ func tokenBucketOwe(st State, fresh bool, l Limit, now, extra int64) (State, int
 	owed := cur.Debt + min(extra, (MaxScaled-cur.Debt)/w)*w
 	at := cur.At
 	if owed > room {
-		at += ceilDiv(owed-room, rate)
+		at = min(at+ceilDiv(owed-room, rate), max(at, now+MaxRefill))
 		owed = room
 	}
 	return State{Debt: owed, At: at, Scale: w}, at + ceilDiv(owed, rate)
@@ -93,7 +94,11 @@ func gcraOwe(st State, fresh bool, l Limit, now, extra int64) (State, int64) {
 	u, ei := l.Events/g, l.Window/g
 	_, cur, _ := gcra(st, fresh, l, now, 0, false)
 	d := max((cur.At-now)*u+cur.Debt, 0)
-	d += min(extra, (MaxScaled-d)/ei) * ei
+	most := int64(MaxScaled) // 100 years ahead at most, in units
+	if u <= MaxScaled/MaxRefill {
+		most = MaxRefill * u
+	}
+	d = min(d+min(extra, (MaxScaled-d)/ei)*ei, max(d, most))
 	ahead, r := d/u, d%u
 	reset := ahead
 	if r > 0 {

@@ -5,6 +5,7 @@
 -- returns the reset-after and the value to store.
 
 local max_settled = 9007199254740992 -- 2^53
+local max_refill = 3153600000000 -- 100 years, in ms (algorithms.MaxRefill)
 
 -- tb_owe: the debt, refilled to now, plus extra; beyond the bucket (and
 -- the waiting room's slots), kept as the milliseconds its refill takes,
@@ -15,7 +16,7 @@ local function tb_owe(raw, events, w, capacity, extra, o)
   if o then room = room + o.d * events end
   local owed = debt + min(extra, idiv(max_settled - debt, w)) * w
   if owed > room then
-    at = at + ceildiv(owed - room, events)
+    at = min(at + ceildiv(owed - room, events), max(at, now + max_refill))
     owed = room
   end
   return tb_state(owed, at, events, w)
@@ -27,7 +28,9 @@ local function gcra_owe(raw, events, w, capacity, extra)
   local ahead, rest = gcra_load(raw, u)
   local d = 0
   if ahead >= 0 then d = ahead * u + rest end
-  d = d + min(extra, idiv(max_settled - d, ei)) * ei
+  local most = max_settled -- 100 years ahead at most, in units
+  if u <= idiv(max_settled, max_refill) then most = max_refill * u end
+  d = min(d + min(extra, idiv(max_settled - d, ei)) * ei, max(d, most))
   local a = idiv(d, u)
   if d == 0 then a = -1 end
   local _, _, _, reset, val = gcra_result(1, 0, a, d - max(a, 0) * u, d, false, u, ei, tau)
