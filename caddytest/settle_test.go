@@ -17,6 +17,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
 
 // openAIUpstream is a stand-in OpenAI-compatible API: POST
@@ -109,6 +111,7 @@ http://localhost:@A@ {
 			settle json usage.total_tokens
 		}
 		settle_wait 5s
+		@STORE@
 		response {
 			body ` + "`" + openAIRefusal + "`" + `
 		}
@@ -119,10 +122,14 @@ http://localhost:@A@ {
 }`
 
 // openAIClient is the official client against site, with the API key
-// given and no retries (a 429 is the test's to see).
+// given and no retries of its own (a 429 is the test's to see); a request
+// whose connection the old server of a reload took and closed unanswered is
+// sent again (retryEOF).
 func openAIClient(site, key string) openai.Client {
+	c := loopbackClient(64)
+	c.Transport = retryEOF{base: c.Transport}
 	return openai.NewClient(option.WithBaseURL(site+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0),
-		option.WithHTTPClient(loopbackClient(64)))
+		option.WithHTTPClient(c))
 }
 
 // complete makes one completion, streamed or not, and returns the total
@@ -161,7 +168,7 @@ func TestSettleOpenAIMemory(t *testing.T) {
 		t.Run("stream="+strconv.FormatBool(stream), func(t *testing.T) {
 			up := newOpenAIUpstream(t, 300)
 			zone := zoneName("tokens")
-			load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100"))
+			load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100", "STORE", ""))
 			checkTokenBudget(t, up, zone, stream)
 		})
 	}
@@ -218,7 +225,32 @@ func TestSettleEstimatesInFlightMemory(t *testing.T) {
 	up := newOpenAIUpstream(t, 40)
 	up.delay = 100 * time.Millisecond
 	zone := zoneName("tokens_inflight")
-	load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100"))
+	load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100", "STORE", ""))
+	checkEstimatesInFlight(t, up)
+}
+
+// TestSettleOpenAIRedis is TestSettleOpenAIMemory on the Redis store: the
+// settle is the script's (lua/settle.lua), queued on the pipeline.
+func TestSettleOpenAIRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, stream := range []bool{false, true} {
+		t.Run("stream="+strconv.FormatBool(stream), func(t *testing.T) {
+			up := newOpenAIUpstream(t, 300)
+			zone := zoneName("tokens_redis")
+			load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100", "STORE", "store redis "+srv.URL()))
+			checkTokenBudget(t, up, zone, stream)
+		})
+	}
+}
+
+// TestSettleEstimatesInFlightRedis is TestSettleEstimatesInFlightMemory on
+// the Redis store.
+func TestSettleEstimatesInFlightRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newOpenAIUpstream(t, 40)
+	up.delay = 100 * time.Millisecond
+	zone := zoneName("tokens_inflight_redis")
+	load(t, newTester(t), config("", tokenSite, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100", "STORE", "store redis "+srv.URL()))
 	checkEstimatesInFlight(t, up)
 }
 
