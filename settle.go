@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"strings"
@@ -286,7 +287,21 @@ const (
 // feed reads p into rd.
 func (s *sseLines) feed(rd *usageRead, p []byte) {
 	const field = "data:"
-	for _, c := range p {
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if s.st == sseData && c != '\n' && c != '\r' {
+			// The rest of the data line at once.
+			j := bytes.IndexAny(p[i:], "\r\n")
+			if j < 0 {
+				j = len(p) - i
+			}
+			if !rd.json.failed {
+				rd.json.feed(p[i : i+j])
+			}
+			s.cr = false
+			i += j - 1
+			continue
+		}
 		if s.cr && c == '\n' {
 			s.cr = false
 			continue

@@ -1,5 +1,7 @@
 package sluice
 
+import "bytes"
+
 // jsonScan finds the whole number at a dot path (usage.total_tokens) in a
 // JSON text fed to it in pieces, as they stream, holding none of the text:
 // it tracks the nesting, compares keys on the path byte by byte, and keeps
@@ -58,9 +60,17 @@ func (s *jsonScan) reset(path []string) {
 	*s = jsonScan{path: path}
 }
 
-// feed scans p, the next bytes of the text.
+// feed scans p, the next bytes of the text. A string value's bytes are
+// skipped up to its next quote or backslash at once.
 func (s *jsonScan) feed(p []byte) {
 	for i := 0; i < len(p) && !s.failed; i++ {
+		if s.st == scanString && !s.escaped {
+			j := bytes.IndexAny(p[i:], `"\`)
+			if j < 0 {
+				return
+			}
+			i += j
+		}
 		s.byte(p[i])
 	}
 }
