@@ -113,6 +113,11 @@ func (h *Handler) admit(r *http.Request) *admission {
 // handler's own answer (an ambiguous key's 400).
 func (a *admission) plan() error {
 	h, r := a.h, a.r
+	for _, c := range h.on[atPrepare] {
+		if err := c.prepare(a); err != nil {
+			return err
+		}
+	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	for i, z := range h.zones {
 		if len(z.matchers) > 0 {

@@ -47,6 +47,9 @@ type zone struct {
 	// settle is where the zone reads the actual amount (settle.go); nil:
 	// none.
 	settle *settleZone
+	// requestJSON are the paths of the request's JSON body its key reads
+	// (requestjson.go).
+	requestJSON []string
 	// pass forwards a request the zone would refuse (on_exceed pass,
 	// pass.go).
 	pass bool

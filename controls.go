@@ -31,6 +31,9 @@ type control struct {
 // only when the control joined that stage (nil: it takes no part). They run
 // on the hot path: no allocation, no fmt.
 type hooks struct {
+	// prepare runs before the zones are planned (a field of the request's
+	// body read for the keys); an error ends the request.
+	prepare func(a *admission) error
 	// plan fills in the request of zone z (a holder id).
 	plan func(a *admission, z *zone, rq *algorithms.Request)
 	// admit runs once the zones are planned, before the take.
@@ -58,7 +61,8 @@ type hooks struct {
 type stage uint8
 
 const (
-	atPlan stage = iota
+	atPrepare stage = iota
+	atPlan
 	atAdmit
 	atTake
 	atRank
@@ -85,6 +89,8 @@ func joins(sts ...stage) stages {
 // hookAt reports whether c has a hook for stage s.
 func (c *control) hookAt(s stage) bool {
 	switch s {
+	case atPrepare:
+		return c.prepare != nil
 	case atPlan:
 		return c.plan != nil
 	case atAdmit:
@@ -119,6 +125,7 @@ var controls = [...]*control{
 	&delayControl,       // delay.go
 	&inflightControl,    // inflight.go
 	&concurrencyControl, // concurrency.go
+	&requestJSONControl, // requestjson.go
 }
 
 // compileControls runs every control's config checks on zone z.

@@ -32,7 +32,15 @@ type jsonScan struct {
 	// the root value is complete.
 	found, bad, failed, done bool
 	value                    int64
+	// text, when wanted (wantText: a request's field read by a key), is
+	// the string at the path, at most maxScanText bytes; a string with an
+	// escape is unusable (bad).
+	wantText, inText, isText bool
+	text                     []byte
 }
+
+// maxScanText bounds a string value read at a path.
+const maxScanText = 256
 
 type scanState uint8
 
@@ -64,7 +72,7 @@ func (s *jsonScan) reset(path []string) {
 // skipped up to its next quote or backslash at once.
 func (s *jsonScan) feed(p []byte) {
 	for i := 0; i < len(p) && !s.failed; i++ {
-		if s.st == scanString && !s.escaped {
+		if s.st == scanString && !s.escaped && !s.inText {
 			j := bytes.IndexAny(p[i:], `"\`)
 			if j < 0 {
 				return
@@ -184,7 +192,10 @@ func (s *jsonScan) value1(c byte) {
 		}
 	case c == '"':
 		s.st, s.escaped = scanString, false
-		if atTarget {
+		switch {
+		case atTarget && s.wantText:
+			s.inText, s.isText, s.text = true, true, s.text[:0]
+		case atTarget:
 			s.bad = true
 		}
 	case c == '-' || c >= '0' && c <= '9':
@@ -218,6 +229,16 @@ func (s *jsonScan) stringByte(c byte) {
 		s.escaped = false
 		s.keyOK = false // an escaped key is never on the path
 		return
+	}
+	if s.inText {
+		switch {
+		case c == '"':
+			s.inText, s.found = false, !s.bad
+		case c == '\\' || len(s.text) == maxScanText:
+			s.bad = true
+		default:
+			s.text = append(s.text, c)
+		}
 	}
 	switch c {
 	case '\\':

@@ -26,13 +26,13 @@ func TestExampleLLM(t *testing.T) {
 	}
 	loadExample(t, "llm.Caddyfile", map[string]string{"SLUICE_LLM_UPSTREAM": up.Listener.Addr().String()}, zones)
 	ctx := context.Background()
-	model := func(m string) option.RequestOption { return option.WithHeader("X-Model", m+nonce) }
-	// run sends completions until the first refusal (at most n) and
-	// returns how many passed and the refusal.
-	run := func(key string, n int, stream bool, opts func(i int) []option.RequestOption) (int, *openai.Error) {
+	// run sends completions of model until the first refusal (at most n)
+	// and returns how many passed and the refusal. The model's zone reads
+	// the model from the request body.
+	run := func(key, model string, n int, stream bool, opts func(i int) []option.RequestOption) (int, *openai.Error) {
 		c := openAIClient(siteA, key)
 		for i := range n {
-			if _, err := complete(ctx, c, "m", stream, opts(i)...); err != nil {
+			if _, err := complete(ctx, c, model+nonce, stream, opts(i)...); err != nil {
 				var apiErr *openai.Error
 				if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {
 					t.Fatalf("%s, completion %d: %v, want a 429", key, i, err)
@@ -46,7 +46,8 @@ func TestExampleLLM(t *testing.T) {
 	// Tokens per key: 3,000 a completion against 40,000 with an estimate
 	// of 1,000: 14 pass (the 14th starts with 39,000 spent and leaves a
 	// debt of 2,000), the 15th waits for 3,000 tokens: 4.5s.
-	passed, refusal := run("sk-tpm-"+nonce, 20, true, func(int) []option.RequestOption { return []option.RequestOption{model("a")} })
+	none := func(int) []option.RequestOption { return nil }
+	passed, refusal := run("sk-tpm-"+nonce, "a", 20, true, none)
 	if passed != 14 || refusal == nil || !strings.Contains(refusal.Message, zones["llm_tpm"]) {
 		t.Fatalf("tokens per key: %d passed, then %v; want 14, then a refusal by %s", passed, refusal, zones["llm_tpm"])
 	}
@@ -56,7 +57,7 @@ func TestExampleLLM(t *testing.T) {
 
 	// Requests per key: small completions, 60 pass, the 61st is refused.
 	up.tokens.Store(10)
-	passed, refusal = run("sk-rpm-"+nonce, 70, false, func(int) []option.RequestOption { return []option.RequestOption{model("b")} })
+	passed, refusal = run("sk-rpm-"+nonce, "b", 70, false, none)
 	if passed != 60 || refusal == nil || !strings.Contains(refusal.Message, zones["llm_rpm"]) {
 		t.Fatalf("requests per key: %d passed, then %v; want 60, then a refusal by %s", passed, refusal, zones["llm_rpm"])
 	}
@@ -66,12 +67,12 @@ func TestExampleLLM(t *testing.T) {
 	// model's zone, and nothing of its key's was spent.
 	up.tokens.Store(30000)
 	var lastKey string
-	passed, refusal = run("sk-model-"+nonce, 20, false, func(i int) []option.RequestOption {
+	passed, refusal = run("sk-model-"+nonce, "c", 20, false, func(i int) []option.RequestOption {
 		lastKey = "Bearer sk-model-" + nonce + "-" + strconv.Itoa(i)
-		return []option.RequestOption{model("c"), option.WithHeader("Authorization", lastKey)}
+		return []option.RequestOption{option.WithHeader("Authorization", lastKey)}
 	})
 	if passed != 14 || refusal == nil || !strings.Contains(refusal.Message, zones["llm_model_tpm"]) {
-		t.Fatalf("tokens per model: %d passed, then %v; want 14, then a refusal by %s", passed, refusal, zones["llm_model_tpm"])
+		t.Fatalf("tokens per model: %d passed, then %v (%s); want 14, then a refusal by %s", passed, refusal, refusal.Message, zones["llm_model_tpm"])
 	}
 	r := get(t, loopbackClient(1), siteA+"/v1/models", "Authorization: "+lastKey, "X-Model: d"+nonce)
 	if got := r.header.Get("X-Ratelimit-Remaining"); got != "59" {
@@ -79,7 +80,9 @@ func TestExampleLLM(t *testing.T) {
 		// tokens were untouched by the refusal.
 		t.Errorf("the refused key's next request shows X-RateLimit-Remaining %q, want 59 (nothing spent by the refusal)", got)
 	}
-	if n := up.called("m"); n != 14+60+14 {
-		t.Errorf("the upstream served %d completions, want %d", n, 14+60+14)
+	for m, want := range map[string]int{"a": 14, "b": 60, "c": 14} {
+		if n := up.called(m + nonce); n != want {
+			t.Errorf("the upstream served %d completions of model %s, want %d", n, m, want)
+		}
 	}
 }
