@@ -958,6 +958,14 @@ func TestExamplesStandIn(t *testing.T) {
 	}
 }
 
+// TestExampleLLM loads examples/llm.Caddyfile; the checks are in
+// settle_example_test.go.
+func TestExampleLLM(t *testing.T) {
+	testExampleLLM(t, func(t *testing.T, env, renames map[string]string) {
+		loadExample(t, "llm.Caddyfile", env, renames)
+	})
+}
+
 // TestExampleGRPC loads examples/grpc.Caddyfile; the checks are in
 // grpc_example_test.go.
 func TestExampleGRPC(t *testing.T) {

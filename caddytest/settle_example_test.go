@@ -12,19 +12,20 @@ import (
 	"github.com/openai/openai-go/v3/option"
 )
 
-// TestExampleLLM loads examples/llm.Caddyfile in front of the stand-in
-// OpenAI-compatible upstream and checks what its header promises, with the
-// official client: a key's tokens a minute, charged by the usage each
-// response reports (debt included, Retry-After saying when it is repaid);
-// its requests a minute; the model's tokens a minute across keys, all or
-// nothing with the keys' zones.
-func TestExampleLLM(t *testing.T) {
+// testExampleLLM loads examples/llm.Caddyfile (with load, given by
+// TestExampleLLM) in front of the stand-in OpenAI-compatible upstream and
+// checks what its header promises, with the official client: a key's
+// tokens a minute, charged by the usage each response reports (debt
+// included, Retry-After saying when it is repaid); its requests a minute;
+// the model's tokens a minute across keys, read from the request's body,
+// all or nothing with the keys' zones.
+func testExampleLLM(t *testing.T, load func(t *testing.T, env, renames map[string]string)) {
 	up := newOpenAIUpstream(t, 3000)
 	zones := map[string]string{}
 	for _, z := range []string{"llm_rpm", "llm_tpm", "llm_model_tpm"} {
 		zones[z] = zoneName(z)
 	}
-	loadExample(t, "llm.Caddyfile", map[string]string{"SLUICE_LLM_UPSTREAM": up.Listener.Addr().String()}, zones)
+	load(t, map[string]string{"SLUICE_LLM_UPSTREAM": up.Listener.Addr().String()}, zones)
 	ctx := context.Background()
 	// run sends completions of model until the first refusal (at most n)
 	// and returns how many passed and the refusal. The model's zone reads
