@@ -28,6 +28,8 @@ var metrics = struct {
 	concurrentSlots *prometheus.GaugeVec
 	// settled and settleMissing: see settle.go.
 	settled, settleMissing *prometheus.CounterVec
+	// adaptiveLimit, adaptiveBaseline, adaptiveLatency: see adaptive.go.
+	adaptiveLimit, adaptiveBaseline, adaptiveLatency *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -102,8 +104,21 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "settle_missing_total",
 			Help: "Responses of a zone with settle that told no usable amount (missing, not a whole number, negative, above 2^53): the estimate stayed, by zone.",
 		}, []string{"zone"})
+		metrics.adaptiveLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_limit",
+			Help: "An adaptive concurrency zone's learnt limit on this instance, by zone (of the key whose window of latencies closed last).",
+		}, []string{"zone"})
+		metrics.adaptiveBaseline = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_baseline_seconds",
+			Help: "An adaptive concurrency zone's baseline latency, what its controller takes for unloaded, by zone (of the key whose window closed last).",
+		}, []string{"zone"})
+		metrics.adaptiveLatency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_latency_seconds",
+			Help: "An adaptive concurrency zone's sample latency: the mean time to the first byte of the last window's responses, by zone.",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots, metrics.settled, metrics.settleMissing} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots,
+		metrics.settled, metrics.settleMissing, metrics.adaptiveLimit, metrics.adaptiveBaseline, metrics.adaptiveLatency} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
