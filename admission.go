@@ -55,10 +55,8 @@ type admission struct {
 	res         reservation
 	reserved    bool
 	wantsStatus bool
-	// wantsBody: a control reads the response's body (atBody); rw is the
-	// writer the next handlers were given, while they run.
+	// wantsBody: a control reads the response's body (atBody).
 	wantsBody bool
-	rw        http.ResponseWriter
 	// settling is the settle zones' reading of the response (settle.go).
 	settling *settlement
 	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
@@ -275,7 +273,6 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 	a.header = w.Header()
 	sw := statusWriterPool.Get().(*statusWriter)
 	sw.ResponseWriter, sw.hook, sw.known, sw.refused, sw.body = w, a, false, false, a.wantsBody
-	a.rw = w
 	returned := false
 	defer func() {
 		if !sw.known {

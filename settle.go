@@ -169,7 +169,7 @@ func readUsage(a *admission, p []byte) {
 		}
 		if rd.body == bodyUnknown {
 			rd.body = bodyJSON
-			if isEventStream(a.rw.Header().Get("Content-Type")) {
+			if eventStream(a.header.Get("Content-Type")) {
 				rd.body = bodyEvents
 			}
 		}
@@ -181,12 +181,6 @@ func readUsage(a *admission, p []byte) {
 	}
 }
 
-// isEventStream reports whether a Content-Type is text/event-stream.
-func isEventStream(ct string) bool {
-	const es = "text/event-stream"
-	return len(ct) >= len(es) && strings.EqualFold(ct[:len(es)], es)
-}
-
 // finishSettle settles the request's settle zones to the amounts read, or
 // keeps their estimates, in one store call, and wakes the requests waiting
 // for charges in flight (exit).
@@ -196,10 +190,7 @@ func finishSettle(a *admission) {
 		return
 	}
 	a.settling = nil
-	var hdr http.Header
-	if a.rw != nil {
-		hdr = a.rw.Header()
-	}
+	hdr := a.header
 	for i := 0; i < st.n; i++ {
 		rd := &st.reads[i]
 		c := &a.res.charges[rd.charge]
