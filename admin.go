@@ -180,11 +180,13 @@ type adminZoneInfo struct {
 	Store      map[string]any `json:"store"`
 	// Count, OnExceed, Penalty, Delay and DelayAfter: the zone's settings,
 	// when set.
-	Count      []string `json:"count,omitempty"`
-	OnExceed   string   `json:"on_exceed,omitempty"`
-	Penalty    string   `json:"penalty,omitempty"`
-	Delay      string   `json:"delay,omitempty"`
-	DelayAfter int64    `json:"delay_after,omitempty"`
+	Count []string `json:"count,omitempty"`
+	// Settle is the zone's settle source ("json usage.total_tokens").
+	Settle     string `json:"settle,omitempty"`
+	OnExceed   string `json:"on_exceed,omitempty"`
+	Penalty    string `json:"penalty,omitempty"`
+	Delay      string `json:"delay,omitempty"`
+	DelayAfter int64  `json:"delay_after,omitempty"`
 	// A concurrency zone's slots and lease (algorithm "concurrency"; its
 	// events, window and burst are then 0).
 	Concurrent int64  `json:"concurrent,omitempty"`
@@ -251,6 +253,9 @@ type adminState struct {
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	// InUse: a concurrency zone's slots in use (limit − remaining).
 	InUse *int64 `json:"in_use,omitempty"`
+	// Debt: a settle zone's units owed beyond its capacity (token_bucket
+	// and gcra; settle.go), 0 when none.
+	Debt *int64 `json:"debt,omitempty"`
 }
 
 func stateOf(d algorithms.Decision) adminState {
@@ -455,6 +460,9 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 	out.adminState = stateOf(decs[best])
 	if az.z.conc != nil {
 		out.showInUse()
+	}
+	if az.z.settle != nil {
+		out.showDebt(az.z.limit)
 	}
 	return writeJSON(w, out)
 }

@@ -55,6 +55,10 @@ type admission struct {
 	res         reservation
 	reserved    bool
 	wantsStatus bool
+	// wantsBody: a control reads the response's body (atBody).
+	wantsBody bool
+	// settling is the settle zones' reading of the response (settle.go).
+	settling *settlement
 	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
 	// the request was passed on; header is the response's header, for the
 	// status hooks.
@@ -114,6 +118,11 @@ func (h *Handler) admit(r *http.Request) *admission {
 // handler's own answer (an ambiguous key's 400).
 func (a *admission) plan() error {
 	h, r := a.h, a.r
+	for _, c := range h.on[atPrepare] {
+		if err := c.prepare(a); err != nil {
+			return err
+		}
+	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	for i, z := range h.zones {
 		if len(z.matchers) > 0 {
@@ -263,7 +272,7 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 	}
 	a.header = w.Header()
 	sw := statusWriterPool.Get().(*statusWriter)
-	sw.ResponseWriter, sw.hook, sw.known, sw.refused = w, a, false, false
+	sw.ResponseWriter, sw.hook, sw.known, sw.refused, sw.body = w, a, false, false, a.wantsBody
 	returned := false
 	defer func() {
 		if !sw.known {
@@ -287,6 +296,14 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 	err = next.ServeHTTP(sw, a.r)
 	returned = true
 	return err
+}
+
+// bodyWritten is called with each piece of the body written to the client
+// (a.wantsBody).
+func (a *admission) bodyWritten(p []byte) {
+	for _, c := range a.h.on[atBody] {
+		c.body(a, p)
+	}
 }
 
 // statusKnown is called once, with the response's status (statuswriter.go

@@ -100,6 +100,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        report_only
 //	        enabled     true|false
 //	        count       <status|class|range>...
+//	        settle      header <name> | json <path>
 //	        on_exceed   refuse|pass
 //	        penalty     <duration>
 //	        delay       <max_wait>
@@ -452,6 +453,16 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 			}
 		case "on_exceed":
 			z.OnExceed, err = p.arg(field)
+		case "settle":
+			args := d.RemainingArgs()
+			switch {
+			case len(args) == 2 && args[0] == "header":
+				z.Settle = &Settle{Header: args[1]}
+			case len(args) == 2 && args[0] == "json":
+				z.Settle = &Settle{JSON: args[1]}
+			default:
+				return nil, p.errf("settle takes a source: header <name> or json <path> (settle json usage.total_tokens), got %q", strings.Join(args, " "))
+			}
 		case "penalty":
 			if v, err = p.arg(field); err == nil {
 				z.Penalty, err = p.duration(field, v)
@@ -483,7 +494,7 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.Lease, err = p.duration(field, v)
 			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance)", field)
 		}
 		if err != nil {
 			return nil, err

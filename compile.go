@@ -46,6 +46,12 @@ type zone struct {
 	// every response. countSpec is the setting as written.
 	counts    *statusSet
 	countSpec []string
+	// settle is where the zone reads the actual amount (settle.go); nil:
+	// none.
+	settle *settleZone
+	// requestJSON are the paths of the request's JSON body its key reads
+	// (requestjson.go).
+	requestJSON []string
 	// pass forwards a request the zone would refuse (on_exceed pass,
 	// pass.go).
 	pass bool

@@ -77,23 +77,28 @@ func TestConfigChecks(t *testing.T) {
 		{"zone twice, other settings", site("", zoneZ+"\t\tzone z {\n\t\t\tevents 6\n\t\t\twindow 1m\n\t\t}\n"), []string{`zone "z"`, "defined at Caddyfile:6", "other settings", "Caddyfile:10"}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			err := validateCaddyfile(t, c.caddyfile)
-			if c.want == nil {
-				if err != nil {
-					t.Fatalf("refused: %v\n%s", err, c.caddyfile)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("loaded without error:\n%s", c.caddyfile)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not mention %q", err, w)
-				}
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { expectConfig(t, c.caddyfile, c.want) })
+	}
+}
+
+// expectConfig validates caddyfile: it must load (want nil), or be refused
+// with an error that mentions every string of want.
+func expectConfig(t *testing.T, caddyfile string, want []string) {
+	t.Helper()
+	err := validateCaddyfile(t, caddyfile)
+	if want == nil {
+		if err != nil {
+			t.Fatalf("refused: %v\n%s", err, caddyfile)
+		}
+		return
+	}
+	if err == nil {
+		t.Fatalf("loaded without error:\n%s", caddyfile)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
 	}
 }
 

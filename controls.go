@@ -34,6 +34,9 @@ type control struct {
 // only when the control joined that stage (nil: it takes no part). They run
 // on the hot path: no allocation, no fmt.
 type hooks struct {
+	// prepare runs before the zones are planned (a field of the request's
+	// body read for the keys); an error ends the request.
+	prepare func(a *admission) error
 	// plan fills in the request of zone z (a holder id).
 	plan func(a *admission, z *zone, rq *algorithms.Request)
 	// admit runs once the zones are planned, before the take.
@@ -50,6 +53,9 @@ type hooks struct {
 	serve func(a *admission) error
 	// status runs once the response's status is known (a.wantsStatus).
 	status func(a *admission, status int)
+	// body runs on the response's body as it is written, after the client
+	// was written to (a.wantsBody); p must not be kept.
+	body func(a *admission, p []byte)
 	// exit runs on every exit of an allowed request.
 	exit func(a *admission)
 }
@@ -58,13 +64,15 @@ type hooks struct {
 type stage uint8
 
 const (
-	atPlan stage = iota
+	atPrepare stage = iota
+	atPlan
 	atAdmit
 	atTake
 	atRank
 	atVerdict
 	atServe
 	atStatus
+	atBody
 	atExit
 	numStages
 )
@@ -84,6 +92,8 @@ func joins(sts ...stage) stages {
 // hookAt reports whether c has a hook for stage s.
 func (c *control) hookAt(s stage) bool {
 	switch s {
+	case atPrepare:
+		return c.prepare != nil
 	case atPlan:
 		return c.plan != nil
 	case atAdmit:
@@ -98,6 +108,8 @@ func (c *control) hookAt(s stage) bool {
 		return c.serve != nil
 	case atStatus:
 		return c.status != nil
+	case atBody:
+		return c.body != nil
 	case atExit:
 		return c.exit != nil
 	}
@@ -105,16 +117,19 @@ func (c *control) hookAt(s stage) bool {
 }
 
 // controls is the registration table: one line per control, in the order
-// their hooks run within a stage (pass marks before delay waits; count
-// settles before inflight wakes a waiter).
+// their hooks run within a stage (pass marks before delay waits; count and
+// settle settle before inflight wakes a waiter; settle's verdict follows
+// count's).
 var controls = [...]*control{
 	&penaltyControl,     // penalty.go
 	&countControl,       // count.go
+	&settleControl,      // settle.go
 	&passControl,        // pass.go
 	&delayControl,       // delay.go
 	&inflightControl,    // inflight.go
 	&concurrencyControl, // concurrency.go
 	&adaptiveControl,    // adaptive.go
+	&requestJSONControl, // requestjson.go
 }
 
 // compileControls runs every control's config checks on zone z.

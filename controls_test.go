@@ -38,16 +38,23 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 			window 1m
 			on_exceed pass
 		}
+		zone ctl_tokens {
+			events 1000
+			window 1m
+			cost 10
+			settle json usage.total_tokens
+		}
 	}`, nil)
 	want := [numStages][]*control{
 		atPlan:    {&concurrencyControl}, // the holder id
 		atAdmit:   {&delayControl},       // the waiting room
 		atTake:    {&inflightControl},    // the wait for charges in flight
 		atRank:    {&concurrencyControl}, // the Retry-After hint
-		atVerdict: {&countControl, &passControl, &delayControl, &concurrencyControl},
+		atVerdict: {&countControl, &settleControl, &passControl, &delayControl, &concurrencyControl},
 		atServe:   {&passControl, &delayControl}, // pass marks before a delay waits
 		atStatus:  {&countControl, &inflightControl},
-		atExit:    {&concurrencyControl}, // the slots back
+		atBody:    {&settleControl},                      // the amount read as the body streams
+		atExit:    {&settleControl, &concurrencyControl}, // settled, then the slots back
 	}
 	for s := range numStages {
 		if !slices.Equal(all.on[s], want[s]) {

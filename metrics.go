@@ -26,6 +26,8 @@ var metrics = struct {
 	waiting       prometheus.Gauge
 	// concurrentSlots: see concurrency.go.
 	concurrentSlots *prometheus.GaugeVec
+	// settled and settleMissing: see settle.go.
+	settled, settleMissing *prometheus.CounterVec
 	// adaptiveLimit, adaptiveBaseline, adaptiveLatency: see adaptive.go.
 	adaptiveLimit, adaptiveBaseline, adaptiveLatency *prometheus.GaugeVec
 }{}
@@ -94,6 +96,14 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "concurrent_slots",
 			Help: "Concurrency slots held by this instance's running requests, by zone (requests admitted by a concurrency zone that have not ended).",
 		}, []string{"zone"})
+		metrics.settled = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "settled_units_total",
+			Help: "Units a zone with settle charged as its responses reported them (the actual amounts, estimates replaced), by zone.",
+		}, []string{"zone"})
+		metrics.settleMissing = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "settle_missing_total",
+			Help: "Responses of a zone with settle that told no usable amount (missing, not a whole number, negative, above 2^53): the estimate stayed, by zone.",
+		}, []string{"zone"})
 		metrics.adaptiveLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "adaptive_limit",
 			Help: "An adaptive concurrency zone's learnt limit on this instance, by zone (of the key whose window of latencies closed last).",
@@ -108,7 +118,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		}, []string{"zone"})
 	})
 	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots,
-		metrics.adaptiveLimit, metrics.adaptiveBaseline, metrics.adaptiveLatency} {
+		metrics.settled, metrics.settleMissing, metrics.adaptiveLimit, metrics.adaptiveBaseline, metrics.adaptiveLatency} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -126,6 +126,9 @@ type Handler struct {
 	logger      *zap.Logger
 	ctx         caddy.Context
 	counting    bool // a zone counts only some statuses (count.go)
+	// requestJSON: the request JSON paths the zones' keys read
+	// (requestjson.go).
+	requestJSON []string
 	passing     bool // a zone forwards its would-be refusals (pass.go)
 	// delaying: a zone lets requests wait for their turn (delay.go),
 	// within room.

@@ -35,6 +35,10 @@ type charge struct {
 	at   int64 // the decision's At
 	// held: a slot counted in the zone's gauge (hold); done: given back.
 	held, done bool
+	// told: a settle zone's response told the actual amount, settled
+	// (settle.go); else its estimate stays.
+	told    bool
+	settled int64
 }
 
 // What give gives back (a bit set).
@@ -47,6 +51,9 @@ const (
 	cancelCharges
 	// releaseSlots: the concurrency slots.
 	releaseSlots
+	// settleAmounts: the settle zones' charges, settled to the amounts
+	// their responses told (the estimate kept when untold).
+	settleAmounts
 )
 
 // reserve records the charges of the zones that allowed a request (a
@@ -91,13 +98,14 @@ func (rs *reservation) counted() bool {
 }
 
 // give gives back what is picked and not given back yet, in one call per
-// kind (Refund, Release) into the store that decided; status is the
-// response's for settleCounts. The stores never block on the network: a
+// kind (Refund, or Settle when a charge is settled to an amount; Release)
+// into the store that decided; status is the response's for settleCounts. The stores never block on the network: a
 // remote one queues the call. A refund's error is the store's to count;
 // Release's is returned (a slot not released ends with its lease).
 func (rs *reservation) give(what giving, status int) error {
 	rs.refunds, rs.slots = rs.refunds[:0], rs.slots[:0]
 	var slotsHeld time.Duration
+	settles := false
 	for i := range rs.charges {
 		c := &rs.charges[i]
 		switch {
@@ -125,13 +133,20 @@ func (rs *reservation) give(what giving, status int) error {
 				m.refunded.Inc()
 			}
 			rs.refunds = append(rs.refunds, refundOf(c, keep))
+		case what&settleAmounts != 0 && c.zone.settle != nil:
+			r := refundOf(c, !c.told)
+			r.Settle, r.Settled = c.told, c.settled
+			rs.refunds = append(rs.refunds, r)
+			settles = settles || c.told
 		default:
 			continue
 		}
 		c.done = true
 	}
 	if len(rs.refunds) > 0 {
-		if rf, ok := rs.store.(refunder); ok {
+		if st, ok := rs.store.(settler); ok && settles {
+			_ = st.Settle(context.Background(), rs.refunds)
+		} else if rf, ok := rs.store.(refunder); ok {
 			_ = rf.Refund(context.Background(), rs.refunds)
 		}
 		clear(rs.refunds)

@@ -29,6 +29,9 @@ type statusWriter struct {
 	// refused: a later rate_limit handler refuses the request (markRefusal):
 	// its response is counted by no zone.
 	refused bool
+	// body: each piece of the body written is handed to the admission,
+	// once the client's writer has it (admission.bodyWritten).
+	body bool
 }
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
@@ -74,14 +77,24 @@ func (w *statusWriter) WriteHeader(status int) {
 // Write reports an implicit 200 when nothing was written before.
 func (w *statusWriter) Write(b []byte) (int, error) {
 	w.settle(http.StatusOK)
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	if w.body && n > 0 {
+		w.hook.bodyWritten(b[:n])
+	}
+	return n, err
 }
 
 // ReadFrom reports an implicit 200, as Write.
 func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	w.settle(http.StatusOK)
+	if w.body {
+		return io.Copy(writerOnly{w}, r) // through Write, which reads the body
+	}
 	return w.ResponseWriterWrapper.ReadFrom(r)
 }
+
+// writerOnly hides a writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
 
 // FlushError reports an implicit 200 (a flush sends the header), then
 // flushes (http.ResponseController).

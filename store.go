@@ -10,6 +10,7 @@ type (
 	Store          = stores.Store
 	keyedStore     = stores.Keyed
 	refunder       = stores.Refunder
+	settler        = stores.Settler
 	storeHolder    = stores.Holder
 	releaser       = stores.Releaser
 	slotHeir       = stores.SlotHeir

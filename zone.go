@@ -35,3 +35,6 @@ func zoneErr(name string, err error) error {
 	}
 	return fmt.Errorf("zone %q: %w", name, err)
 }
+
+// Settle is a zone's settle source (Zone.Settle).
+type Settle = zonemodel.Settle

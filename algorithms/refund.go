@@ -26,6 +26,11 @@ type Refund struct {
 	// charge as it is (its status counts, or is unknown): nothing is given
 	// back.
 	InFlight, Keep bool
+	// Settle settles the charge to Settled units (algorithms.Settle): the
+	// difference to Cost is given back, or charged on top; Keep is then
+	// ignored.
+	Settle  bool
+	Settled int64
 }
 
 // GiveBack runs one refund of cost, charged at at (0: unknown), on a key's

@@ -16,6 +16,16 @@ func TestVectors(t *testing.T) {
 			var st algorithms.State
 			fresh := true
 			for i, s := range v.Compile(t) {
+				if s.Settle {
+					if next, _, ok := algorithms.Settle(st, fresh, s.Limit, s.Now, s.Cost, s.Settled, s.At); ok {
+						st, fresh = next, false
+					}
+					d, _, _ := algorithms.Step(st, fresh, s.Limit, s.Now, 0)
+					if got := vectortest.Got(d); got != s.Want {
+						t.Fatalf("step %d (settle at %d of cost %d to %d; %s): the key's view after it:\n got  %+v\n want %+v", i, s.Step.AtMs, s.Cost, s.Settled, s.Step.Note, got, s.Want)
+					}
+					continue
+				}
 				if s.Refund {
 					if next, _, ok := algorithms.GiveBack(st, fresh, s.Limit, s.Now, s.Cost, s.At); ok {
 						st, fresh = next, false

@@ -915,7 +915,7 @@ func TestExampleExports(t *testing.T) {
 // cluster.Caddyfile, which needs a Redis Cluster, is checked the same way
 // in TestExampleCluster.
 func TestExamplesStandIn(t *testing.T) {
-	for _, v := range []string{"SLUICE_LOGIN_UPSTREAM", "SLUICE_WEBHOOK_UPSTREAM", "SLUICE_API_UPSTREAM", "SLUICE_AUTH_UPSTREAM", "SLUICE_EXPORTS_UPSTREAM", "SLUICE_APP_UPSTREAM"} {
+	for _, v := range []string{"SLUICE_LOGIN_UPSTREAM", "SLUICE_WEBHOOK_UPSTREAM", "SLUICE_API_UPSTREAM", "SLUICE_AUTH_UPSTREAM", "SLUICE_EXPORTS_UPSTREAM", "SLUICE_APP_UPSTREAM", "SLUICE_LLM_UPSTREAM"} {
 		t.Setenv(v, "") // restored after the test
 		os.Unsetenv(v)
 	}
@@ -938,6 +938,7 @@ func TestExamplesStandIn(t *testing.T) {
 		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", []string{"Authorization: Bearer acme:42"}, 200, "the stand-in API: GET /v1/items"},
 		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", nil, 401, ""},
 		{"rollout.Caddyfile", []string{"api_now", "api_next"}, "GET", "/v1/items", nil, 200, "the stand-in API: GET /v1/items"},
+		{"llm.Caddyfile", []string{"llm_rpm", "llm_tpm", "llm_model_tpm"}, "POST", "/v1/chat/completions", []string{"Authorization: Bearer sk-1", "X-Model: gpt-4o-mini"}, 200, `{"id":"chatcmpl-standin","object":"chat.completion","created":0,"model":"stand-in","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":88,"total_tokens":100}}`},
 		{"exports.Caddyfile", []string{"exports", "exports_rate"}, "GET", "/exports/orders.csv", []string{"X-Account: acme"}, 200, "date,account,amount\n2026-12-01,acme,9.99\n"},
 		{"protect.Caddyfile", []string{"backend", "per_client"}, "GET", "/report", nil, 200, "the stand-in upstream: GET /report"},
 	} {
@@ -956,6 +957,14 @@ func TestExamplesStandIn(t *testing.T) {
 			closeIdle(c)
 		})
 	}
+}
+
+// TestExampleLLM loads examples/llm.Caddyfile; the checks are in
+// settle_example_test.go.
+func TestExampleLLM(t *testing.T) {
+	testExampleLLM(t, func(t *testing.T, env, renames map[string]string) {
+		loadExample(t, "llm.Caddyfile", env, renames)
+	})
 }
 
 // TestExampleProtect loads examples/protect.Caddyfile in front of an

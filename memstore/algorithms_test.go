@@ -20,8 +20,8 @@ func TestVectors(t *testing.T) {
 			s, clock := newTestStore(t, 0)
 			for i, st := range v.Compile(t) {
 				clock.ms.Store(st.Now)
-				if st.Refund {
-					r := algorithms.Refund{Zone: "vec", Key: keyOf(1), Limit: st.Limit, Cost: st.Cost, At: st.At}
+				if st.Refund || st.Settle {
+					r := algorithms.Refund{Zone: "vec", Key: keyOf(1), Limit: st.Limit, Cost: st.Cost, At: st.At, Settle: st.Settle, Settled: st.Settled}
 					if err := s.Refund(context.Background(), []algorithms.Refund{r}); err != nil {
 						t.Fatal(err)
 					}

@@ -179,10 +179,12 @@ var (
 	// the module's (the store's, embedded, and its own).
 	_ stores.Store     = (*Store)(nil)
 	_ stores.Refunder  = (*Store)(nil)
+	_ stores.Settler   = (*Store)(nil)
 	_ stores.Releaser  = (*Store)(nil)
 	_ stores.Admin     = (*Store)(nil)
 	_ stores.Store     = (*Memory)(nil)
 	_ stores.Refunder  = (*Memory)(nil)
+	_ stores.Settler   = (*Memory)(nil)
 	_ stores.Releaser  = (*Memory)(nil)
 	_ stores.Admin     = (*Memory)(nil)
 	_ stores.Keyed     = (*Memory)(nil)

@@ -9,7 +9,8 @@ import (
 // Refund gives back charges that Take made (algorithms.GiveBack: a zone that
 // counts only some response statuses refunds the others), each under its
 // shard's lock, at once, and settles those taken in flight (a Keep refund
-// only settles). A charge whose key has been forgotten since (swept
+// only settles). A Settle refund settles the charge to its actual amount
+// (algorithms.Settle): given back, or charged on top. A charge whose key has been forgotten since (swept
 // back to full, reset, or displaced) has nothing to give back. It never
 // fails.
 func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
@@ -25,7 +26,14 @@ func (s *Store) Refund(_ context.Context, refunds []algorithms.Refund) error {
 		if r.InFlight {
 			sh.settle(k, r.Cost)
 		}
-		if st, ok := sh.get(k); ok && !r.Keep {
+		if r.Settle {
+			// Settled to the actual amount: charged on top even when the
+			// key was forgotten meanwhile.
+			st, ok := sh.get(k)
+			if next, fullAt, ok := algorithms.Settle(st, !ok, r.Limit, s.now(), r.Cost, r.Settled, r.At); ok {
+				sh.set(k, &next, fullAt)
+			}
+		} else if st, ok := sh.get(k); ok && !r.Keep {
 			now := s.now()
 			if next, fullAt, ok := algorithms.GiveBack(st, false, r.Limit, now, r.Cost, r.At); ok {
 				sh.set(k, &next, fullAt)
@@ -46,4 +54,10 @@ func (sh *shard) settle(k mapKey, cost int64) {
 			delete(sh.pending, k)
 		}
 	}
+}
+
+// Settle is Refund: it settles the refunds that carry Settle to their
+// amounts (stores.Settler).
+func (s *Store) Settle(ctx context.Context, refunds []algorithms.Refund) error {
+	return s.Refund(ctx, refunds)
 }

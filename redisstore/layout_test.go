@@ -29,6 +29,7 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 		"MODE_REFUNDABLE": str(modeRefundable), "MODE_REPORT_ONLY_REFUNDABLE": str(modeReportOnlyRefundable),
 		"MODE_RENEW": str(modeRenew), "MODE_INFLIGHT": str(modeInFlight), "MODE_REPORT_ONLY_INFLIGHT": str(modeReportOnlyInFlight),
 		"MODE_REFUND_INFLIGHT": str(modeRefundInFlight), "MODE_SETTLE_INFLIGHT": str(modeSettleInFlight),
+		"MODE_SETTLE":     str(modeSettle),
 		"ALG_CONCURRENCY": strconv.Itoa(int(algorithms.Concurrency)),
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (.+)$`)

@@ -124,3 +124,15 @@ func (r *Redis) Refund(ctx context.Context, refunds []algorithms.Refund) error {
 	}
 	return r.Store.Refund(ctx, refunds)
 }
+
+// Settle is Refund: its refunds that carry Settle are settled to their
+// amounts by the script (mode 10, lua/settle.lua), queued like the others
+// (stores.Settler).
+func (s *Store) Settle(ctx context.Context, refunds []algorithms.Refund) error {
+	return s.Refund(ctx, refunds)
+}
+
+// Settle implements the store's settle (see Store.Settle).
+func (r *Redis) Settle(ctx context.Context, refunds []algorithms.Refund) error {
+	return r.Refund(ctx, refunds)
+}

@@ -33,6 +33,8 @@ var (
 	luaSlidingLog string
 	//go:embed lua/concurrency.lua
 	luaConcurrency string
+	//go:embed lua/settle.lua
+	luaSettle string
 	//go:embed lua/take.lua
 	luaTake string
 )
@@ -40,7 +42,7 @@ var (
 // luaDefs are the helpers, every algorithm and take (lua/take.lua), which
 // decides a request. They read the upvalue `now` (Unix milliseconds),
 // which each entry point defines first.
-var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaConcurrency + luaTake
+var luaDefs = luaCommon + luaTokenBucket + luaGCRA + luaSlidingWindow + luaFixedWindow + luaSlidingLog + luaConcurrency + luaSettle + luaTake
 
 // The entry points' pieces: the clock (from Redis's TIME, or from ARGV[1]
 // in tests, which then pass the zones' arguments after it), and the call of
@@ -106,9 +108,11 @@ func luaLibrary() (name, code string) {
 //	   zone's lease (nothing for a rate zone), 6 take whose charge stays
 //	   in flight until settled (Request.InFlight; refundable too), 7 the
 //	   same for a report-only zone, 8 refund a charge taken in flight, 9
-//	   settle one and keep it (Refund.Keep)
+//	   settle one and keep it (Refund.Keep), 10 settle one to the amount
+//	   its response reported (Refund.Settle: lua/settle.lua)
 //	4  for a refund, the instant of the charge (Unix ms; "0": unknown);
-//	   "0" for a take or a renewal
+//	   for a settle (mode 10), "<instant>:<amount>"; "0" for a take or a
+//	   renewal
 //
 // The layout's numbers are defined here; lua/take.lua names each of them
 // (TestLuaLayoutMatchesGo checks its names against these). This is the one
@@ -162,6 +166,7 @@ var (
 	modeRenew                                any = "5"
 	modeInFlight, modeReportOnlyInFlight     any = "6", "7"
 	modeRefundInFlight, modeSettleInFlight   any = "8", "9"
+	modeSettle                               any = "10"
 	unknownInstant                           any = "0"
 )
 
@@ -204,14 +209,18 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 	for i := range refunds {
 		r := &refunds[i]
 		h := a.head(r.Limit)
-		mode := modeRefund
+		mode, at := modeRefund, any(r.At)
 		switch {
+		case r.Settle:
+			// The instant and the amount in one argument: settles are
+			// rare beside takes, and the layout stays one for all.
+			mode, at = modeSettle, strconv.FormatInt(r.At, 10)+":"+strconv.FormatInt(max(r.Settled, 0), 10)
 		case r.Keep:
 			mode = modeSettleInFlight
 		case r.InFlight:
 			mode = modeRefundInFlight
 		}
-		args = append(args, h[0], r.Cost, mode, r.At)
+		args = append(args, h[0], r.Cost, mode, at)
 	}
 	return args
 }

@@ -34,16 +34,17 @@ func TestVectorsLua(t *testing.T) {
 			key := "vector:" + v.File + ":" + string(rune('a'+vi))
 			srv.Do(t, "DEL", key)
 			for i, s := range v.Compile(t) {
-				if s.Refund {
-					// The refund, then the key's view (a take of cost 0).
-					rf := algorithms.Refund{Limit: s.Limit, Cost: s.Cost, At: s.At}
+				if s.Refund || s.Settle {
+					// The refund (or settle), then the key's view (a take
+					// of cost 0).
+					rf := algorithms.Refund{Limit: s.Limit, Cost: s.Cost, At: s.At, Settle: s.Settle, Settled: s.Settled}
 					if _, err := runTwin(ctx, c, []string{key}, testArgs.appendRefunds([]any{s.Now}, []algorithms.Refund{rf})...); err != nil {
 						t.Fatalf("step %d: refund: %v", i, err)
 					}
 				}
 				args := []any{s.Now}
 				r := *s.Request()
-				if s.Refund {
+				if s.Refund || s.Settle {
 					r.Cost = 0
 				}
 				args = luaArgs(args, false, r)

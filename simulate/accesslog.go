@@ -135,7 +135,10 @@ type logLine struct {
 	Duration json.RawMessage `json:"duration"`
 	UserID   string          `json:"user_id"`
 	Status   int             `json:"status"`
-	Request  *struct {
+	// RespHeaders are the response's headers, sent again by the replaced
+	// upstream (a settle header zone reads its amount there).
+	RespHeaders map[string][]string `json:"resp_headers"`
+	Request     *struct {
 		RemoteIP   string              `json:"remote_ip"`
 		RemotePort string              `json:"remote_port"`
 		Proto      string              `json:"proto"`
@@ -233,6 +236,12 @@ func parseLogLine(b []byte, l *logLine) (*Request, int64, int) {
 		r.Header = make(http.Header, len(rq.Headers))
 		for k, v := range rq.Headers {
 			r.Header[textproto.CanonicalMIMEHeaderKey(k)] = v
+		}
+	}
+	if len(l.RespHeaders) > 0 {
+		r.RespHeader = make(http.Header, len(l.RespHeaders))
+		for k, v := range l.RespHeaders {
+			r.RespHeader[textproto.CanonicalMIMEHeaderKey(k)] = v
 		}
 	}
 	if rq.RemoteIP != "" {

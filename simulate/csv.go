@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // placement puts a traffic key (a CSV's key column, a pattern's clients)
@@ -170,7 +172,7 @@ type csvSource struct {
 	started bool
 }
 
-var csvColumns = []string{"time", "key", "path", "cost", "method", "host"}
+var csvColumns = []string{"time", "key", "path", "cost", "method", "host", "settled"}
 
 // lineFeed is the reader of one line for the csv.Reader; at its end the
 // csv.Reader sees io.EOF, and reads the next line fed to it.
@@ -259,6 +261,15 @@ func (c *csvSource) Next(req *Request) bool {
 				continue
 			}
 		}
+		settled, hasSettled := int64(0), false
+		if v := c.field(rec, "settled"); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || n > algorithms.MaxSettled {
+				c.counts.Malformed++
+				continue
+			}
+			settled, hasSettled = n, true
+		}
 		path := c.field(rec, "path")
 		if path == "" {
 			path = "/"
@@ -268,7 +279,7 @@ func (c *csvSource) Next(req *Request) bool {
 			c.counts.Malformed++
 			continue
 		}
-		*req = Request{Time: t, Method: c.field(rec, "method"), URI: path, Host: c.field(rec, "host")}
+		*req = Request{Time: t, Method: c.field(rec, "method"), URI: path, Host: c.field(rec, "host"), Settled: settled, HasSettled: hasSettled}
 		if req.Host == "" {
 			req.Host = c.host
 			c.p.hostDefaulted = true

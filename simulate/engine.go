@@ -20,6 +20,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // Request is one request of the traffic: what the production path needs to
@@ -48,6 +49,15 @@ type Request struct {
 	// status), which the replaced upstream answers with, so that `count`
 	// zones give back what production gave back; 0 is 200.
 	Status int
+	// Settled is the amount the response reported (a CSV's settled
+	// column), when HasSettled: the replaced upstream reports it in every
+	// settle zone's source, so that settle zones charge what production
+	// charged. RespHeader holds the response headers an access log
+	// recorded (resp_headers), which the replaced upstream sends again
+	// (a settle header zone reads its amount there).
+	Settled    int64
+	HasSettled bool
+	RespHeader http.Header
 
 	seq int64 // the line number, to keep the order of equal start times
 }
@@ -64,6 +74,8 @@ type run struct {
 // provisioned in this process (nothing listens), with the simulator's
 // store on a virtual clock.
 type Engine struct {
+	// sources are the zones' settle sources (settleSources).
+	sources []*zonemodel.Settle
 	run     *run
 	cfg     *caddy.Config
 	rw      *rewritten
@@ -351,10 +363,28 @@ func (e *Engine) build(req *Request) (*http.Request, bool) {
 	if req.TLS {
 		r.TLS = &tls.ConnectionState{HandshakeComplete: true, Version: tls.VersionTLS13, ServerName: req.ServerName}
 	}
-	if req.UserID != "" || req.Status != 0 {
-		r = r.WithContext(context.WithValue(context.Background(), ctxKey{}, simulated{user: req.UserID, status: req.Status}))
+	if req.UserID != "" || req.Status != 0 || req.HasSettled || len(req.RespHeader) > 0 {
+		sim := simulated{user: req.UserID, status: req.Status, header: req.RespHeader}
+		if req.HasSettled {
+			sim.settled, sim.sources = &req.Settled, e.settleSources()
+		}
+		r = r.WithContext(context.WithValue(context.Background(), ctxKey{}, sim))
 	}
 	return r, true
+}
+
+// settleSources returns the settle sources of the configuration's zones,
+// found once.
+func (e *Engine) settleSources() []*zonemodel.Settle {
+	if e.sources == nil {
+		e.sources = []*zonemodel.Settle{}
+		for _, z := range e.rw.zones {
+			if z.model != nil && z.model.Settle != nil {
+				e.sources = append(e.sources, z.model.Settle)
+			}
+		}
+	}
+	return e.sources
 }
 
 // discardWriter is the response writer of simulated requests: it keeps

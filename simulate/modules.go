@@ -2,9 +2,11 @@ package simulate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/stores"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 func init() {
@@ -98,6 +101,12 @@ func (s *Store) Refund(ctx context.Context, refunds []algorithms.Refund) error {
 	return s.run.mem.Refund(ctx, refunds)
 }
 
+// Settle settles the charges of `settle` zones to the amounts the
+// traffic reported, in the memory store, as production does.
+func (s *Store) Settle(ctx context.Context, refunds []algorithms.Refund) error {
+	return s.run.mem.Settle(ctx, refunds)
+}
+
 // Release gives back the slots of concurrency zones, in the memory store,
 // as production does when a request ends. The replay is sequential: a
 // request's response is written before the next request arrives, so its
@@ -114,6 +123,11 @@ type ctxKey struct{}
 type simulated struct {
 	user   string
 	status int
+	// header: response headers to send; settled: the amount to report in
+	// every settle source (nil: none).
+	header  http.Header
+	settled *int64
+	sources []*zonemodel.Settle
 }
 
 // Upstream replaces an upstream handler in a simulation
@@ -146,8 +160,49 @@ func (Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 	if status < 100 || status > 999 {
 		status = http.StatusOK
 	}
+	for k, v := range sim.header {
+		w.Header()[k] = v
+	}
+	var body map[string]any
+	if sim.settled != nil {
+		n := *sim.settled
+		for _, src := range sim.sources {
+			if src.Header != "" {
+				w.Header().Set(src.Header, strconv.FormatInt(n, 10))
+				continue
+			}
+			if body == nil {
+				body = map[string]any{}
+			}
+			setPath(body, src.Path(), n)
+		}
+	}
+	if body == nil {
+		w.WriteHeader(status)
+		return nil
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	return nil
+	_, err = w.Write(b)
+	return err
+}
+
+// setPath sets the value at a dot path of m, making the objects on the
+// way (a value already there that is not an object is replaced).
+func setPath(m map[string]any, path []string, v int64) {
+	for _, seg := range path[:len(path)-1] {
+		next, ok := m[seg].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[seg] = next
+		}
+		m = next
+	}
+	m[path[len(path)-1]] = v
 }
 
 // Auth replaces an authentication handler in a simulation
@@ -198,6 +253,7 @@ var (
 	_ stores.Store                = (*Store)(nil)
 	_ stores.Keyed                = (*Store)(nil)
 	_ stores.Refunder             = (*Store)(nil)
+	_ stores.Settler              = (*Store)(nil)
 	_ stores.Releaser             = (*Store)(nil)
 	_ caddy.Provisioner           = (*Auth)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Auth)(nil)

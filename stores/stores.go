@@ -42,6 +42,15 @@ type Refunder interface {
 	Refund(ctx context.Context, refunds []algorithms.Refund) error
 }
 
+// Settler settles charges to the amounts their responses reported: a
+// zone with settle needs it. Settle is Refund whose refunds may carry
+// Settle (algorithms.Settle: the difference given back, or charged on top,
+// which may leave a key in debt), so that one request's give-back stays
+// one call. It must not block the response on the network.
+type Settler interface {
+	Settle(ctx context.Context, refunds []algorithms.Refund) error
+}
+
 // Holder is a store that a reload replacing it keeps open while requests
 // hold it: Hold when a request may still call it after the response
 // (charges in flight, their refunds, waiters), Unhold when it no longer

@@ -40,6 +40,8 @@ type Compiled struct {
 	Enabled    bool
 	// Allowance is the zone's local allowance; nil: none.
 	Allowance *LocalAllowance
+	// Settle is where the zone reads the actual amount; nil: none.
+	Settle *Settle
 	// Adaptive is an adaptive concurrency zone's controller settings,
 	// resolved; nil for another zone. AdaptiveWait is its delay: how long
 	// a request over the limit may wait for a place (0: refused at once).
@@ -105,8 +107,11 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if err := z.checkAllowance(); err != nil {
 		return nil, err
 	}
+	if err := z.checkSettle(); err != nil {
+		return nil, err
+	}
 	c := &Compiled{Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
-		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance}
+		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle}
 	if err := c.compileCost(z); err != nil {
 		return nil, err
 	}

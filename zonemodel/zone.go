@@ -102,6 +102,15 @@ type Zone struct {
 	// Default: every response counts.
 	Count []string `json:"count,omitempty"`
 
+	// Settle charges what the response reports (tokens): the request takes
+	// its Cost (the estimate) before it runs, and once its response tells
+	// the actual amount (a header or trailer, or a number in a JSON body or
+	// event stream) the zone is settled to it: the difference given back,
+	// or charged on top, which may leave the key in debt until the refill
+	// repays it. A response without a usable amount keeps the estimate.
+	// Rate zones only; not with count or local_allowance. Default: none.
+	Settle *Settle `json:"settle,omitempty"`
+
 	// OnExceed is what the zone does with a request it would refuse:
 	// "refuse" (429), or "pass": forward it, marked for the next handlers
 	// by the placeholders {http.rate_limit.exceeded} (true) and

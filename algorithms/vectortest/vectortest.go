@@ -52,10 +52,14 @@ func (l Limit) Compile() (algorithms.Limit, error) {
 // from the base; absent: unknown), which must leave the key showing the
 // decision given (the key's view after it, as a request of cost 0 gets it).
 type Step struct {
-	AtMs         int64  `json:"at_ms"` // offset from the base
-	Cost         int64  `json:"cost"`
-	Refund       bool   `json:"refund,omitempty"`
-	ChargedAtMs  *int64 `json:"charged_at_ms,omitempty"`
+	AtMs        int64  `json:"at_ms"` // offset from the base
+	Cost        int64  `json:"cost"`
+	Refund      bool   `json:"refund,omitempty"`
+	ChargedAtMs *int64 `json:"charged_at_ms,omitempty"`
+	// Settle, when set, makes the step the settle of a charge of Cost made
+	// at ChargedAtMs to this actual amount (algorithms.Settle), checked as a
+	// refund step is.
+	Settle       *int64 `json:"settle,omitempty"`
 	NoDelay      bool   `json:"no_delay,omitempty"` // the request may not wait (Request.NoDelay)
 	Limit        *Limit `json:"limit,omitempty"`    // a changed limit, from this step on
 	Allowed      bool   `json:"allowed"`
@@ -96,6 +100,9 @@ type Compiled struct {
 	// Refund marks a refund step; At is its charge's instant (0: unknown).
 	Refund bool
 	At     int64
+	// Settle marks a settle step, to Settled units.
+	Settle  bool
+	Settled int64
 }
 
 // Request is the step's request (zone and key left empty).
@@ -137,6 +144,9 @@ func (v *Vector) Compile(t testing.TB) []Compiled {
 		}
 		c := Compiled{Now: v.Base() + s.AtMs, Cost: s.Cost, Limit: l, Step: s, Refund: s.Refund,
 			Want: Want{s.Allowed, s.Remaining, s.RetryAfterMs, s.ResetAfterMs, s.DelayMs}}
+		if s.Settle != nil {
+			c.Settle, c.Settled = true, *s.Settle
+		}
 		if s.ChargedAtMs != nil {
 			c.At = v.Base() + *s.ChargedAtMs
 		}

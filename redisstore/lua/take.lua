@@ -17,7 +17,9 @@
 -- report-only zone, 5 renew a concurrency zone's lease, 6 take whose charge
 -- stays in flight until its status settles it (a zone counting only some
 -- statuses: refundable too), 7 the same for a report-only zone, 8 refund a
--- charge taken in flight, 9 settle one and keep it.
+-- charge taken in flight, 9 settle one and keep it, 10 settle one to the
+-- amount its response reported (lua/settle.lua; its instant argument is
+-- then '<instant>:<amount>').
 --
 -- Charges in flight (algorithms/inflight.go): KEYS[i] .. ':f' counts the
 -- units of zone i's key charged by modes 6 and 7 and not yet settled by 8
@@ -80,6 +82,7 @@ local MODE_REFUNDABLE, MODE_REPORT_ONLY_REFUNDABLE = '3', '4'
 local MODE_RENEW = '5'
 local MODE_INFLIGHT, MODE_REPORT_ONLY_INFLIGHT = '6', '7'
 local MODE_REFUND_INFLIGHT, MODE_SETTLE_INFLIGHT = '8', '9'
+local MODE_SETTLE = '10'
 local ALG_CONCURRENCY = 5
 local REPLY = 4
 
@@ -181,6 +184,20 @@ local function take(keys, argv, base)
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == MODE_RENEW then
       if alg == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
+      if i < n then resets[i] = false end
+    elseif mode == MODE_SETTLE then
+      -- settled to an amount: a charge on top may outlive the key's TTL
+      local at, amount = string.match(argv[b + A_AT], '^(%d+):(%d+)$')
+      settle(keys[i], s5)
+      reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(at) or 0, ot)
+      if reset then
+        if pen ~= 0 then
+          val = penalized(pen, val)
+          if ot and ot.p > 0 and reset < pen + ot.p - now then reset = pen + ot.p - now end
+        end
+        store(keys[i], val, reset)
+      end
+      reset = 0
       if i < n then resets[i] = false end
     elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
       local at = tonum(argv[b + A_AT]) or 0

@@ -1,0 +1,127 @@
+package sluice
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// requestJSONControl: a zone's key may read a field of the request's JSON
+// body, `{http.rate_limit.request_json.<path>}` (the model of an
+// OpenAI-style request: {http.rate_limit.request_json.model}). Before the
+// zones are planned, the first requestJSONMax bytes of a JSON request body
+// are read, the string or whole number at each path used is set as that
+// placeholder (empty when absent, or beyond the bound), and the body is
+// handed on whole to the next handlers. Only a directive whose zones use
+// the placeholder reads bodies.
+var requestJSONControl = control{
+	name:      "request json",
+	compile:   compileRequestJSON,
+	provision: provisionRequestJSON,
+	hooks:     hooks{prepare: readRequestJSON},
+}
+
+// requestJSONPrefix is the placeholders' prefix; requestJSONMax the most
+// of a body read for them.
+const (
+	requestJSONPrefix = "http.rate_limit.request_json."
+	requestJSONMax    = 64 << 10
+)
+
+// compileRequestJSON collects the request JSON paths the zone's key reads.
+func compileRequestJSON(z *zone, cfg *Zone) error {
+	for _, k := range cfg.Key {
+		for rest := k; ; {
+			i := strings.Index(rest, "{"+requestJSONPrefix)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+1+len(requestJSONPrefix):]
+			path, _, ok := strings.Cut(rest, "}")
+			if !ok || path == "" || strings.Contains(path, "..") {
+				return fmt.Errorf("key: {%s%s}: write a dot path of keys ({%smodel})", requestJSONPrefix, path, requestJSONPrefix)
+			}
+			z.requestJSON = append(z.requestJSON, path)
+		}
+	}
+	return nil
+}
+
+// provisionRequestJSON gathers the paths of every zone: the directive reads
+// request bodies only when some zone uses one.
+func provisionRequestJSON(h *Handler) (stages, error) {
+	h.requestJSON = nil
+	for _, z := range h.zones {
+		for _, p := range z.requestJSON {
+			if !containsString(h.requestJSON, p) {
+				h.requestJSON = append(h.requestJSON, p)
+			}
+		}
+	}
+	if len(h.requestJSON) == 0 {
+		return 0, nil
+	}
+	return joins(atPrepare), nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// readRequestJSON reads up to requestJSONMax bytes of a JSON request body,
+// sets each path's placeholder from them, and puts the bytes back in front
+// of the rest of the body.
+func readRequestJSON(a *admission) error {
+	r := a.r
+	if r.Body == nil || r.Body == http.NoBody || !isJSON(r.Header.Get("Content-Type")) {
+		return nil
+	}
+	buf := make([]byte, requestJSONMax)
+	n, err := io.ReadFull(r.Body, buf)
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return nil // the next handler sees the same error reading on
+	}
+	buf = buf[:n]
+	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	var s jsonScan
+	for _, p := range a.h.requestJSON {
+		s.reset(strings.Split(p, "."))
+		s.wantText = true
+		s.feed(buf)
+		s.end()
+		v := ""
+		switch {
+		case s.found && s.isText:
+			v = string(s.text)
+		case s.found:
+			v = strconv.FormatInt(s.value, 10)
+		}
+		repl.Set(requestJSONPrefix+p, v)
+	}
+	return nil
+}
+
+// isJSON reports whether a Content-Type is JSON (application/json, or a
+// +json type).
+func isJSON(ct string) bool {
+	ct, _, _ = strings.Cut(ct, ";")
+	ct = strings.ToLower(strings.TrimSpace(ct))
+	return ct == "application/json" || strings.HasSuffix(ct, "+json")
+}
+
+// readCloser reads from one reader and closes another (the original body).
+type readCloser struct {
+	io.Reader
+	io.Closer
+}

@@ -1,0 +1,380 @@
+package sluice
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// settleControl: a zone that charges what the response reports (`settle
+// header <name>`, `settle json <path>`). The request takes its cost, the
+// estimate, with its other zones (so a spent budget refuses it
+// atomically); the response's amount is read as the response streams
+// through (statuswriter.go hands each body write over after the client's
+// own write), and at exit the charge is settled to it in one store call
+// (reservation.give, the count zones' path): the difference given back,
+// or charged on top. Until then the charge is in flight (inflight.go). A
+// response without a usable amount keeps the estimate.
+// algorithms/settle.go says how exact a settle is, per algorithm.
+var settleControl = control{
+	name:      "settle",
+	compile:   compileSettle,
+	provision: provisionSettle,
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.settle != nil {
+			info.Settle = z.settle.spec
+		}
+	},
+	hooks: hooks{
+		verdict: startSettle,
+		body:    readUsage,
+		exit:    finishSettle,
+	},
+}
+
+// settleZone is a zone's compiled settle source.
+type settleZone struct {
+	// header is the header (or trailer) read, canonical; trailer its name
+	// among the header map's trailers; path the json source's segments.
+	header, trailer string
+	path            []string
+	spec            string
+	// settled counts the units settled; missing, the responses without a
+	// usable amount (nil without metrics).
+	settled, missing prometheus.Counter
+	log              *sampledLog
+}
+
+// compileSettle compiles a zone's settle source (zonemodel checked it).
+func compileSettle(z *zone, cfg *Zone) error {
+	s := cfg.Settle
+	if s == nil {
+		return nil
+	}
+	sz := &settleZone{spec: s.String(), path: s.Path(), log: newSampledLog(1, badValueInterval)}
+	if s.Header != "" {
+		sz.header = http.CanonicalHeaderKey(s.Header)
+		sz.trailer = http.TrailerPrefix + sz.header
+	}
+	z.settle = sz
+	return nil
+}
+
+// provisionSettle refuses settle zones on a store that cannot settle; with
+// one, their charges are refundable and in flight, and the directive's
+// requests wait for them like count's (inflight.go).
+func provisionSettle(h *Handler) (stages, error) {
+	_, canSettle := h.store.(settler)
+	settling := false
+	for i, z := range h.zones {
+		if z.settle == nil {
+			continue
+		}
+		if !canSettle {
+			return 0, zoneErr(z.name, errors.New("settle: the store cannot settle charges (use store memory or store redis)"))
+		}
+		settling, h.counting = true, true
+		h.planned[i].Refundable, h.planned[i].InFlight = true, true
+		if z.metrics != nil {
+			z.settle.settled = metrics.settled.WithLabelValues(z.name)
+			z.settle.missing = metrics.settleMissing.WithLabelValues(z.name)
+		}
+	}
+	if !settling {
+		return 0, nil
+	}
+	h.holdStore()
+	return joins(atVerdict, atBody, atExit), nil
+}
+
+// maxSettleReads bounds the settle zones read per request; a request in
+// more keeps the others' estimates.
+const maxSettleReads = 4
+
+// settlement is one request's reading of its settle zones' amounts.
+// Pooled.
+type settlement struct {
+	n     int
+	reads [maxSettleReads]usageRead
+}
+
+// usageRead reads one settle zone's amount from a response.
+type usageRead struct {
+	charge int // in the reservation's charges
+	sz     *settleZone
+	// body: how the body is read, decided at its first bytes.
+	body bodyKind
+	json jsonScan // the body's JSON, or the current event's data
+	sse  sseLines
+	// found: an amount was read (value); bad: an unusable one was.
+	found, bad bool
+	value      int64
+}
+
+type bodyKind uint8
+
+const (
+	bodyUnknown bodyKind = iota
+	bodyJSON
+	bodyEvents
+)
+
+var settlementPool = sync.Pool{New: func() any { return new(settlement) }}
+
+// startSettle starts reading the amounts of an allowed request's settle
+// zones (verdict).
+func startSettle(a *admission) {
+	rs := a.reserve()
+	var st *settlement
+	for i := range rs.charges {
+		c := &rs.charges[i]
+		if c.zone.settle == nil {
+			continue
+		}
+		if st == nil {
+			st = settlementPool.Get().(*settlement)
+			st.n = 0
+		}
+		if st.n == maxSettleReads {
+			break
+		}
+		rd := &st.reads[st.n]
+		st.n++
+		*rd = usageRead{charge: i, sz: c.zone.settle}
+		rd.json.reset(c.zone.settle.path)
+	}
+	if st != nil {
+		a.settling = st
+		a.wantsStatus, a.wantsBody = true, true
+	}
+}
+
+// readUsage reads p, the next bytes the client was sent (body).
+func readUsage(a *admission, p []byte) {
+	st := a.settling
+	if st == nil {
+		return
+	}
+	for i := 0; i < st.n; i++ {
+		rd := &st.reads[i]
+		if rd.sz.path == nil {
+			continue
+		}
+		if rd.body == bodyUnknown {
+			rd.body = bodyJSON
+			if eventStream(a.header.Get("Content-Type")) {
+				rd.body = bodyEvents
+			}
+		}
+		if rd.body == bodyEvents {
+			rd.sse.feed(rd, p)
+		} else if !rd.json.failed && !rd.json.done {
+			rd.json.feed(p)
+		}
+	}
+}
+
+// finishSettle settles the request's settle zones to the amounts read, or
+// keeps their estimates, in one store call, and wakes the requests waiting
+// for charges in flight (exit).
+func finishSettle(a *admission) {
+	st := a.settling
+	if st == nil {
+		return
+	}
+	a.settling = nil
+	hdr := a.header
+	for i := 0; i < st.n; i++ {
+		rd := &st.reads[i]
+		c := &a.res.charges[rd.charge]
+		if c.done {
+			continue // given back (a waiter's client left)
+		}
+		rd.result(hdr)
+		if rd.found {
+			c.told, c.settled = true, rd.value
+			if rd.sz.settled != nil {
+				rd.sz.settled.Add(float64(rd.value))
+			}
+			continue
+		}
+		if rd.sz.missing != nil {
+			rd.sz.missing.Inc()
+		}
+		reason := "no amount"
+		if rd.bad {
+			reason = "an unusable amount (not a whole number from 0 to 2^53)"
+		}
+		rd.sz.log.log(a.h.logger, zap.WarnLevel, "settle: the response told "+reason+"; the estimate stays",
+			zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int64("estimate", c.req.Cost))
+	}
+	_ = a.res.give(settleAmounts, 0) // refunds only: no error
+	a.h.settled.notify()
+	settlementPool.Put(st)
+}
+
+// result completes the read once the response has ended: a header, else a
+// trailer; the JSON body's end.
+func (rd *usageRead) result(hdr http.Header) {
+	if rd.sz.path == nil {
+		if hdr == nil {
+			return
+		}
+		v := hdr.Get(rd.sz.header)
+		if v == "" {
+			v = hdr.Get(rd.sz.trailer)
+		}
+		if v == "" {
+			return
+		}
+		rd.value, rd.found = parseAmount(strings.TrimSpace(v))
+		rd.bad = !rd.found
+		return
+	}
+	if rd.body == bodyJSON {
+		rd.json.end()
+		rd.found, rd.value, rd.bad = rd.json.found, rd.json.value, rd.json.bad
+	}
+}
+
+// parseAmount parses a whole number from 0 to 2^53.
+func parseAmount(v string) (int64, bool) {
+	if v == "0" {
+		return 0, true
+	}
+	n, ok := parseCount([]byte(v))
+	return n, ok && n <= maxSettled
+}
+
+// sseLines reads a text/event-stream: the data: lines of each event go to
+// the read's JSON scan, and an event that ends (a blank line) with the
+// amount at the path in its data is the read's amount so far: the last
+// one wins. An event cut short by the stream's end counts for nothing.
+type sseLines struct {
+	st sseState
+	// at is how much of "data:" the line has matched; data: the event has
+	// data lines; cr: the last byte was a CR (a CRLF's LF follows).
+	at       int
+	data, cr bool
+}
+
+type sseState uint8
+
+const (
+	sseLineStart sseState = iota
+	sseField              // matching "data:"
+	sseDataStart          // after "data:": one optional space
+	sseData               // in a data line
+	sseSkip               // in another field's line
+)
+
+// feed reads p into rd.
+func (s *sseLines) feed(rd *usageRead, p []byte) {
+	const field = "data:"
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if s.st == sseData && c != '\n' && c != '\r' {
+			// The rest of the data line at once.
+			j := bytes.IndexAny(p[i:], "\r\n")
+			if j < 0 {
+				j = len(p) - i
+			}
+			if !rd.json.failed {
+				rd.json.feed(p[i : i+j])
+			}
+			s.cr = false
+			i += j - 1
+			continue
+		}
+		if s.cr && c == '\n' {
+			s.cr = false
+			continue
+		}
+		s.cr = c == '\r'
+		eol := c == '\n' || c == '\r'
+		switch s.st {
+		case sseLineStart:
+			if eol {
+				s.event(rd)
+				continue
+			}
+			s.st, s.at = sseField, 0
+			fallthrough
+		case sseField:
+			switch {
+			case eol:
+				s.st = sseLineStart
+			case c == field[s.at]:
+				if s.at++; s.at == len(field) {
+					s.st = sseDataStart
+					if s.data {
+						rd.json.byte('\n') // data lines join with a newline
+					}
+					s.data = true
+				}
+			default:
+				s.st = sseSkip
+			}
+		case sseDataStart, sseData:
+			if eol {
+				s.st = sseLineStart
+				continue
+			}
+			if s.st == sseDataStart && c == ' ' {
+				s.st = sseData
+				continue
+			}
+			s.st = sseData
+			if !rd.json.failed {
+				rd.json.byte(c)
+			}
+		case sseSkip:
+			if eol {
+				s.st = sseLineStart
+			}
+		}
+	}
+}
+
+// event ends an event: its amount, if its data told one, is the read's.
+func (s *sseLines) event(rd *usageRead) {
+	if !s.data {
+		return
+	}
+	rd.json.end()
+	if j := &rd.json; !j.failed && j.done {
+		switch {
+		case j.found:
+			rd.found, rd.value, rd.bad = true, j.value, false
+		case j.bad && !rd.found:
+			rd.bad = true
+		}
+	}
+	s.data = false
+	rd.json.reset(rd.sz.path)
+}
+
+// showDebt adds to a settle zone's peek each key's debt: the units owed
+// beyond the capacity, from the time the key takes to be back to full
+// (token_bucket and gcra; the windows count no debt beyond their window).
+func (p *adminPeek) showDebt(l algorithms.Limit) {
+	debt := func(st *adminState) {
+		var d int64
+		if l.Algorithm == algorithms.TokenBucket || l.Algorithm == algorithms.GCRA {
+			owed := float64(st.ResetAfterMs) * float64(l.Events) / float64(l.Window)
+			d = max(int64(owed)-l.Capacity(), 0)
+		}
+		st.Debt = &d
+	}
+	debt(&p.adminState)
+	for i := range p.Keys {
+		debt(&p.Keys[i].adminState)
+	}
+}

@@ -1,0 +1,282 @@
+package sluice
+
+import "bytes"
+
+// jsonScan finds the whole number at a dot path (usage.total_tokens) in a
+// JSON text fed to it in pieces, as they stream, holding none of the text:
+// it tracks the nesting, compares keys on the path byte by byte, and keeps
+// only the digits of the number it looks for. Arrays are walked through,
+// never on the path. Bad JSON stops it (failed); the amount read before
+// stays.
+type jsonScan struct {
+	path []string
+	st   scanState
+	// depth is how many containers are open; on how many of them, from
+	// the root, are on the path (on ≤ depth); arrays marks which levels
+	// are arrays, a bit per level.
+	depth, on int
+	arrays    uint64
+	// key: the key being read matches path[on-1] so far (keyAt bytes);
+	// keyOn: the last key read in an object on the path matched.
+	keyAt        int
+	keyOK, keyOn bool
+	// escaped: the next byte of a string is escaped.
+	escaped bool
+	// target: the number being read is the one at the path; num holds its
+	// value, digits its digits, bad an unusable amount (a fraction, a
+	// sign, more than 2^53, or not a number).
+	target      bool
+	num, digits int64
+	// found is set once the amount is read (value), bad once the value at
+	// the path is unusable; failed once the text is not JSON; done once
+	// the root value is complete.
+	found, bad, failed, done bool
+	value                    int64
+	// text, when wanted (wantText: a request's field read by a key), is
+	// the string at the path, at most maxScanText bytes; a string with an
+	// escape is unusable (bad).
+	wantText, inText, isText bool
+	text                     []byte
+}
+
+// maxScanText bounds a string value read at a path.
+const maxScanText = 256
+
+type scanState uint8
+
+const (
+	scanValue    scanState = iota // a value is due
+	scanFirstKey                  // after '{': a key or '}'
+	scanKey                       // after ',' in an object: a key
+	scanColon                     // after a key
+	scanAfter                     // after a value: ',', '}' or ']'
+	scanFirstVal                  // after '[': a value or ']'
+	scanString                    // in a string value
+	scanKeyStr                    // in a key
+	scanNumber                    // in a number
+	scanLiteral                   // in true, false or null
+)
+
+// maxScanDepth is the deepest nesting jsonScan follows (a bit per level).
+const maxScanDepth = 64
+
+// maxSettled is the largest amount read: 2^53 (algorithms.MaxSettled).
+const maxSettled = 1 << 53
+
+// reset readies s for a new text at path.
+func (s *jsonScan) reset(path []string) {
+	*s = jsonScan{path: path}
+}
+
+// feed scans p, the next bytes of the text. A string value's bytes are
+// skipped up to its next quote or backslash at once.
+func (s *jsonScan) feed(p []byte) {
+	for i := 0; i < len(p) && !s.failed; i++ {
+		if s.st == scanString && !s.escaped && !s.inText {
+			j := bytes.IndexAny(p[i:], `"\`)
+			if j < 0 {
+				return
+			}
+			i += j
+		}
+		s.byte(p[i])
+	}
+}
+
+// end tells s the text has ended: a number at its very end is complete
+// only as the whole text (inside a container, the text was cut short, and
+// so may the number have been).
+func (s *jsonScan) end() {
+	if s.st == scanNumber && s.depth == 0 {
+		s.endNumber()
+		s.afterValue()
+	}
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func (s *jsonScan) byte(c byte) {
+	switch s.st {
+	case scanString, scanKeyStr:
+		s.stringByte(c)
+		return
+	case scanNumber:
+		if c >= '0' && c <= '9' {
+			if s.target && !s.bad {
+				s.num = s.num*10 + int64(c-'0')
+				if s.digits++; s.num > maxSettled {
+					s.bad = true
+				}
+			}
+			return
+		}
+		if c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
+			s.bad = s.bad || s.target // not a whole number
+			return
+		}
+		s.endNumber()
+		s.afterValue()
+	case scanLiteral:
+		if c >= 'a' && c <= 'z' {
+			return
+		}
+		s.afterValue()
+	}
+	if isSpace(c) {
+		return
+	}
+	switch s.st {
+	case scanValue, scanFirstVal:
+		if c == ']' && s.st == scanFirstVal {
+			s.close(c)
+			return
+		}
+		s.value1(c)
+	case scanFirstKey, scanKey:
+		switch {
+		case c == '"':
+			s.st, s.keyAt, s.escaped = scanKeyStr, 0, false
+			s.keyOK = s.on == s.depth && s.on > 0
+		case c == '}' && s.st == scanFirstKey:
+			s.close(c)
+		default:
+			s.failed = true
+		}
+	case scanColon:
+		if c != ':' {
+			s.failed = true
+			return
+		}
+		s.st = scanValue
+	case scanAfter:
+		switch {
+		case s.depth == 0:
+			s.failed = true // text after the root value
+		case c == ',' && s.arrays&(1<<s.depth) != 0:
+			s.st = scanValue
+		case c == ',':
+			s.st = scanKey
+		case c == '}' || c == ']':
+			s.close(c)
+		default:
+			s.failed = true
+		}
+	}
+}
+
+// value1 starts a value with its first byte c.
+func (s *jsonScan) value1(c byte) {
+	inObject := s.depth > 0 && s.arrays&(1<<s.depth) == 0
+	onPath := s.on == s.depth && (s.depth == 0 || inObject && s.keyOn)
+	s.keyOn = false
+	atTarget := onPath && s.depth == len(s.path)
+	switch {
+	case c == '{' || c == '[':
+		if s.depth+1 >= maxScanDepth {
+			s.failed = true
+			return
+		}
+		if atTarget {
+			s.bad = true
+		}
+		s.depth++
+		if c == '[' {
+			s.arrays |= 1 << s.depth
+			s.st = scanFirstVal
+		} else {
+			s.arrays &^= 1 << s.depth
+			s.st = scanFirstKey
+			if onPath && !atTarget {
+				s.on++
+			}
+		}
+	case c == '"':
+		s.st, s.escaped = scanString, false
+		switch {
+		case atTarget && s.wantText:
+			s.inText, s.isText, s.text = true, true, s.text[:0]
+		case atTarget:
+			s.bad = true
+		}
+	case c == '-' || c >= '0' && c <= '9':
+		s.st, s.target, s.num, s.digits = scanNumber, atTarget, 0, 0
+		if c == '-' {
+			s.bad = s.bad || atTarget // negative
+		} else if atTarget {
+			s.num, s.digits = int64(c-'0'), 1
+		}
+	case c == 't' || c == 'f' || c == 'n':
+		s.st = scanLiteral
+		if atTarget {
+			s.bad = true
+		}
+	default:
+		s.failed = true
+	}
+}
+
+// endNumber records the number just read if it is the one at the path.
+func (s *jsonScan) endNumber() {
+	if s.target && !s.bad && s.digits > 0 {
+		s.found, s.value = true, s.num
+	}
+	s.target = false
+}
+
+// stringByte reads one byte of a string (a key or a value).
+func (s *jsonScan) stringByte(c byte) {
+	if s.escaped {
+		s.escaped = false
+		s.keyOK = false // an escaped key is never on the path
+		return
+	}
+	if s.inText {
+		switch {
+		case c == '"':
+			s.inText, s.found = false, !s.bad
+		case c == '\\' || len(s.text) == maxScanText:
+			s.bad = true
+		default:
+			s.text = append(s.text, c)
+		}
+	}
+	switch c {
+	case '\\':
+		s.escaped = true
+	case '"':
+		if s.st == scanKeyStr {
+			s.keyOn = s.keyOK && s.keyAt == len(s.path[s.on-1])
+			s.st = scanColon
+			return
+		}
+		s.afterValue()
+	default:
+		if s.st == scanKeyStr && s.keyOK {
+			seg := s.path[s.on-1]
+			s.keyOK = s.keyAt < len(seg) && seg[s.keyAt] == c
+			s.keyAt++
+		}
+	}
+}
+
+// afterValue ends a value: the root's is the text's end.
+func (s *jsonScan) afterValue() {
+	s.st = scanAfter
+	if s.depth == 0 {
+		s.done = true
+	}
+}
+
+// close closes the innermost container with c ('}' or ']').
+func (s *jsonScan) close(c byte) {
+	isArray := s.arrays&(1<<s.depth) != 0
+	if isArray != (c == ']') {
+		s.failed = true
+		return
+	}
+	if s.on == s.depth {
+		s.on--
+	}
+	s.depth--
+	s.afterValue()
+}
