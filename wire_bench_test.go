@@ -24,20 +24,25 @@ import (
 // map at WriteHeader, sorting and writing each field), which is most of
 // what the X-RateLimit-* headers cost. The client reads each response
 // without allocating; the difference between two rows is the difference
-// between the two responses' costs in a real server.
+// between the two responses' costs in a real server. The caddy_* rows
+// prepare each request as Caddy's server does (caddyhttp.PrepareRequest:
+// the replacer with its HTTP placeholders, the variables, client_ip) and
+// key on {client_ip}, as `make bench` does.
 //
 //	go test -run XXX -bench ServeHTTPWire -benchmem .
 func BenchmarkServeHTTPWire(b *testing.B) {
-	zone := func(name, extra string) string {
+	keyed := func(key, name, extra string) string {
 		return `rate_limit {
 		zone ` + name + ` {
-			key {http.request.header.X-User}
+			key ` + key + `
 			events 1000000000
 			window 1s
 		}
 		` + extra + `
 	}`
 	}
+	zone := func(name, extra string) string { return keyed("{http.request.header.X-User}", name, extra) }
+	clientIP := func(name, extra string) string { return keyed("{http.vars.client_ip}", name, extra) }
 	deny := `rate_limit {
 		zone wire_deny {
 			key {http.request.header.X-User}
@@ -45,12 +50,18 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 			window 1h
 		}
 	}`
-	for _, c := range []struct{ name, block string }{
-		{"bare", ""},
-		{"headers_off", zone("wire_off", "headers off")},
-		{"legacy", zone("wire_legacy", "")},
-		{"draft", zone("wire_draft", "headers draft")},
-		{"refuse", deny},
+	for _, c := range []struct {
+		name, block string
+		caddy       bool
+	}{
+		{"bare", "", false},
+		{"headers_off", zone("wire_off", "headers off"), false},
+		{"legacy", zone("wire_legacy", ""), false},
+		{"draft", zone("wire_draft", "headers draft"), false},
+		{"refuse", deny, false},
+		{"caddy_bare", "", true},
+		{"caddy_headers_off", clientIP("wire_caddy_off", "headers off"), true},
+		{"caddy_legacy", clientIP("wire_caddy_legacy", ""), true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var h *Handler
@@ -58,17 +69,24 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 				h = newHandler(b, c.block, nil)
 				h.logger = zap.NewNop() // as in BenchmarkServeHTTPSideBySide
 			}
-			wireBench(b, h)
+			wireBench(b, h, c.caddy)
 		})
 	}
 }
 
 // wireBench serves b.N requests, one at a time over one keep-alive
-// connection, through h (nil: none) in front of Caddy's `respond "ok"`.
-func wireBench(b *testing.B, h *Handler) {
+// connection, through h (nil: none) in front of Caddy's `respond "ok"`;
+// with prepare, each request prepared as Caddy's server prepares it.
+func wireBench(b *testing.B, h *Handler, prepare bool) {
+	srvCaddy := &caddyhttp.Server{}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		repl := caddy.NewReplacer()
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		if prepare {
+			r.RemoteAddr = "192.0.2.1:40000" // net.Pipe has no address
+			r = caddyhttp.PrepareRequest(r, repl, w, srvCaddy)
+		} else {
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		}
 		w.Header().Set("Server", "Caddy") // as Caddy's server does
 		var err error
 		if h == nil {
