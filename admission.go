@@ -216,7 +216,9 @@ func (a *admission) verdict() {
 	if a.wait == 0 {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
-	a.now = time.Now()
+	if a.now.IsZero() { // not set by the store call (storeCall.take)
+		a.now = time.Now()
+	}
 }
 
 // reserve records, once, what the store that decided charged an allowed
