@@ -69,6 +69,9 @@ type part struct {
 	// cookie, a query argument), read from the request itself when there
 	// is one; nil for any other placeholder, read through the Resolver.
 	field *Ambiguity
+	// variable is the name of the variable ({http.vars.<name>}) the
+	// placeholder reads, "" for none.
+	variable string
 }
 
 // Field sources, the values of Ambiguity.Source.
@@ -91,6 +94,7 @@ const (
 	headerPrefix = "http.request.header."
 	cookiePrefix = "http.request.cookie."
 	queryPrefix  = "http.request.uri.query."
+	varsPrefix   = "http.vars."
 )
 
 // fieldOf returns the request field placeholder ph reads, or nil.
@@ -129,7 +133,8 @@ func Compile(s string) (Candidate, error) {
 		if name == "" || strings.ContainsAny(name, "{ ") {
 			return Candidate{}, fmt.Errorf("key candidate %q: malformed placeholder", s)
 		}
-		c.parts = append(c.parts, part{ph: name, field: fieldOf(name)})
+		variable, _ := strings.CutPrefix(name, varsPrefix)
+		c.parts = append(c.parts, part{ph: name, field: fieldOf(name), variable: variable})
 		rest = rest[open+end+1:]
 	}
 	return c, nil
@@ -432,7 +437,16 @@ func hashToken(i int, v []byte) Token {
 // valueString returns a placeholder's value as a string, "" when unknown.
 func valueString(r Resolver, name string) string {
 	v, ok := r.Get(name)
-	if !ok || v == nil {
+	if !ok {
+		return ""
+	}
+	return stringOf(v)
+}
+
+// stringOf renders a placeholder's value as Caddy's replacer renders it
+// into text; nil is "".
+func stringOf(v any) string {
+	if v == nil {
 		return ""
 	}
 	switch v := v.(type) {
