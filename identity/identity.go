@@ -109,6 +109,15 @@ func fieldOf(ph string) *Ambiguity {
 	return nil
 }
 
+// variableOf returns the name of the variable placeholder ph reads, or "".
+func variableOf(ph string) string {
+	name, _ := strings.CutPrefix(ph, varsPrefix)
+	if name == ph {
+		return ""
+	}
+	return name
+}
+
 // Compile parses a candidate such as "{http.vars.client_ip}" or
 // "tenant-{http.request.header.X-Tenant}".
 func Compile(s string) (Candidate, error) {
@@ -133,8 +142,7 @@ func Compile(s string) (Candidate, error) {
 		if name == "" || strings.ContainsAny(name, "{ ") {
 			return Candidate{}, fmt.Errorf("key candidate %q: malformed placeholder", s)
 		}
-		variable, _ := strings.CutPrefix(name, varsPrefix)
-		c.parts = append(c.parts, part{ph: name, field: fieldOf(name), variable: variable})
+		c.parts = append(c.parts, part{ph: name, field: fieldOf(name), variable: variableOf(name)})
 		rest = rest[open+end+1:]
 	}
 	return c, nil
