@@ -21,8 +21,9 @@ import (
 // The controls (controls.go) join the stages through their hooks. Pooled:
 // the hot path allocates nothing for it.
 type admission struct {
-	h *Handler
-	r *http.Request
+	h    *Handler
+	r    *http.Request
+	repl lazyReplacer // r's placeholders
 
 	// plan: one request per zone that applies, in zone order, with its
 	// decision once taken and what its responses show of its limit.
@@ -107,7 +108,8 @@ func (h *Handler) admit(r *http.Request) *admission {
 // handler's own answer (an ambiguous key's 400).
 func (a *admission) plan() error {
 	h, r := a.h, a.r
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	a.repl.r = r
+	repl := &a.repl
 	for i, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -146,6 +148,21 @@ func (a *admission) plan() error {
 		a.shown = append(a.shown, shown)
 	}
 	return nil
+}
+
+// lazyReplacer reads placeholders through the request's replacer, found
+// in its context on first use: a zone whose key reads a request field or
+// a variable, with a static limit and cost, never needs it.
+type lazyReplacer struct {
+	r    *http.Request
+	repl *caddy.Replacer
+}
+
+func (l *lazyReplacer) Get(name string) (any, bool) {
+	if l.repl == nil {
+		l.repl = l.r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	}
+	return l.repl.Get(name)
 }
 
 // take decides every planned zone in one store call, through the take
