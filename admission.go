@@ -250,6 +250,9 @@ func (a *admission) reserve() *reservation {
 
 // respond sets the rate limit headers of an allowed request.
 func (a *admission) respond(w http.ResponseWriter) {
+	if !a.h.legacy && a.v.policy == "" {
+		return // headers off
+	}
 	var hs headerSet
 	a.h.addLimitHeaders(&hs, w.Header(), &a.v, false, 0, resetUnix(a.now, a.v.ResetAfter))
 	hs.set(w.Header())
