@@ -158,16 +158,18 @@ done
 redis-cli -h 127.0.0.1 -p "$P_REDIS" ping >/dev/null || die "redis-server did not start (see $OUT/redis.log)"
 
 # The production decision, loaded as Sluice loads it (a Redis Function
-# library); its ARGV per redisstore's script arguments (lua/take.lua): algorithm 0 (token
-# bucket), events, window (ms), capacity, cost, mode 0 (take), options 0
-# (none), instant 0 (a take's). One KEYS entry, a production-shaped key.
+# library); its ARGV per redisstore's script arguments (lua/take.lua): the
+# zone's spec "<algorithm>:<events>:<window ms>:<capacity>:<options>" (token
+# bucket, no options), cost 1, mode 0 (take), instant 0 (a take's). One KEYS
+# entry, a production-shaped key. An admission replies with a status, its
+# integers separated by spaces, allowed first.
 LIB=$("$BT" lualib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
 FN=$("$BT" luafn)
 [[ "$LIB" == sluice_* ]] || die "FUNCTION LOAD failed: $LIB"
 RB_KEY='sluice:v1:rb:{127.0.0.1}'
-RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0 1000000000 60000 1000000000 1 0 0 0)
+RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0:1000000000:60000:1000000000:0 1 0 0)
 probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
-[[ "$probe" == 1 ]] || die "FCALL of the production decision did not allow: $probe"
+[[ "$probe" == "1 "* ]] || die "FCALL of the production decision did not allow: $probe"
 
 # One Caddy, one site per target. Never-refusing zones allow 1e9 events per
 # minute; refusing zones allow 1 per hour (the first request of the run

@@ -19,7 +19,7 @@ import (
 // wsApp is the WebSocket application behind Caddy (coder/websocket): it
 // echoes every message, closes the connection itself on the message
 // "close", and counts the connections open in it, their peak and every
-// connection it accepted.
+// upgrade that reached it.
 type wsApp struct {
 	srv                  *httptest.Server
 	open, peak, accepted atomic.Int64
@@ -34,11 +34,13 @@ func newWSApp(t *testing.T) *wsApp {
 			_, _ = w.Write([]byte("plain"))
 			return
 		}
+		// Counted on arrival, before the 101 is written: a client that
+		// sees its 101 finds its connection counted.
+		a.accepted.Add(1)
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
 			return
 		}
-		a.accepted.Add(1)
 		cur := a.open.Add(1)
 		defer a.open.Add(-1)
 		for p := a.peak.Load(); cur > p && !a.peak.CompareAndSwap(p, cur); p = a.peak.Load() {

@@ -189,11 +189,11 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's eight
-// per zone (lua/take.lua, script.go): algorithm id, events, window,
-// capacity, cost, mode, the options and the charge's instant (a refund's);
-// for random limits (colliding in the cache), penalties, delays, costs and
-// modes.
+// TestArgsCacheKeepsTheLayout: the cached arguments are the script's four
+// per zone (lua/take.lua, script.go): the spec (algorithm id, events,
+// window, capacity, the options), cost, mode and the charge's instant (a
+// refund's); for random limits (colliding in the cache), penalties, delays,
+// costs and modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
 	var a argCache
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -243,7 +243,7 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 			opts += "n1"
 		}
 		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d %d %d %d %d %s %s 0]", alg, l.Events, l.Window, l.Capacity(), r.Cost, mode, opts)
+		want := fmt.Sprintf("[%d:%d:%d:%d:%s %d %s 0]", alg, l.Events, l.Window, l.Capacity(), opts, r.Cost, mode)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
 		}
@@ -252,7 +252,7 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		}
 		at := rng.Int64N(1 << 42)
 		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
-		want = fmt.Sprintf("[%d %d %d %d %d 1 %s %d]", alg, l.Events, l.Window, l.Capacity(), r.Cost, base, at)
+		want = fmt.Sprintf("[%d:%d:%d:%d:%s %d 1 %d]", alg, l.Events, l.Window, l.Capacity(), base, r.Cost, at)
 		if got != want {
 			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}

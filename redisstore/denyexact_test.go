@@ -82,7 +82,7 @@ func redisView(t *testing.T, s *Store, reqs []algorithms.Request) ([]algorithms.
 	if err != nil && err != redis.Nil {
 		t.Fatalf("the oracle's transaction: %v", err)
 	}
-	res, err := fcall.Slice()
+	res, err := scriptValues(fcall)
 	if err != nil || len(res) < 4*len(reqs) {
 		t.Fatalf("the oracle's FCALL: %v %v", res, err)
 	}

@@ -11,7 +11,7 @@ import (
 // The decision runs as a Redis Function (FCALL of LuaFunction,
 // Redis 7+): its helpers and algorithms are defined once when the library
 // loads, where an EVAL script's body defines them again on every call
-// (about 2 µs of Redis's single thread per call). The library is loaded at
+// (docs/performance.md measures the difference). The library is loaded at
 // Provision and again whenever Redis answers that the function is missing
 // (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
 // it by replication, so a Sentinel failover keeps it. A server without

@@ -1,12 +1,16 @@
 package redisstore
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -20,13 +24,12 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 	num := func(n int) string { return strconv.Itoa(n) }
 	want := map[string]string{
 		"ARGS": num(argsPerZone), "REPLY": num(replyPerZone),
-		"A_ALG": num(argAlgorithm), "A_EVENTS": num(argEvents), "A_WINDOW": num(argWindow), "A_CAPACITY": num(argCapacity),
-		"A_COST": num(argCost), "A_MODE": num(argMode), "A_OPTS": num(argOptions), "A_AT": num(argInstant),
+		"A_SPEC": num(argSpec), "A_COST": num(argCost), "A_MODE": num(argMode), "A_AT": num(argInstant),
 		"MODE_TAKE": str(modeTake), "MODE_REFUND": str(modeRefund), "MODE_REPORT_ONLY": str(modeReportOnly),
 		"MODE_REFUNDABLE": str(modeRefundable), "MODE_REPORT_ONLY_REFUNDABLE": str(modeReportOnlyRefundable),
 		"MODE_RENEW": str(modeRenew), "MODE_INFLIGHT": str(modeInFlight), "MODE_REPORT_ONLY_INFLIGHT": str(modeReportOnlyInFlight),
 		"MODE_REFUND_INFLIGHT": str(modeRefundInFlight), "MODE_SETTLE_INFLIGHT": str(modeSettleInFlight),
-		"ALG_CONCURRENCY": "'" + strconv.Itoa(int(algorithms.Concurrency)) + "'",
+		"ALG_CONCURRENCY": strconv.Itoa(int(algorithms.Concurrency)),
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (.+)$`)
 	files, err := filepath.Glob("lua/*.lua")
@@ -69,10 +72,10 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bare := range []*regexp.Regexp{
-		regexp.MustCompile(`mode [~=]= '`),    // a mode by its digit
-		regexp.MustCompile(`== '\d'`),         // an algorithm id by its digit
-		regexp.MustCompile(`\b\d+ \* \(?i\b`), // an argument's or a reply's stride
-		regexp.MustCompile(`\[b \+ \d\]`),     // an argument's position
+		regexp.MustCompile(`mode [~=]= '`),               // a mode by its digit
+		regexp.MustCompile(`(alg|\]\[1\]) [~=]= '?\d\b`), // an algorithm id by its digit
+		regexp.MustCompile(`\b\d+ \* \(?i\b`),            // an argument's or a reply's stride
+		regexp.MustCompile(`\[b \+ \d\]`),                // an argument's position
 	} {
 		if loc := bare.FindIndex(take); loc != nil {
 			t.Errorf("lua/take.lua, line %d: a bare number of the layout (%s)", 1+strings.Count(string(take[:loc[0]]), "\n"), bare)
@@ -84,7 +87,7 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 // appendRenewal write stand at the positions the constants name.
 func TestArgsAtTheirPositions(t *testing.T) {
 	var a argCache
-	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9}
+	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9, Penalty: 60000}
 	take := a.appendArgs(nil, []algorithms.Request{{Limit: l, Cost: 3, Refundable: true}}, false)
 	refund := a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: 2, At: 12345}})
 	renew := a.appendRenewal(nil, &algorithms.Request{Limit: l, Holder: 99})
@@ -97,15 +100,71 @@ func TestArgsAtTheirPositions(t *testing.T) {
 	for _, c := range []struct {
 		got, want any
 	}{
-		{at(take, argAlgorithm), strconv.Itoa(int(algorithms.TokenBucket))},
-		{at(take, argEvents), "7"}, {at(take, argWindow), "3000"}, {at(take, argCapacity), "9"},
-		{at(take, argCost), int64(3)}, {at(take, argMode), modeRefundable}, {at(take, argOptions), "0"},
+		{at(take, argSpec), strconv.Itoa(int(algorithms.TokenBucket)) + ":7:3000:9:p60000"},
+		{at(take, argCost), int64(3)}, {at(take, argMode), modeRefundable},
 		{at(take, argInstant), unknownInstant},
 		{at(refund, argCost), int64(2)}, {at(refund, argMode), modeRefund}, {at(refund, argInstant), int64(12345)},
 		{at(renew, argMode), modeRenew},
 	} {
 		if c.got != c.want {
 			t.Errorf("argument %v (%T), want %v (%T)", c.got, c.got, c.want, c.want)
+		}
+	}
+}
+
+// scriptValues returns the script's reply as an array: an admission's
+// status (lua/take.lua) as its integers, an array as it is.
+func scriptValues(cmd *redis.Cmd) ([]any, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, err
+	}
+	switch v := v.(type) {
+	case []any:
+		return v, nil
+	case string:
+		fields := strings.Fields(v)
+		out := make([]any, len(fields))
+		for i, f := range fields {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("the script's admission %q: %v", v, err)
+			}
+			out[i] = n
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("the script returned %T", v)
+}
+
+// TestDecodeAdmission: an admission's status reply is read as the array
+// of the same integers is, from go-redis's raw bytes and from a typed
+// command's reply written back (a bulk string); a reply of the wrong
+// length is refused.
+func TestDecodeAdmission(t *testing.T) {
+	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9}
+	reqs := []algorithms.Request{{Limit: l, Cost: 1}, {Limit: l, Cost: 1}}
+	array := []any{int64(1), int64(8), int64(0), int64(428), int64(1), int64(2), int64(-3), int64(86400000000), int64(1800000000123)}
+	want := make([]algorithms.Decision, 2)
+	if err := decodeRaw(appendRESP(nil, array), reqs, want, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want[1].ResetAfter != 86400000000*time.Millisecond || want[0].At != 1800000000123 || !want[0].Allowed {
+		t.Fatalf("the array's decisions: %+v", want)
+	}
+	status := "1 8 0 428 1 2 -3 86400000000 1800000000123"
+	for _, b := range [][]byte{[]byte("+" + status + "\r\n"), appendRESP(nil, status)} {
+		got := make([]algorithms.Decision, 2)
+		if err := decodeRaw(b, reqs, got, false, nil); err != nil {
+			t.Fatalf("%q: %v", b, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%q:\n got %+v\nwant %+v", b, got, want)
+		}
+	}
+	for _, bad := range []string{"+1 8 0\r\n", "+1 8 0 428 1 2 -3 4 5 6\r\n", "+1 8 0 428 1 2 -3 x\r\n", "+\r\n"} {
+		if err := decodeRaw([]byte(bad), reqs, make([]algorithms.Decision, 2), false, nil); err == nil {
+			t.Errorf("%q: read without an error", bad)
 		}
 	}
 }

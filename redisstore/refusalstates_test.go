@@ -25,7 +25,7 @@ func TestLuaRefusalStates(t *testing.T) {
 		for i := range reqs {
 			args = luaArgs(args, false, reqs[i])
 		}
-		v, err := twinScript.Run(ctx, c, keys, args...).Slice()
+		v, err := scriptValues(twinScript.Run(ctx, c, keys, args...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestLuaRefusalStates(t *testing.T) {
 	if err := c.FunctionLoad(ctx, LuaLibrary).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	f, err := c.FCall(ctx, LuaFunction, keys, fargs...).Slice()
+	f, err := scriptValues(c.FCall(ctx, LuaFunction, keys, fargs...))
 	if err != nil || len(f) != 16 || f[13] != raw[0] || f[14] != int64(0) || f[15] != "" {
 		t.Fatalf("FCALL of a refusal: %q %v", f, err)
 	}

@@ -1,9 +1,12 @@
 package redisstore
 
 import (
+	"bytes"
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 
@@ -70,9 +73,8 @@ var LuaFunction, LuaLibrary = luaLibrary()
 
 // luaLibrary builds LuaScript as a Redis Function library (Redis 7): the
 // helpers, the algorithms and take are defined once, when the library
-// loads, not on every call as an EVAL script's body must (about 2 µs of
-// Redis's CPU per call); the function sets the clock they share as an
-// upvalue and calls take.
+// loads, not on every call as an EVAL script's body must; the function
+// sets the clock they share as an upvalue and calls take.
 func luaLibrary() (name, code string) {
 	defs := "local now\n" + luaDefs
 	call := luaTime + "now = " + luaNow + "\nreturn take(keys, args, 0)\n"
@@ -87,14 +89,17 @@ func luaLibrary() (name, code string) {
 // The script's arguments per zone (ARGV, lua/take.lua), argsPerZone of
 // them, in this order:
 //
-//	1  algorithm id (5: a concurrency zone, lua/concurrency.lua)
-//	2  events (a concurrency zone: its slots)
-//	3  window (ms) (a concurrency zone: its lease)
-//	4  capacity
-//	5  cost; for a concurrency zone, its request's lease id instead (the
+//	1  the zone's spec, the static part of its limit:
+//	   "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (for a
+//	   concurrency zone, algorithm id 5, its slots, its lease, its slots,
+//	   and "0"). The options are "0" for none, else fields of a letter and
+//	   digits (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a
+//	   delay of 3000 ms, "a2" delay_after 2, "n1" this request may not
+//	   wait). The script parses a spec once and keeps its parse.
+//	2  cost; for a concurrency zone, its request's holder id instead (the
 //	   decimal digits of a uint64, kept a string in Lua: ids exceed 2^53;
-//	   costSlot)
-//	6  mode: 0 take, 1 refund (a concurrency zone: release its lease), 2
+//	   costArg)
+//	3  mode: 0 take, 1 refund (a concurrency zone: release its lease), 2
 //	   take for a report-only zone, 3 take whose charge may be refunded
 //	   (Request.Refundable: the reply then carries the time of the
 //	   decision), 4 the same for a report-only zone, 5 renew a concurrency
@@ -102,32 +107,23 @@ func luaLibrary() (name, code string) {
 //	   in flight until settled (Request.InFlight; refundable too), 7 the
 //	   same for a report-only zone, 8 refund a charge taken in flight, 9
 //	   settle one and keep it (Refund.Keep)
-//	7  the zone's options: "0" for none, else fields of a letter and digits
-//	   (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a delay of
-//	   3000 ms, "a2" delay_after 2, "n1" this request may not wait); "0"
-//	   for a concurrency zone, which has none
-//	8  for a refund, the instant of the charge (Unix ms; "0": unknown);
+//	4  for a refund, the instant of the charge (Unix ms; "0": unknown);
 //	   "0" for a take or a renewal
 //
 // The layout's numbers are defined here; lua/take.lua names each of them
 // (TestLuaLayoutMatchesGo checks its names against these). This is the one
-// place that writes them (appendArgs, appendRefunds,
-// appendRenewal). A zone's limit rarely changes, so its four numbers and
-// its options are formatted once and kept, already boxed, in a small
-// direct-mapped cache: a request then formats nothing (its cost, a lease
-// id and a refund's instant travel as integers, which go-redis writes
-// itself; the mode is a constant).
+// place that writes them (appendArgs, appendRefunds, appendRenewal). A
+// zone's limit rarely changes, so its spec is formatted once and kept,
+// already boxed, in a small direct-mapped cache: a request then formats
+// nothing (its cost, a holder id and a refund's instant travel as integers,
+// which go-redis writes itself; the mode is a constant).
 
 // The positions of a zone's arguments past its base (1-based, as Lua
 // indexes ARGV), and argsPerZone, their number.
 const (
-	argAlgorithm = iota + 1
-	argEvents
-	argWindow
-	argCapacity
+	argSpec = iota + 1
 	argCost
 	argMode
-	argOptions
 	argInstant
 	argsPerZone = iota
 )
@@ -144,9 +140,8 @@ const argSlots = 256
 // limitArgs is one limit's formatted arguments.
 type limitArgs struct {
 	limit algorithms.Limit
-	// algorithm id, events, window (ms), capacity; the options, and the
-	// options of a request that may not wait
-	head [6]any
+	// the spec, and the spec of a request that may not wait
+	head [2]any
 }
 
 // argCache maps limits to their formatted arguments. Safe for concurrent
@@ -155,7 +150,7 @@ type argCache struct {
 	slots [argSlots]atomic.Pointer[limitArgs]
 }
 
-// The script's modes (argument 6), and argument 8 of a take. A
+// The script's modes (argMode), and argInstant of a take. A
 // concurrency zone's take (modeTake or modeReportOnly; it is never
 // refundable: its slot goes back by a release, not a refund) records its
 // lease; modeRefund releases it (a Cluster veto in another slot); modeRenew
@@ -177,9 +172,9 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 	for i := range reqs {
 		r := &reqs[i]
 		h := a.head(r.Limit)
-		mode, opts := modeTake, h[4]
+		mode, spec := modeTake, h[0]
 		if r.NoDelay {
-			opts = h[5]
+			spec = h[1]
 		}
 		switch {
 		case refund && r.InFlight:
@@ -197,7 +192,7 @@ func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool
 		case r.Refundable:
 			mode = modeRefundable
 		}
-		args = append(args, h[0], h[1], h[2], h[3], costSlot(r), mode, opts, unknownInstant)
+		args = append(args, spec, costArg(r), mode, unknownInstant)
 	}
 	return args
 }
@@ -216,7 +211,7 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 		case r.InFlight:
 			mode = modeRefundInFlight
 		}
-		args = append(args, h[0], h[1], h[2], h[3], r.Cost, mode, h[4], r.At)
+		args = append(args, h[0], r.Cost, mode, r.At)
 	}
 	return args
 }
@@ -225,13 +220,13 @@ func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any 
 // renewal of r's lease (a concurrency zone's request still running).
 func (a *argCache) appendRenewal(args []any, r *algorithms.Request) []any {
 	h := a.head(r.Limit)
-	return append(args, h[0], h[1], h[2], h[3], r.Holder, modeRenew, h[4], unknownInstant)
+	return append(args, h[0], r.Holder, modeRenew, unknownInstant)
 }
 
-// costSlot is the fifth argument of a take: its cost, or a concurrency
-// zone's lease id (lua/concurrency.lua). The one place the layout differs
+// costArg is argCost of a take: its cost, or a concurrency
+// zone's holder id (lua/concurrency.lua). The one place the layout differs
 // by kind.
-func costSlot(r *algorithms.Request) any {
+func costArg(r *algorithms.Request) any {
 	if r.Limit.Algorithm == algorithms.Concurrency {
 		return r.Holder
 	}
@@ -240,25 +235,27 @@ func costSlot(r *algorithms.Request) any {
 
 // head returns l's formatted arguments, formatting them on a miss. The
 // algorithms' numeric values travel here: they must not change.
-func (a *argCache) head(l algorithms.Limit) *[6]any {
+func (a *argCache) head(l algorithms.Limit) *[2]any {
 	x := uint64(l.Events)*0x9e3779b97f4a7c15 ^ uint64(l.Window)*0xbf58476d1ce4e5b9 ^ uint64(l.Burst)*0x94d049bb133111eb ^ uint64(l.Algorithm)
 	slot := &a.slots[(x^x>>29)%argSlots]
 	if e := slot.Load(); e != nil && e.limit == l {
 		return &e.head
 	}
-	opts := zoneOptions(l)
-	noWait := opts
+	b := strconv.AppendInt(nil, int64(l.Algorithm), 10)
+	b = strconv.AppendInt(append(b, ':'), l.Events, 10)
+	b = strconv.AppendInt(append(b, ':'), l.Window, 10)
+	b = strconv.AppendInt(append(b, ':'), l.Capacity(), 10)
+	b = append(append(b, ':'), zoneOptions(l)...)
+	noWait := string(b)
 	if l.Delay > 0 {
 		noWait += "n1"
 	}
-	e := &limitArgs{limit: l, head: [6]any{strconv.Itoa(int(l.Algorithm)),
-		strconv.FormatInt(l.Events, 10), strconv.FormatInt(l.Window, 10), strconv.FormatInt(l.Capacity(), 10),
-		opts, noWait}}
+	e := &limitArgs{limit: l, head: [2]any{string(b), noWait}}
 	slot.Store(e)
 	return &e.head
 }
 
-// zoneOptions formats a limit's options (argument 7).
+// zoneOptions formats a limit's options (the last field of its spec).
 func zoneOptions(l algorithms.Limit) string {
 	var b []byte
 	if l.Penalty > 0 {
@@ -274,4 +271,56 @@ func zoneOptions(l algorithms.Limit) string {
 		return "0"
 	}
 	return string(b)
+}
+
+// decodeAdmission reads the reply of a request that no enforcing zone
+// refused (lua/take.lua): a RESP status (or, from a typed command,
+// appendRESP's bulk string) holding decimal integers separated by spaces,
+// replyPerZone per zone (as zoneDecision reads them), then, when a zone was
+// taken refundable, Redis's time, every decision's At.
+func decodeAdmission(b []byte, reqs []algorithms.Request, out []algorithms.Decision) error {
+	r := respReader{b: b}
+	t, body, err := r.line()
+	if err != nil {
+		return err
+	}
+	if t == '$' {
+		n, ok := atoi(body)
+		switch {
+		case !ok || r.i+int(n)+2 > len(b):
+			return errMalformed
+		case n < 0:
+			return errors.New("redis: the script returned nil")
+		}
+		body = b[r.i : r.i+int(n)]
+	}
+	next := func() (int64, bool) {
+		end := bytes.IndexByte(body, ' ')
+		if end < 0 {
+			end = len(body)
+		}
+		v, ok := atoi(body[:end])
+		body = body[min(end+1, len(body)):]
+		return v, ok
+	}
+	var v [replyPerZone]int64
+	for i := range reqs {
+		for j := range v {
+			var ok bool
+			if v[j], ok = next(); !ok {
+				return fmt.Errorf("redis: the script's admission %q has too few integers for %d zones", b, len(reqs))
+			}
+		}
+		out[i] = zoneDecision(&reqs[i], v)
+	}
+	if len(body) > 0 {
+		now, ok := next()
+		if !ok || len(body) > 0 {
+			return fmt.Errorf("redis: the script's admission %q has too many integers for %d zones", b, len(reqs))
+		}
+		for i := range reqs {
+			out[i].At = now
+		}
+	}
+	return nil
 }

@@ -598,6 +598,9 @@ func zoneDecision(r *algorithms.Request, n [replyPerZone]int64) algorithms.Decis
 // it is not nil; or, on an admission with a refundable zone, Redis's time
 // alone. Redis's time, when the reply has it, is every decision's At.
 func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
+	if len(b) > 0 && (b[0] == '+' || b[0] == '$') && !refund {
+		return decodeAdmission(b, reqs, out) // no enforcing zone refused
+	}
 	r := respReader{b: b}
 	n, err := r.arrayLen()
 	_, typed := err.(*typeError)

@@ -53,7 +53,7 @@ var twinScript = redis.NewScript(luaTestTime + luaDefs + luaTestRun)
 // per zone, without what it adds to a refusal for the deny cache (which
 // TestLuaRefusalStates checks).
 func runTwin(ctx context.Context, c redis.Scripter, keys []string, args ...any) ([]int64, error) {
-	v, err := twinScript.Run(ctx, c, keys, args...).Slice()
+	v, err := scriptValues(twinScript.Run(ctx, c, keys, args...))
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@
 //
 //	benchtool lua                 print the decision as an EVAL script (redisstore.LuaScript)
 //	benchtool lualib              print the production decision library (redisstore.LuaLibrary)
+//	benchtool probelib            print the production library with the probe functions
+//	                              of bench/redis-probe.sh (probe.go)
 //	benchtool luafn               print the name of its function (redisstore.LuaFunction)
 //	benchtool ports N             print N free loopback TCP ports
 //	benchtool wait URL SECONDS    wait until URL answers (any status)
@@ -42,6 +44,8 @@ func main() {
 		_, err = io.WriteString(os.Stdout, redisstore.LuaScript)
 	case "lualib":
 		_, err = io.WriteString(os.Stdout, redisstore.LuaLibrary)
+	case "probelib":
+		err = probeLib()
 	case "luafn":
 		_, err = io.WriteString(os.Stdout, redisstore.LuaFunction+"\n")
 	case "ports":

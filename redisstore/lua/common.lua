@@ -10,32 +10,35 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max
+local byte, char, unpk, tonum, call, min, max, fmt, spk
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
-  min, max = math.min, math.max
+  min, max, fmt, spk = math.min, math.max, string.format, struct.pack
 end
 
--- nums memoizes tonumber for ARGV: a zone's limit arrives as the same
--- few strings on every call, and a lookup costs far less than strtod. It
--- is emptied when it reaches 1000 entries, so costs or limits that vary
--- cannot grow it without bound. num(s) is tonumber(s), remembered; the hot
--- path writes `nums[s] or num(s)`, which calls num only on a miss.
-local nums, nnums = {}, 0
-local function num(s)
-  local v = nums[s]
-  if v then
+-- memo returns a cache of f's results, read on the hot path as
+-- `c[k] or miss(k)`: miss computes f(k) and keeps it (unless nil). The
+-- cache is emptied when it reaches 1000 entries, so keys that vary cannot
+-- grow it without bound.
+local function memo(f)
+  local c, n = {}, 0
+  local function miss(k)
+    local v = f(k)
+    if v ~= nil then
+      if n >= 1000 then
+        for key in pairs(c) do c[key] = nil end
+        n = 0
+      end
+      c[k], n = v, n + 1
+    end
     return v
   end
-  v = tonum(s)
-  if v then
-    if nnums >= 1000 then
-      nums, nnums = {}, 0
-    end
-    nums[s], nnums = v, nnums + 1
-  end
-  return v
+  return c, miss
 end
+
+-- nums memoizes tonumber for ARGV: a zone's cost arrives as the same few
+-- strings on every call, and a lookup costs far less than strtod.
+local nums, num = memo(function(s) return tonum(s) end)
 
 -- idiv is floor(a/b) for |a| < 2^53, 0 < b, corrected for the rounding of
 -- the double division.
@@ -76,10 +79,8 @@ end
 
 -- The stored state. The constant-size states (token bucket, gcra, sliding
 -- and fixed window) are stored in binary: 7 to 12 bytes for common limits,
--- which fit Redis's smallest string object (on Redis 7.0, MEMORY USAGE of
--- sluice:v1:api0:{41-cb007107} is 88 bytes with a value of at most 12
--- bytes, 104 with the text form's 18 to 25). The layout, mirrored by
--- codec.go:
+-- which fit Redis's smallest string object (docs/performance.md gives the
+-- memory per key). The layout, mirrored by codec.go:
 --
 --   1 byte    128 + 32 x algorithm id (0..3) + 4 x n1 + unit (0..3)
 --   1 byte    n2 (0..7), the second count's length: sliding window only
@@ -122,17 +123,34 @@ local function be(s, i, j)
   return v
 end
 
--- buf holds the variable-length fields pack writes, overwritten by every
--- pack: in a Redis Function library it outlives the call, so writing a
--- state allocates nothing but the string.
-local buf = {}
+-- nbytes returns the count of bytes of v >= 0, big-endian without leading
+-- zeros (0 for 0).
+local function nbytes(v)
+  if v < 1 then
+    return 0
+  elseif v < 256 then
+    return 1
+  elseif v < 65536 then
+    return 2
+  elseif v < 16777216 then
+    return 3
+  elseif v < 4294967296 then
+    return 4
+  elseif v < 1099511627776 then
+    return 5
+  elseif v < 281474976710656 then
+    return 6
+  end
+  return 7
+end
+
+-- packfmt memoizes struct.pack's formats of the binary states, by their
+-- fields' lengths (in a Redis Function library it outlives the call).
+local packfmt = {}
 
 -- pack returns the binary state of algorithm alg: its instant at, counts f1
 -- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead. It writes the fields after the instant backwards,
--- ending at buf[32], each least significant byte first, so no field's
--- length is needed before its bytes are written; the header and the
--- instant go to string.char as arguments.
+-- be written instead. One struct.pack writes it ('I0' writes nothing).
 local function pack(alg, at, f1, f2, last)
   local x = at - 1600000000000
   if x < 0 or x >= 1099511627776 then
@@ -146,43 +164,26 @@ local function pack(alg, at, f1, f2, last)
   elseif last % 1000 == 0 then
     k, u = 1, 1000
   end
-  local i, d = 32, 0
   last = last / u
-  while last >= 1 do
-    d = last % 256
-    buf[i] = d
-    i = i - 1
-    last = (last - d) / 256
-  end
-  local e, n2 = i, nil
+  local n1, nl = nbytes(f1), nbytes(last)
+  local h = 128 + 32 * alg + 4 * n1 + k
   if f2 then
-    while f2 >= 1 do
-      d = f2 % 256
-      buf[i] = d
-      i = i - 1
-      f2 = (f2 - d) / 256
+    local n2 = nbytes(f2)
+    local key = 512 + 64 * n1 + 8 * n2 + nl
+    local f = packfmt[key]
+    if not f then
+      f = '>BBI5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
+      packfmt[key] = f
     end
-    n2, e = e - i, i
+    return spk(f, h, n2, x, f1, f2, last)
   end
-  while f1 >= 1 do
-    d = f1 % 256
-    buf[i] = d
-    i = i - 1
-    f1 = (f1 - d) / 256
+  local key = 8 * n1 + nl
+  local f = packfmt[key]
+  if not f then
+    f = '>BI5I' .. n1 .. 'I' .. nl
+    packfmt[key] = f
   end
-  local h = 128 + 32 * alg + 4 * (e - i) + k
-  local x5 = x % 256 -- the instant's 5 bytes: char's arguments
-  x = (x - x5) / 256
-  local x4 = x % 256
-  x = (x - x4) / 256
-  local x3 = x % 256
-  x = (x - x3) / 256
-  local x2 = x % 256
-  local x1 = (x - x2) / 256
-  if n2 then
-    return char(h, n2, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
-  end
-  return char(h, x1, x2, x3, x4, x5, unpk(buf, i + 1, 32))
+  return spk(f, h, x, f1, last)
 end
 
 -- load_state reads a stored state of algorithm alg: the binary form, or
@@ -284,24 +285,19 @@ local function penalized(at, val)
   return char(112, b1, b2, b3, b4, b5, b6) .. (val or '')
 end
 
--- A zone's options (ARGV 7, see take.lua): '0' for none, else fields of a
--- letter and digits: 'p<ms>' the penalty, 'd<ms>' the longest wait (delay),
--- 'a<n>' delay_after (tokens), 'n1' this request may not wait. Their parse
--- is memoized as nums is (a zone sends the same string on every call).
-local optc, noptc = {}, 0
+-- A zone's options (the last field of its spec, see take.lua): '0' for
+-- none, else fields of a letter and digits: 'p<ms>' the penalty, 'd<ms>'
+-- the longest wait (delay), 'a<n>' delay_after (tokens), 'n1' this request
+-- may not wait. opts returns them as a table, nil for none; take keeps it
+-- with the spec it parsed.
 local function opts(o)
-  local t = optc[o]
-  if t then
-    return t
+  if o == '0' then
+    return nil
   end
-  t = {p = 0, d = 0, a = 0, n = 0}
+  local t = {p = 0, d = 0, a = 0, n = 0}
   for k, v in string.gmatch(o, '(%a)(%d+)') do
     t[k] = tonum(v)
   end
-  if noptc >= 1000 then
-    optc, noptc = {}, 0
-  end
-  optc[o], noptc = t, noptc + 1
   return t
 end
 

@@ -5,11 +5,13 @@
 -- once, when it loads, and its function sets `now` and calls take.
 --
 -- KEYS[i] is zone i's state key. For zone i, ARGV[base + ARGS(i-1) + 1..ARGS]
--- (the layout is written by script.go's argCache) are:
--- algorithm id, events, window (ms), capacity, cost, mode, the zone's
--- options (common.lua, opts: '0' for none; a penalty, a delay) and, for a
--- refund, the instant of the charge to give back (Unix ms; 0: unknown;
--- '0' for a take). The modes: 0 take, 1 refund, 2 take for a report-only
+-- (the layout is written by script.go's argCache) are: the zone's spec,
+-- cost, mode and, for a refund, the instant of the charge to give back (Unix
+-- ms; 0: unknown; '0' for a take). The spec is the limit's static part,
+-- "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (common.lua,
+-- opts: '0' for none; a penalty, a delay): a zone sends the same string on
+-- every call, so take parses it once and keeps the result (specs). The
+-- modes: 0 take, 1 refund, 2 take for a report-only
 -- zone, 3 take whose charge may be refunded (a zone counting only some
 -- response statuses, a request that may wait), 4 the same for a
 -- report-only zone, 5 renew a concurrency zone's lease, 6 take whose charge
@@ -46,15 +48,20 @@
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
 -- (ms; for an admission, the wait of a delayed one: algorithms/delay.go)
--- and reset-after (ms). When an enforcing zone refused, the reply goes
--- on with what the deny cache needs to answer the same client's next
+-- and reset-after (ms). When no enforcing zone refused, they come as one
+-- status reply, the integers' decimal digits separated by spaces (one
+-- string.format of integers: a status costs Redis less than an array, and
+-- go-redis reads it without allocating, unlike a bulk string). When an
+-- enforcing zone refused, they come as an array of integers, which goes on
+-- with what the deny cache needs to answer the same client's next
 -- requests as this script would (package denycache): the time it decided
 -- at (now, ms), then each zone's stored value as it stands after the call
 -- (a refusal writes nothing but a penalty that starts, so it is the value
 -- read, or the penalty written): "" for none, 0 for a value longer than
 -- 1024 bytes (a long sliding log, not worth the bandwidth). A request that
 -- is allowed gets the four integers per zone, and then, when a zone's mode
--- is 3 or 4, the time it decided at (what a refund of its charges names).
+-- is 3 or 4, the time it decided at (what a refund of its charges names),
+-- as one more integer of its status.
 --
 -- Every algorithm's step returns allowed, remaining, retry-after,
 -- reset-after and the value to store (nil: delete the key); its refund
@@ -66,15 +73,14 @@
 -- (TestLuaLayoutMatchesGo): a zone's ARGS arguments (A_*, their positions
 -- past the zone's base), the modes, the concurrency algorithm's id as sent,
 -- and REPLY numbers per zone in the reply.
-local ARGS = 8
-local A_ALG, A_EVENTS, A_WINDOW, A_CAPACITY = 1, 2, 3, 4
-local A_COST, A_MODE, A_OPTS, A_AT = 5, 6, 7, 8
+local ARGS = 4
+local A_SPEC, A_COST, A_MODE, A_AT = 1, 2, 3, 4
 local MODE_TAKE, MODE_REFUND, MODE_REPORT_ONLY = '0', '1', '2'
 local MODE_REFUNDABLE, MODE_REPORT_ONLY_REFUNDABLE = '3', '4'
 local MODE_RENEW = '5'
 local MODE_INFLIGHT, MODE_REPORT_ONLY_INFLIGHT = '6', '7'
 local MODE_REFUND_INFLIGHT, MODE_SETTLE_INFLIGHT = '8', '9'
-local ALG_CONCURRENCY = '5'
+local ALG_CONCURRENCY = 5
 local REPLY = 4
 
 local steps = {[0] = token_bucket, [1] = gcra, [2] = sliding_window,
@@ -83,15 +89,33 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
   [4] = sliding_log_refund, [5] = concurrency_release}
 
+-- specs maps a spec (ARGV, A_SPEC) to its parse (memo): {algorithm id,
+-- events, window, capacity, options (nil: none)}; nil for a malformed spec
+-- or an unknown algorithm.
+local specs, spec = memo(function(s)
+  local a, e, w, c, o = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
+  a = tonum(a)
+  if not a or not steps[a] then
+    return nil
+  end
+  return {a, tonum(e), tonum(w), tonum(c), opts(o)}
+end)
+
+-- ttls memoizes a TTL's decimal digits: a number argument of redis.call
+-- is formatted by Redis with snprintf (%.17g), which costs more than the
+-- rest of the SET (an integer's %d costs little); a decision's TTLs
+-- repeat.
+local ttls, ttl = memo(function(px) return fmt('%d', px) end)
+
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
 -- margin, deletes the key when there is no state (val nil), or writes
 -- nothing (val false: a concurrency zone, whose lease is written by
--- concurrency_commit). A number argument reaches Redis as its integer
--- digits (every Redis converts an integral double below 2^53 exactly).
+-- concurrency_commit).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
-    call('SET', key, val, 'PX', reset + margin)
+    local px = reset + margin
+    call('SET', key, val, 'PX', ttls[px] or ttl(px))
   elseif val == nil then
     call('DEL', key)
   end
@@ -99,15 +123,20 @@ end
 
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
 -- (false: refunded, nothing to write), the algorithm's value it was decided
--- against, the stored value after the call (for the deny cache) and its
--- options.
+-- against and the stored value after the call (for the deny cache); and of
+-- every zone, its spec's parse (zs). out holds the reply's numbers, okr
+-- an admission's status reply.
 -- Overwritten by every call: in a Redis Function library they outlive the
 -- call (holding a value each until the next), so a decision allocates no
--- table but its reply. The last zone needs none: when it decides, every
--- zone has.
-local vals, resets, raws, fulls, ots = {}, {}, {}, {}, {}
+-- table. The last zone needs none of the first four: when it decides,
+-- every zone has.
+local vals, resets, raws, fulls, zs, out, okr = {}, {}, {}, {}, {}, {}, {}
 
-local inflightTTL = 300000 -- ms
+-- admitfmt[k]: string.format's format of an admission's k integers, made
+-- on first use.
+local admitfmt = {}
+
+local inflightTTL = '300000' -- ms
 
 -- settle takes cost off the units of key charged in flight.
 local function settle(key, cost)
@@ -118,7 +147,6 @@ end
 local function take(keys, argv, base)
   if not byte then bind() end
   local n = #keys
-  local out = {nil, nil, nil, nil} -- room for one zone without a resize
   local all = true
   local wantnow = false
   local lastval, lastreset -- the last zone's state, when it is written
@@ -126,17 +154,18 @@ local function take(keys, argv, base)
   local conc = false -- a concurrency zone takes a slot
   for i = 1, n do
     local b = base + ARGS * (i - 1)
-    local a = argv[b + A_ALG]
-    local alg = nums[a] or num(a)
-    local step = steps[alg]
-    if not step then
-      return redis.error_reply('sluice: unknown algorithm id ' .. tostring(a))
+    local sp = argv[b + A_SPEC]
+    local z = specs[sp] or spec(sp)
+    if not z then
+      return redis.error_reply('sluice: unknown algorithm or malformed zone spec ' .. tostring(sp))
     end
-    local s2, s3, s4, s5 = argv[b + A_EVENTS], argv[b + A_WINDOW], argv[b + A_CAPACITY], argv[b + A_COST]
-    local events, w = nums[s2] or num(s2), nums[s3] or num(s3)
-    local capacity, cost = nums[s4] or num(s4), s5
+    zs[i] = z
+    local alg, events, w, capacity, ot = z[1], z[2], z[3], z[4], z[5]
+    local step = steps[alg]
+    local s5 = argv[b + A_COST]
+    local cost = s5
     local full, raw, pen = nil, nil, 0
-    if a == ALG_CONCURRENCY then
+    if alg == ALG_CONCURRENCY then
       -- a concurrency zone: its key as its value, its lease id as its cost
       conc, raw = true, keys[i]
     else
@@ -149,15 +178,13 @@ local function take(keys, argv, base)
       end
     end
     local mode = argv[b + A_MODE]
-    local o, ot = argv[b + A_OPTS], nil
-    if o and o ~= '0' then ot = opts(o) end
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == MODE_RENEW then
-      if a == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
+      if alg == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
       if i < n then resets[i] = false end
     elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
       local at = tonum(argv[b + A_AT]) or 0
-      if mode ~= MODE_REFUND and a ~= ALG_CONCURRENCY then settle(keys[i], cost) end
+      if mode ~= MODE_REFUND and alg ~= ALG_CONCURRENCY then settle(keys[i], s5) end
       if mode == MODE_SETTLE_INFLIGHT then
         reset = false -- kept: nothing to give back
       else
@@ -208,7 +235,7 @@ local function take(keys, argv, base)
       -- a report-only zone never vetoes
       if allowed ~= 1 and mode ~= MODE_REPORT_ONLY and mode ~= MODE_REPORT_ONLY_REFUNDABLE and mode ~= MODE_REPORT_ONLY_INFLIGHT then all = false end
       if i < n then
-        vals[i], resets[i], raws[i], fulls[i], ots[i] = val, reset, raw, full, ot
+        vals[i], resets[i], raws[i], fulls[i] = val, reset, raw, full
       else
         lastraw, lastfull = raw, full
         if allowed == 1 then
@@ -235,9 +262,9 @@ local function take(keys, argv, base)
         store(keys[i], vals[i], resets[i])
       else
         -- vetoed, as above
-        local b = base + ARGS * (i - 1)
+        local z = zs[i]
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
-          steps[num(argv[b + A_ALG])](raws[i], num(argv[b + A_EVENTS]), num(argv[b + A_WINDOW]), num(argv[b + A_CAPACITY]), 0, ots[i])
+          steps[z[1]](raws[i], z[2], z[3], z[4], 0, z[5])
       end
     end
   end
@@ -260,18 +287,19 @@ local function take(keys, argv, base)
     for i = 1, n do
       local b = base + ARGS * (i - 1)
       local mode = argv[b + A_MODE]
-      if argv[b + A_ALG] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
-        concurrency_commit(keys[i], num(argv[b + A_WINDOW]), argv[b + A_COST])
+      if zs[i][1] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
+        concurrency_commit(keys[i], zs[i][3], argv[b + A_COST])
       end
     end
   end
   if not all then
     local o = REPLY * n + 1
     out[o] = now
+    out[o + n + 1] = nil -- the array ends here (out outlives the call)
     for i = 1, n do
       local r = fulls[i]
       if i == n then r = lastfull end
-      if argv[base + ARGS * (i - 1) + A_ALG] == ALG_CONCURRENCY then
+      if zs[i][1] == ALG_CONCURRENCY then
         r = 0 -- a concurrency zone's key: the deny cache keeps no entry
       elseif not r then
         r = ''
@@ -280,8 +308,18 @@ local function take(keys, argv, base)
       end
       out[o + i] = r
     end
-  elseif wantnow then
-    out[REPLY * n + 1] = now
+    return out
   end
-  return out
+  local k = REPLY * n
+  if wantnow then
+    k = k + 1
+    out[k] = now
+  end
+  local f = admitfmt[k]
+  if not f then
+    f = '%d' .. string.rep(' %d', k - 1)
+    admitfmt[k] = f
+  end
+  okr.ok = fmt(f, unpk(out, 1, k))
+  return okr
 end

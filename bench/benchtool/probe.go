@@ -1,0 +1,103 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strings"
+
+	"github.com/sluicehq/caddy-sluice/redisstore"
+)
+
+// The probe library (benchtool probelib, bench/redis-probe.sh): the
+// production library's code with functions added that each do a prefix of
+// what the decision does, for the table of where its time goes inside Redis
+// (docs/performance.md). They sit in the same chunk, so they call the
+// library's own helpers; their arguments are the production layout's.
+//
+//	p_empty   nothing (Redis's cost of an FCALL with these arguments)
+//	p_time    + TIME
+//	p_args    + every zone's arguments read as take reads them
+//	p_floor   TIME, GET and SET PX of a constant per key (no Lua work)
+//	p_decode  p_args + GET and the stored state decoded
+//	p_codec   p_decode + the state encoded again and SET PX
+//	p_step    p_decode + the algorithm (which encodes) and SET PX
+//	take      the production function (p_step + take's bookkeeping and reply)
+const probeLua = `
+local function probe_now()
+  if not byte then bind() end
+  local t = redis.call('TIME')
+  local us = t[2] + 0
+  now = t[1] * 1000 + (us - us % 1000) / 1000
+end
+local patterns = {[0] = '^(%-?%d+):(%-?%d+):(%d+)$', [1] = '^g(%-?%d+):(%d+):(%d+)$',
+  [2] = '^s(%d+):(%d+):(%-?%d+):(%d+)$'}
+local atis = {[0] = 2, [1] = 1, [2] = 3}
+local function probe_args(argv, b)
+  local sp = argv[b + A_SPEC]
+  local z = specs[sp] or spec(sp)
+  local s5 = argv[b + A_COST]
+  local cost = nums[s5] or num(s5)
+  local mode = argv[b + A_MODE]
+  return z[1], z[2], z[3], z[4], cost, z[5]
+end
+redis.register_function('p_empty', function(keys, args) return 1 end)
+redis.register_function('p_time', function(keys, args) probe_now() return 1 end)
+redis.register_function('p_args', function(keys, args)
+  probe_now()
+  for i = 1, #keys do probe_args(args, ARGS * (i - 1)) end
+  return 1
+end)
+redis.register_function('p_floor', function(keys, args)
+  probe_now()
+  for i = 1, #keys do
+    call('GET', keys[i])
+    call('SET', keys[i], 'abcdefghij', 'PX', 61000)
+  end
+  return 1
+end)
+local function probe_decode(key, alg)
+  local full = call('GET', key)
+  local raw
+  if full then raw = unpen(full) end
+  if raw then return load_state(raw, alg, patterns[alg], atis[alg]) end
+end
+redis.register_function('p_decode', function(keys, args)
+  probe_now()
+  for i = 1, #keys do
+    local alg = probe_args(args, ARGS * (i - 1))
+    probe_decode(keys[i], alg)
+  end
+  return 1
+end)
+redis.register_function('p_codec', function(keys, args)
+  probe_now()
+  for i = 1, #keys do
+    local alg, events, w = probe_args(args, ARGS * (i - 1))
+    local at, f1, f2, last = probe_decode(keys[i], alg)
+    if not at then at, f1, f2, last = now, 1, nil, w end
+    if alg ~= 2 then f2 = nil end
+    call('SET', keys[i], pack(alg, at, f1, f2, last), 'PX', 61000)
+  end
+  return 1
+end)
+redis.register_function('p_step', function(keys, args)
+  probe_now()
+  for i = 1, #keys do
+    local alg, events, w, capacity, cost, ot = probe_args(args, ARGS * (i - 1))
+    local full = call('GET', keys[i])
+    local raw
+    if full then raw = unpen(full) end
+    local _, _, _, reset, val = steps[alg](raw, events, w, capacity, cost, ot)
+    store(keys[i], val, reset)
+  end
+  return 1
+end)
+`
+
+// probeLib prints the probe library.
+func probeLib() error {
+	lib := redisstore.LuaLibrary
+	lib = strings.Replace(lib, "#!lua name=", "#!lua name=probe_", 1)
+	_, err := io.WriteString(os.Stdout, lib+probeLua)
+	return err
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# redis-probe.sh: where a decision's time goes inside Redis, by elimination
+# (docs/performance.md). Starts its own redis-server on a free loopback port,
+# loads the probe library (benchtool probelib: the production library plus
+# functions that each do a prefix of the decision), and runs each function
+# with redis-benchmark (-P 16, so the network costs little per call). Prints
+# two Markdown tables, each the median over the rounds per function and case:
+# Redis's main thread CPU per call (INFO cpu, used_cpu_*_main_thread, over
+# the calls of INFO commandstats), which a busy machine does not inflate, and
+# Redis's own time per call (usec_per_call of FCALL), which counts the time
+# Redis waited for a core inside the call too.
+#
+#   bash bench/redis-probe.sh                       # every function, every case
+#   PROBE_FNS="p_empty take" PROBE_ROUNDS=5 bash bench/redis-probe.sh
+#   PROBE_LIBS="/tmp/a.lua /tmp/b.lua" ...          # compare libraries (files
+#                                                   # printed by benchtool probelib)
+#
+# Cases: one zone token bucket, one zone gcra, three zones (token bucket,
+# token bucket, sliding window); one hot key (1e9 events a minute, never
+# refusing) and 100,000 random keys (1000 events a day, so a key's state
+# outlives the time between its visits and is read and written each time;
+# no key is visited 1000 times in a run), filled by the production function
+# before the case is measured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${PROBE_ROUNDS:-3}
+N=${PROBE_N:-200000}
+read -r -a FNS <<<"${PROBE_FNS:-p_empty p_time p_args p_floor p_decode p_codec p_step take}"
+read -r -a CASES <<<"${PROBE_CASES:-tb1 gcra1 z3}"
+tmp=$(mktemp -d)
+go build -o "$tmp/benchtool" ./bench/benchtool
+if [[ -z ${PROBE_LIBS:-} ]]; then
+	"$tmp/benchtool" probelib >"$tmp/lib.lua"
+	PROBE_LIBS="$tmp/lib.lua"
+fi
+read -r -a LIBS <<<"$PROBE_LIBS"
+port=$("$tmp/benchtool" ports 1)
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --logfile "$tmp/redis.log" &
+rpid=$!
+trap 'kill $rpid 2>/dev/null; wait $rpid; rm -rf "$tmp"' EXIT
+cli() { redis-cli -p "$port" "$@"; }
+for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+# A zone's arguments (redisstore/script.go's layout): its spec
+# "<algorithm>:<events>:<window>:<capacity>:<options>", cost, mode, instant;
+# or, for a library of the layout before (8 arguments a zone: "local ARGS = 8"
+# in its code), algorithm, events, window, capacity, cost, mode, options,
+# instant.
+hot=(1000000000 60000 1000000000)
+many=(1000 86400000 1000)
+zone() { # layout algorithm keyspace
+	local -n lim=$3
+	if [[ $1 == old ]]; then
+		echo "$2 ${lim[0]} ${lim[1]} ${lim[2]} 1 0 0 0"
+	else
+		echo "$2:${lim[0]}:${lim[1]}:${lim[2]}:0 1 0 0"
+	fi
+}
+args() { # layout case keyspace
+	local k='{41-cb007107}'
+	[[ $3 == many ]] && k='{__rand_int__}'
+	case $2 in
+	tb1) echo 1 "sluice:v1:a:$k" "$(zone "$1" 0 "$3")" ;;
+	gcra1) echo 1 "sluice:v1:g:$k" "$(zone "$1" 1 "$3")" ;;
+	z3) echo 3 "sluice:v1:a:$k" "sluice:v1:b:$k" "sluice:v1:c:$k" "$(zone "$1" 0 "$3")" "$(zone "$1" 0 "$3")" "$(zone "$1" 2 "$3")" ;;
+	esac
+}
+cpu() { cli info cpu | awk -F: '/_main_thread:/ { s += $2 } END { printf "%.6f", s }'; }
+stat() { cli info commandstats | awk -F'[:=,]' '/^cmdstat_fcall:/ { print $3, $7 }'; }
+bench() { redis-benchmark -p "$port" -c 50 -P 16 -r 100000 "$@" >/dev/null; }
+# Every library is loaded at once, its probes renamed with its index (its
+# decision function's name already differs), and the libraries take turns
+# function by function, so a machine's drift hits them alike.
+cli function flush >/dev/null
+declare -a layouts takes
+for li in "${!LIBS[@]}"; do
+	sed "s/register_function('p_\([a-z]*\)'/register_function('p_\1_$li'/" "${LIBS[$li]}" | cli -x function load >/dev/null
+	takes[li]=sluice_take_$(head -1 "${LIBS[$li]}" | sed 's/.*name=probe_sluice_//')
+	layouts[li]=new
+	grep -q '^local ARGS = 8$' "${LIBS[$li]}" && layouts[li]=old
+done
+declare -A res wall
+# p_floor writes a constant over the keys' states: with it, every case
+# starts from no key and is filled again.
+fill=1
+for _ in $(seq "$ROUNDS"); do
+	for c in "${CASES[@]}"; do
+		for ks in hot many; do
+			if [[ $fill == 1 || " ${FNS[*]} " == *" p_floor "* ]]; then
+				cli flushall >/dev/null
+				# shellcheck disable=SC2046
+				bench -n 300000 FCALL "${takes[0]}" $(args "${layouts[0]}" "$c" "$ks")
+			fi
+			for f in "${FNS[@]}"; do
+				for li in "${!LIBS[@]}"; do
+					fn=${f}_$li
+					[[ $f == take ]] && fn=${takes[li]}
+					# shellcheck disable=SC2046
+					bench -n 10000 FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
+					cli config resetstat >/dev/null
+					c0=$(cpu)
+					# shellcheck disable=SC2046
+					bench -n "$N" FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
+					c1=$(cpu)
+					read -r calls us < <(stat)
+					res["$li $c $ks $f"]+="$(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }') "
+					wall["$li $c $ks $f"]+="$us "
+				done
+			done
+		done
+	done
+	fill=0
+done
+med() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }'; }
+hdr="| function |"
+sep="|---|"
+for c in "${CASES[@]}"; do for ks in hot many; do for li in "${!LIBS[@]}"; do
+	hdr+=" $c $ks${LIBS[1]:+ L$li} |"; sep+="--:|"
+done; done; done
+table() {
+	local -n t=$1
+	echo "$hdr"; echo "$sep"
+	for f in "${FNS[@]}"; do
+		line="| $f |"
+		for c in "${CASES[@]}"; do for ks in hot many; do for li in "${!LIBS[@]}"; do
+			line+=" $(med <<<"${t["$li $c $ks $f"]}") |"
+		done; done; done
+		echo "$line"
+	done
+}
+echo "Redis main thread CPU per call (µs), median of $ROUNDS rounds:"; echo
+table res
+echo; echo "usec_per_call of FCALL (INFO commandstats), median of $ROUNDS rounds:"; echo
+table wall
