@@ -7,6 +7,7 @@
 #   make xcaddy-check  build with xcaddy as users do and check the binary
 #   make fmt | vet     gofmt the tree | go vet ./...
 #   make bench         the benchmark harness (bench/README.md), a few minutes
+#   make bench-adaptive  the adaptive concurrency testbed's table (docs/adaptive.md)
 
 GO        ?= go
 TESTFLAGS ?= -race -count=1 -timeout 20m
@@ -16,7 +17,7 @@ CADDYFILE ?= Caddyfile.example
 .DEFAULT_GOAL := test
 # Steps run in the order written, even under make -j.
 .NOTPARALLEL:
-.PHONY: test test-deps go-test alloc-test run build xcaddy-check fmt fmt-check vet clean bench
+.PHONY: test test-deps go-test alloc-test run build xcaddy-check fmt fmt-check vet clean bench bench-adaptive
 
 # test is the README's test command and what .ci/run calls.
 test: vet test-deps go-test alloc-test xcaddy-check
@@ -60,8 +61,14 @@ vet:
 # loopback ports, interleaves wrk and redis-benchmark over a few rounds, runs
 # the Go benchmarks, and writes bench/results/<timestamp>.md and
 # bench/RESULTS.md (bench/run.sh; knobs BENCH_* in bench/README.md).
-bench:
+bench: bench-adaptive
 	bash bench/run.sh
+
+# bench-adaptive runs the adaptive controllers, no limit and a fixed limit
+# on the testbed (adaptive/testbed_test.go: a virtual clock, so the table is
+# the same on any machine) and prints the table of docs/adaptive.md.
+bench-adaptive:
+	$(GO) test -count=1 -v -run '^TestTestbed$$' ./adaptive/ -args -testbed.table
 
 clean:
 	rm -rf bin

@@ -190,6 +190,9 @@ type adminZoneInfo struct {
 	Concurrent int64  `json:"concurrent,omitempty"`
 	Lease      string `json:"lease,omitempty"`
 	LeaseMs    int64  `json:"lease_ms,omitempty"`
+	// Adaptive: an adaptive concurrency zone's settings and what this
+	// instance learnt (adaptive.go); Concurrent is then its current limit.
+	Adaptive *adminAdaptive `json:"adaptive,omitempty"`
 }
 
 func (az *adminZone) info() adminZoneInfo {

@@ -56,6 +56,12 @@ type admission struct {
 	res         reservation
 	reserved    bool
 	wantsStatus bool
+	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
+	// the request was passed on; header is the response's header, for the
+	// status hooks.
+	adapt     []adaptiveHold
+	forwarded time.Time
+	header    http.Header
 }
 
 // outcome is what a request's take and verdict came to.
@@ -93,6 +99,7 @@ var admissionPool = sync.Pool{New: func() any {
 		shown: make([]*shownLimit, 0, 8),
 		buf:   make([]byte, 0, 256),
 		res:   reservation{charges: make([]charge, 0, 4)},
+		adapt: make([]adaptiveHold, 0, 2),
 	}
 }}
 
@@ -276,6 +283,7 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 	if !a.wantsStatus {
 		return next.ServeHTTP(w, a.r)
 	}
+	a.header = w.Header()
 	sw := statusWriterPool.Get().(*statusWriter)
 	sw.ResponseWriter, sw.hook, sw.known, sw.refused = w, a, false, false
 	returned := false
@@ -323,10 +331,11 @@ func (a *admission) exit() {
 	a.leaveRoom()
 	a.reqs, a.decs, a.zones, a.shown = a.reqs[:0], a.decs[:0], a.zones[:0], a.shown[:0]
 	a.res.reset()
+	clear(a.adapt)
 	if cap(a.buf) > 64<<10 {
 		a.buf = nil // do not keep a huge key buffer alive
 	}
-	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res}
+	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res, adapt: a.adapt[:0]}
 	admissionPool.Put(a)
 }
 

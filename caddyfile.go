@@ -16,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 func init() {
@@ -109,6 +111,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	        lease       <duration>
 //	        match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled,
 //	        on_exceed as above
+//	    }
+//	    zone <name> {                  # an adaptive concurrency zone
+//	        key         <candidate>...
+//	        concurrent  adaptive {
+//	            controller aimd|gradient2|vegas
+//	            minimum    <n>
+//	            maximum    <n>
+//	            initial    <n>
+//	            tolerance  <multiple>
+//	            smoothing  <fraction>
+//	            window     <duration>
+//	        }
+//	        delay       <max_wait>     # wait for a place under the limit
+//	        match, key, report_only, enabled as above
 //	    }
 //	    max_waiting <n>
 //	    settle_wait <duration>
@@ -449,6 +465,16 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.DelayAfter, err = p.count(field, v)
 			}
 		case "concurrent":
+			if d.NextArg() {
+				if d.Val() == "adaptive" {
+					if d.NextArg() {
+						return nil, p.errf("concurrent adaptive takes a block of settings, not %q", d.Val())
+					}
+					z.Adaptive, err = p.adaptive()
+					break
+				}
+				d.Prev()
+			}
 			if z.ConcurrentFrom, v, err = p.perRequest(field, "10"); err == nil {
 				z.Concurrent, err = p.count(field, v)
 			}
@@ -464,6 +490,47 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 		}
 	}
 	return z, nil
+}
+
+// adaptive parses the block of `concurrent adaptive { ... }` (none: every
+// setting at its default); the dispenser is on "adaptive".
+func (p zoneParser) adaptive() (*zonemodel.Adaptive, error) {
+	a := new(zonemodel.Adaptive)
+	seen := map[string]bool{}
+	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
+		field := p.d.Val()
+		if seen[field] {
+			return nil, p.errf("concurrent adaptive: duplicate %s", field)
+		}
+		seen[field] = true
+		v, err := p.arg("concurrent adaptive: " + field)
+		if err != nil {
+			return nil, err
+		}
+		switch field {
+		case "controller":
+			a.Controller = v
+		case "minimum", "maximum", "initial":
+			n, err := p.count("concurrent adaptive: "+field, v)
+			if err != nil {
+				return nil, err
+			}
+			*map[string]*int64{"minimum": &a.Minimum, "maximum": &a.Maximum, "initial": &a.Initial}[field] = n
+		case "tolerance", "smoothing":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 {
+				return nil, p.errf("concurrent adaptive: %s must be a positive number, got %q", field, v)
+			}
+			*map[string]*float64{"tolerance": &a.Tolerance, "smoothing": &a.Smoothing}[field] = f
+		case "window":
+			if a.Window, err = p.duration("concurrent adaptive: window", v); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, p.errf("concurrent adaptive: unknown setting %q (known: controller, minimum, maximum, initial, tolerance, smoothing, window)", field)
+		}
+	}
+	return a, nil
 }
 
 // localAllowance parses `local_allowance [<max_batch> [<expiry>]]`.

@@ -32,6 +32,8 @@ type zone struct {
 	// conc is a concurrency zone's run time (concurrency.go); nil for a
 	// rate zone.
 	conc *concurrencyZone
+	// adapt is an adaptive concurrency zone's (adaptive.go); nil otherwise.
+	adapt *adaptiveZone
 	// badValue rate-limits the log line about unusable per-request values
 	// (cost, events, window, burst); nil when nothing is chosen per request.
 	badValue *sampledLog
@@ -79,8 +81,8 @@ func compileZone(cfg *Zone, name string) (*zone, error) {
 	zn.shown = zn.showLimit(m.Limit)
 	if m.Dynamic() {
 		zn.dyn = &dynamicLimit{events: m.EventsFrom, window: m.WindowFrom, burst: m.BurstFrom}
-		zn.dynSpec = m.DynamicSpec
 	}
+	zn.dynSpec = m.DynamicSpec // also an adaptive zone's settings
 	if err := compileControls(zn, cfg); err != nil {
 		return nil, err
 	}

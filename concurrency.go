@@ -20,8 +20,13 @@ import (
 // refusal's Retry-After is raised to a hint from the hold times seen here.
 // docs/architecture.md says how it combines with count, delay and pass.
 var concurrencyControl = control{
-	name:      "concurrency",
-	compile:   func(z *zone, _ *Zone) error { z.compileConcurrency(); return nil },
+	name: "concurrency",
+	compile: func(z *zone, cfg *Zone) error {
+		if cfg.Adaptive == nil { // adaptive.go
+			z.compileConcurrency()
+		}
+		return nil
+	},
 	provision: provisionConcurrency,
 	admin:     concurrencyInfo,
 	hooks: hooks{

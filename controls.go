@@ -24,6 +24,9 @@ type control struct {
 	cleanup func(h *Handler)
 	// admin adds the control's fields to a zone's admin listing.
 	admin func(z *zone, info *adminZoneInfo)
+	// layer wraps the take stage of h in a layer of the control's (or
+	// returns next when h does not use it); run once at Provision.
+	layer func(h *Handler, next taker) taker
 	hooks
 }
 
@@ -111,6 +114,7 @@ var controls = [...]*control{
 	&delayControl,       // delay.go
 	&inflightControl,    // inflight.go
 	&concurrencyControl, // concurrency.go
+	&adaptiveControl,    // adaptive.go
 }
 
 // compileControls runs every control's config checks on zone z.

@@ -25,7 +25,13 @@ func (h *Handler) takeStage() taker {
 		h.planned[i].FailApart = z.failApart(h.delaying)
 	}
 	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
-	return &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
+	var t taker = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
+	for _, c := range controls {
+		if c.layer != nil {
+			t = c.layer(h, t)
+		}
+	}
+	return t
 }
 
 // storeCall is the take stage's innermost layer: one Take of every zone,

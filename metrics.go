@@ -26,6 +26,8 @@ var metrics = struct {
 	waiting       prometheus.Gauge
 	// concurrentSlots: see concurrency.go.
 	concurrentSlots *prometheus.GaugeVec
+	// adaptiveLimit, adaptiveBaseline, adaptiveLatency: see adaptive.go.
+	adaptiveLimit, adaptiveBaseline, adaptiveLatency *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -92,8 +94,21 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "concurrent_slots",
 			Help: "Concurrency slots held by this instance's running requests, by zone (requests admitted by a concurrency zone that have not ended).",
 		}, []string{"zone"})
+		metrics.adaptiveLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_limit",
+			Help: "An adaptive concurrency zone's learnt limit on this instance, by zone (of the key whose window of latencies closed last).",
+		}, []string{"zone"})
+		metrics.adaptiveBaseline = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_baseline_seconds",
+			Help: "An adaptive concurrency zone's baseline latency, what its controller takes for unloaded, by zone (of the key whose window closed last).",
+		}, []string{"zone"})
+		metrics.adaptiveLatency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_latency_seconds",
+			Help: "An adaptive concurrency zone's sample latency: the mean time to the first byte of the last window's responses, by zone.",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots} {
+	for _, c := range []prometheus.Collector{metrics.decisions, metrics.storeDuration, metrics.storeErrors, metrics.fallbacks, metrics.refunds, metrics.delays, metrics.abandoned, metrics.waiting, metrics.concurrentSlots,
+		metrics.adaptiveLimit, metrics.adaptiveBaseline, metrics.adaptiveLatency} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

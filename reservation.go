@@ -55,7 +55,7 @@ const (
 func (rs *reservation) reserve(store Store, reqs []algorithms.Request, decs []algorithms.Decision, zones []*zone, skip []int) {
 	rs.store = store
 	for i := range reqs {
-		if !decs[i].Allowed || slices.Contains(skip, i) {
+		if !decs[i].Allowed || slices.Contains(skip, i) || zones[i].adapt != nil { // adaptive.go gives its own back
 			continue
 		}
 		rs.charges = append(rs.charges, charge{zone: zones[i], req: reqs[i], at: decs[i].At})

@@ -205,7 +205,7 @@ func sameAsHandler(t *testing.T, s *simulate.ZoneConfig, z *zone) {
 		{"report key", s.Key, keys(z.deriver)},
 		{"report report_only", s.ReportOnly, z.reportOnly},
 		{"report dynamic", s.Dynamic, z.dyn != nil},
-		{"report concurrent", s.Concurrent > 0, z.conc != nil},
+		{"report concurrent", s.Concurrent > 0, z.conc != nil || z.adapt != nil},
 	} {
 		sj, _ := json.Marshal(c.sim)
 		hj, _ := json.Marshal(c.hand)

@@ -939,6 +939,7 @@ func TestExamplesStandIn(t *testing.T) {
 		{"tenants.Caddyfile", []string{"tenant", "tenant_user"}, "GET", "/v1/items", nil, 401, ""},
 		{"rollout.Caddyfile", []string{"api_now", "api_next"}, "GET", "/v1/items", nil, 200, "the stand-in API: GET /v1/items"},
 		{"exports.Caddyfile", []string{"exports", "exports_rate"}, "GET", "/exports/orders.csv", []string{"X-Account: acme"}, 200, "date,account,amount\n2026-12-01,acme,9.99\n"},
+		{"protect.Caddyfile", []string{"backend", "per_client"}, "GET", "/report", nil, 200, "the stand-in upstream: GET /report"},
 	} {
 		// A subtest each: load fails the test it is given once that test
 		// has failed.
@@ -954,6 +955,59 @@ func TestExamplesStandIn(t *testing.T) {
 			}
 			closeIdle(c)
 		})
+	}
+}
+
+// TestExampleProtect loads examples/protect.Caddyfile in front of an
+// upstream that holds requests: of 25 requests at once, the 20 the
+// adaptive zone starts with reach the upstream, the 5 others wait 100 ms
+// for a place and are refused by "backend" with a Retry-After; the admin
+// API lists the zone's adaptive part.
+func TestExampleProtect(t *testing.T) {
+	up := newHoldUpstream(t)
+	backend, perClient := zoneName("backend"), zoneName("per_client")
+	loadExample(t, "protect.Caddyfile", map[string]string{"SLUICE_UPSTREAM": up.addr()},
+		map[string]string{"backend": backend, "per_client": perClient})
+	c := loopbackClient(25)
+	defer c.CloseIdleConnections()
+	up.hold()
+	type answer struct {
+		code        int
+		body, retry string
+	}
+	answers := make(chan answer, 25)
+	for range 25 {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, siteA+"/hold", nil)
+			resp, err := doRetry(t, c, req)
+			if err != nil {
+				t.Error(err)
+				answers <- answer{}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers <- answer{resp.StatusCode, string(b), resp.Header.Get("Retry-After")}
+		}()
+	}
+	up.waitArrived(t, 20)
+	for range 5 {
+		a := <-answers
+		if a.code != http.StatusTooManyRequests || !strings.Contains(a.body, `"zone":"`+backend+`"`) || a.retry == "" {
+			t.Fatalf("an answer while 20 were held: %d %q Retry-After %q; want 429 from %s with Retry-After", a.code, a.body, a.retry, backend)
+		}
+	}
+	if got := up.inFlight.Load(); got != 20 {
+		t.Fatalf("%d at the upstream, want 20", got)
+	}
+	if a := adaptiveListing(t, backend); jsonInt(t, a, "limit") != 20 || jsonInt(t, a, "minimum") != 4 || jsonInt(t, a, "maximum") != 200 {
+		t.Fatalf("admin listing %v", a)
+	}
+	up.releaseAll()
+	for range 20 {
+		if a := <-answers; a.code != 200 {
+			t.Fatalf("a held request answered %d %q", a.code, a.body)
+		}
 	}
 }
 

@@ -15,7 +15,9 @@ func notes(rw *rewritten, zones []*ZoneConfig, kind string, pl *placement) []str
 		if z.Dynamic {
 			out = append(out, fmt.Sprintf("zone %s: its limit is chosen per request (max_events_from, window_from or burst_from); each resolved limit is a bucket of its own and the table shows the default limit", z.Name))
 		}
-		if z.Concurrent > 0 {
+		if z.model != nil && z.model.Adaptive != nil {
+			out = append(out, fmt.Sprintf("zone %s: an adaptive concurrency zone (concurrent adaptive): it cannot be replayed; its limit is learnt from the upstream's latency under overlapping requests, and a log has neither (the replay is sequential): it refuses nothing here", z.Name))
+		} else if z.Concurrent > 0 {
 			out = append(out, fmt.Sprintf("zone %s: a concurrency zone: the replay is sequential (each request's response is written before the next request arrives), so its slot is given back at once and it refuses nothing; a log gives no overlap of requests to replay", z.Name))
 		}
 		if !z.Enabled {

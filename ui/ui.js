@@ -33,6 +33,13 @@
 
   function limitText(z) {
     if (z.algorithm === "concurrency") return z.concurrent + " in flight";
+    if (z.algorithm === "adaptive" && z.adaptive) {
+      const a = z.adaptive;
+      let s = a.limit + " in flight (adaptive " + a.controller;
+      const ms = (v) => +v.toPrecision(3) + " ms";
+      if (a.latency_ms) s += "; latency " + ms(a.latency_ms) + ", baseline " + ms(a.baseline_ms);
+      return s + ")";
+    }
     let s = z.events + " / " + z.window;
     if (z.burst) s += ", burst " + z.burst;
     return s;

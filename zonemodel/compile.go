@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/caddy-sluice/adaptive"
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 )
@@ -39,6 +40,11 @@ type Compiled struct {
 	Enabled    bool
 	// Allowance is the zone's local allowance; nil: none.
 	Allowance *LocalAllowance
+	// Adaptive is an adaptive concurrency zone's controller settings,
+	// resolved; nil for another zone. AdaptiveWait is its delay: how long
+	// a request over the limit may wait for a place (0: refused at once).
+	Adaptive     *adaptive.Settings
+	AdaptiveWait time.Duration
 }
 
 // Dynamic reports whether the zone's limit is chosen per request.
@@ -68,8 +74,10 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if l.Penalty, err = z.penalty(); err != nil {
 		return nil, err
 	}
-	if err := z.delay(&l); err != nil {
-		return nil, err
+	if z.Adaptive == nil {
+		if err := z.delay(&l); err != nil {
+			return nil, err
+		}
 	}
 	if z.IPv4Prefix < 1 || z.IPv4Prefix > 32 {
 		return nil, fmt.Errorf("ipv4_prefix must be between 0 and 32 (0: the default, 32), got %d", z.IPv4Prefix)
@@ -105,6 +113,9 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if err := c.compileDynamic(z); err != nil {
 		return nil, err
 	}
+	if err := c.compileAdaptive(z); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -113,6 +124,9 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 func (z *Zone) Limit() (algorithms.Limit, error) {
 	if z.concurrentZero && z.MaxEvents == 0 {
 		return algorithms.Limit{}, fmt.Errorf("concurrent must be between 1 and %d, got 0", algorithms.MaxConcurrent)
+	}
+	if z.Adaptive != nil {
+		return z.adaptiveLimit()
 	}
 	if z.IsConcurrency() {
 		return z.concurrencyLimit()
@@ -148,20 +162,29 @@ func (z *Zone) Limit() (algorithms.Limit, error) {
 	return l, nil
 }
 
+// fieldSet is a field's name and whether the zone sets it.
+type fieldSet struct {
+	name string
+	set  bool
+}
+
+// rateFields are the fields of a rate, which a concurrency zone (fixed or
+// adaptive) does not take.
+func (z *Zone) rateFields() []fieldSet {
+	return []fieldSet{
+		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
+		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
+		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
+	}
+}
+
 // concurrencyLimit compiles a concurrency zone's limit (see Limit), with
 // errors naming the field.
 func (z *Zone) concurrencyLimit() (algorithms.Limit, error) {
 	if z.Concurrent == 0 && z.ConcurrentFrom == "" {
 		return algorithms.Limit{}, errors.New("lease applies only to a concurrency zone (set concurrent); a rate zone has no lease")
 	}
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"events (max_events)", z.MaxEvents != 0}, {"window", z.Window != 0}, {"burst", z.Burst != 0},
-		{"algorithm", z.Algorithm != ""}, {"cost", z.Cost != ""}, {"cost_default", z.CostDefault != 0},
-		{"max_events_from", z.MaxEventsFrom != ""}, {"window_from", z.WindowFrom != ""}, {"burst_from", z.BurstFrom != ""},
-	} {
+	for _, f := range z.rateFields() {
 		if f.set {
 			return algorithms.Limit{}, fmt.Errorf("%s does not apply to a concurrency zone (concurrent): it limits the requests in flight, not a rate; put the rate in a zone of its own", f.name)
 		}

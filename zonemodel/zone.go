@@ -3,7 +3,7 @@
 // its compiled form. The handler builds its runtime zones from Compile's
 // result, and `caddy rate-limit simulate` reads the same: one schema, one
 // set of defaults, one set of checks. It imports nothing of Sluice's but
-// algorithms and identity.
+// algorithms, adaptive and identity.
 package zonemodel
 
 import (
@@ -116,8 +116,9 @@ type Zone struct {
 
 	// Delay lets a request the zone would refuse wait for its turn, up to
 	// this long, instead (token_bucket and gcra): its slot is reserved at
-	// once and it proceeds when its time comes. A whole number of
-	// milliseconds, at least 1ms. Default: none (refuse).
+	// once and it proceeds when its time comes; in an adaptive zone, it
+	// waits for a place under the limit. A whole number of milliseconds,
+	// at least 1ms. Default: none (refuse).
 	Delay caddy.Duration `json:"delay,omitempty"`
 
 	// DelayAfter, with Delay, is how many events of a burst pass at once;
@@ -141,6 +142,15 @@ type Zone struct {
 	// length. Only with Concurrent. Default: 1m.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
+	// Adaptive makes the zone an adaptive concurrency zone (Caddyfile:
+	// concurrent adaptive { ... }): at most a learnt number of requests of
+	// one key in flight at once on this instance, the limit learnt from the
+	// upstream's latency, within Adaptive's bounds. Decided in this
+	// instance's memory whatever the store. With Delay, a request over the
+	// limit waits up to Delay for a place. Not with the rate fields,
+	// Concurrent, Lease, Count or Penalty. Default: none.
+	Adaptive *Adaptive `json:"adaptive,omitempty"`
+
 	// LocalAllowance lets each instance draw a hot key's budget from the
 	// shared store in small batches and spend them locally, so that a hot
 	// key costs the store about one call per batch. Never more than the
@@ -158,7 +168,7 @@ type Zone struct {
 // IsConcurrency reports whether the zone is configured as a concurrency
 // zone.
 func (z *Zone) IsConcurrency() bool {
-	return z.Concurrent != 0 || z.ConcurrentFrom != "" || z.Lease != 0
+	return z.Adaptive != nil || z.Concurrent != 0 || z.ConcurrentFrom != "" || z.Lease != 0
 }
 
 // UnmarshalJSON reads a zone as Caddy reads a module (an unknown field is

@@ -1,0 +1,521 @@
+package sluice
+
+import (
+	"errors"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/caddy-sluice/adaptive"
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// adaptiveControl: `concurrent adaptive` limits the requests of one key in
+// flight at once on this instance to a limit learnt from the upstream's
+// latency (package adaptive). It is decided in this process's memory,
+// whatever the store, by a layer of the take stage (adaptiveLayer) around
+// the fail policy: the adaptive zones first (a request over the limit may
+// wait, with delay, for a place), then the store for the others, and the
+// places taken are given back when the store refuses. An admitted request
+// is timed from the moment it is passed on (serve) to its response's first
+// byte (status), and gives its place back at exit, or at the first byte of
+// a long-lived response (101, text/event-stream), whose time is left out.
+var adaptiveControl = control{
+	name:      "adaptive",
+	compile:   compileAdaptive,
+	provision: provisionAdaptive,
+	cleanup:   cleanupAdaptive,
+	admin:     adaptiveInfo,
+	layer:     adaptiveTakeLayer,
+	hooks: hooks{
+		verdict: func(a *admission) {
+			if len(a.adapt) > 0 {
+				a.reserve() // so that the exit hook runs
+				a.wantsStatus = true
+			}
+		},
+		serve:  func(a *admission) error { a.forwarded = time.Now(); return nil },
+		status: adaptiveFirstByte,
+		exit:   adaptiveExit,
+	},
+}
+
+// adaptiveZone is an adaptive zone's run time: its settings and its keys'
+// limiters, shared through adaptivePool so that a reload that keeps the
+// zone's settings keeps what was learnt.
+type adaptiveZone struct {
+	settings adaptive.Settings
+	wait     time.Duration // delay: how long a request may wait for a place
+	poolKey  string
+	*adaptiveState
+	// shown caches what responses show of each limit up to maxAdaptiveShown.
+	shown [maxAdaptiveShown + 1]atomic.Pointer[shownLimit]
+}
+
+// maxAdaptiveShown bounds the limits whose header values are formatted
+// once; past it, each response formats its own.
+const maxAdaptiveShown = 4096
+
+// adaptiveState is the part of an adaptive zone a reload keeps: its keys'
+// limiters (sharded maps: a lookup allocates nothing) and its gauges.
+type adaptiveState struct {
+	shards [adaptiveShards]struct {
+		mu   sync.RWMutex
+		keys map[algorithms.Key]*adaptiveKey
+	}
+	// gauges are the zone's metrics (nil without metrics): the last closed
+	// window's limit, baseline and latency, of whichever key closed it.
+	limitGauge, baselineGauge, latencyGauge prometheus.Gauge
+	last                                    atomic.Pointer[adaptiveKey]
+}
+
+// Destruct implements caddy.Destructor: nothing to free.
+func (*adaptiveState) Destruct() error { return nil }
+
+const (
+	adaptiveShards = 16
+	// adaptiveMaxKeys bounds the keys one zone remembers; past it, idle
+	// keys (none in flight) are forgotten as new ones come.
+	adaptiveMaxKeys = 100000
+)
+
+// adaptivePool keeps adaptive zones' states across reloads, keyed by the
+// zone's name and settings.
+var adaptivePool = caddy.NewUsagePool()
+
+// adaptiveKey is one key's limiter, and the wake-up of its waiters (delay).
+type adaptiveKey struct {
+	lim     *adaptive.Limiter
+	waiters atomic.Int32
+	free    chan struct{} // one token: a place was given back
+}
+
+// adaptiveHold is an adaptive zone's part of one admission: its request,
+// decision and the place it holds, kept apart from the store's zones
+// during the take (adaptiveLayer).
+type adaptiveHold struct {
+	zone  *zone
+	req   algorithms.Request
+	dec   algorithms.Decision
+	shown *shownLimit
+	key   *adaptiveKey
+	// inFlight: the requests in flight when it was admitted; held: it
+	// holds a place; sampled: its latency was taken.
+	inFlight      int64
+	held, sampled bool
+}
+
+// epoch is the instant the limiters' clock counts from.
+var epoch = time.Now()
+
+var errAdaptiveAbandoned = errors.New("the client went away while its request waited for a place under the adaptive limit")
+
+// compileAdaptive sets an adaptive zone's run time up (its state comes at
+// Provision).
+func compileAdaptive(z *zone, cfg *Zone) error {
+	if cfg.Adaptive == nil {
+		return nil
+	}
+	s, err := cfg.Adaptive.Settings() // checked by the zone model
+	if err != nil {
+		return err
+	}
+	z.adapt = &adaptiveZone{settings: s, wait: time.Duration(cfg.Delay), poolKey: z.name + "\x00" + z.dynSpec}
+	return nil
+}
+
+// provisionAdaptive loads each adaptive zone's state (kept from the last
+// configuration when its settings are the same) and its gauges.
+func provisionAdaptive(h *Handler) (stages, error) {
+	used := false
+	for _, z := range h.zones {
+		if z.adapt == nil {
+			continue
+		}
+		used = true
+		st, _, err := adaptivePool.LoadOrNew(z.adapt.poolKey, func() (caddy.Destructor, error) {
+			return new(adaptiveState), nil
+		})
+		if err != nil {
+			return 0, zoneErr(z.name, err)
+		}
+		z.adapt.adaptiveState = st.(*adaptiveState)
+		if z.metrics != nil {
+			s := z.adapt.adaptiveState
+			s.limitGauge = metrics.adaptiveLimit.WithLabelValues(z.name)
+			s.baselineGauge = metrics.adaptiveBaseline.WithLabelValues(z.name)
+			s.latencyGauge = metrics.adaptiveLatency.WithLabelValues(z.name)
+		}
+	}
+	if !used {
+		return 0, nil
+	}
+	return joins(atVerdict, atServe, atStatus, atExit), nil
+}
+
+// cleanupAdaptive lets go of the zones' states (the pool frees a state no
+// configuration uses).
+func cleanupAdaptive(h *Handler) {
+	for _, z := range h.zones {
+		if z.adapt != nil && z.adapt.adaptiveState != nil {
+			_, _ = adaptivePool.Delete(z.adapt.poolKey)
+		}
+	}
+}
+
+// keyOf returns key k's limiter, made at the zone's initial limit if new.
+func (az *adaptiveZone) keyOf(k algorithms.Key) *adaptiveKey {
+	sh := &az.shards[int(k[len(k)-1])%adaptiveShards]
+	sh.mu.RLock()
+	ak := sh.keys[k]
+	sh.mu.RUnlock()
+	if ak != nil {
+		return ak
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if ak = sh.keys[k]; ak != nil {
+		return ak
+	}
+	if sh.keys == nil {
+		sh.keys = make(map[algorithms.Key]*adaptiveKey)
+	}
+	if len(sh.keys) >= adaptiveMaxKeys/adaptiveShards {
+		for old, ok := range sh.keys {
+			if ok.lim.InFlight() == 0 && ok.waiters.Load() == 0 {
+				delete(sh.keys, old)
+			}
+		}
+	}
+	ak = &adaptiveKey{lim: adaptive.NewLimiter(az.settings), free: make(chan struct{}, 1)}
+	sh.keys[k] = ak
+	return ak
+}
+
+// each calls f on every key's limiter.
+func (az *adaptiveZone) each(f func(*adaptiveKey)) {
+	for i := range az.shards {
+		sh := &az.shards[i]
+		sh.mu.RLock()
+		for _, ak := range sh.keys {
+			f(ak)
+		}
+		sh.mu.RUnlock()
+	}
+}
+
+// adaptiveShown returns what responses show of an adaptive zone's limit n.
+func (z *zone) adaptiveShown(n int64) *shownLimit {
+	az := z.adapt
+	if n < 0 || n > maxAdaptiveShown {
+		s := z.showLimit(algorithms.Limit{Algorithm: algorithms.Concurrency, Events: n, Window: z.limit.Window})
+		return &s
+	}
+	if s := az.shown[n].Load(); s != nil {
+		return s
+	}
+	s := z.showLimit(algorithms.Limit{Algorithm: algorithms.Concurrency, Events: n, Window: z.limit.Window})
+	az.shown[n].Store(&s)
+	return &s
+}
+
+// release gives a place back and wakes a waiter.
+func (ak *adaptiveKey) release() {
+	ak.lim.Release()
+	if ak.waiters.Load() > 0 {
+		select {
+		case ak.free <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// adaptiveTakeLayer puts adaptiveLayer around the take stage of a
+// directive with adaptive zones.
+func adaptiveTakeLayer(h *Handler, next taker) taker {
+	for _, z := range h.zones {
+		if z.adapt != nil {
+			return adaptiveLayer{next}
+		}
+	}
+	return next
+}
+
+// adaptiveLayer is the take stage's outer layer in a directive with
+// adaptive zones: it decides them here, then asks next (the fail policy
+// over the store) for the other zones, all-or-nothing across both.
+type adaptiveLayer struct{ next taker }
+
+func (l adaptiveLayer) take(a *admission) error {
+	// The adaptive zones leave the planned lists for a.adapt.
+	n := 0
+	for i := range a.reqs {
+		if z := a.zones[i]; z.adapt != nil {
+			a.adapt = append(a.adapt, adaptiveHold{zone: z, req: a.reqs[i]})
+			continue
+		}
+		a.reqs[n], a.zones[n], a.shown[n] = a.reqs[i], a.zones[i], a.shown[i]
+		n++
+	}
+	if len(a.adapt) == 0 {
+		return l.next.take(a)
+	}
+	a.reqs, a.zones, a.shown, a.decs = a.reqs[:n], a.zones[:n], a.shown[:n], a.decs[:n]
+	refused, err := acquireAdaptive(a)
+	switch {
+	case err != nil:
+		releaseAdaptive(a)
+		return err
+	case refused:
+		// Refused here: the store is not asked, and the request shows the
+		// adaptive zones alone.
+		releaseAdaptive(a)
+		a.reqs, a.zones, a.shown, a.decs = a.reqs[:0], a.zones[:0], a.shown[:0], a.decs[:0]
+		a.out, a.store = decided, a.h.store
+		rejoinAdaptive(a)
+		return nil
+	case n == 0:
+		a.out, a.store = decided, a.h.store
+		rejoinAdaptive(a)
+		return nil
+	}
+	if err := l.next.take(a); err != nil {
+		releaseAdaptive(a)
+		return err
+	}
+	switch a.out {
+	case failClosed:
+		releaseAdaptive(a)
+		return nil
+	case unmetered: // no store zone decided: the adaptive ones stand
+		a.reqs, a.zones, a.shown, a.decs = a.reqs[:0], a.zones[:0], a.shown[:0], a.decs[:0]
+		a.out, a.store = decided, a.h.store
+	default:
+		for i := range a.decs {
+			if !a.decs[i].Allowed && !a.reqs[i].ReportOnly {
+				releaseAdaptive(a) // the store refuses: all-or-nothing
+				break
+			}
+		}
+	}
+	rejoinAdaptive(a)
+	return nil
+}
+
+// rejoinAdaptive appends the adaptive zones back to the decided lists.
+func rejoinAdaptive(a *admission) {
+	for i := range a.adapt {
+		ah := &a.adapt[i]
+		a.reqs = append(a.reqs, ah.req)
+		a.decs = append(a.decs, ah.dec)
+		a.zones = append(a.zones, ah.zone)
+		a.shown = append(a.shown, ah.shown)
+	}
+}
+
+// acquireAdaptive takes a place under each adaptive zone's limit (a
+// report-only zone takes one whatever the limit), waiting up to the
+// zone's delay for one; it reports whether an enforcing zone refuses. An
+// error is a client gone while waiting (499).
+func acquireAdaptive(a *admission) (refused bool, err error) {
+	for i := range a.adapt {
+		ah := &a.adapt[i]
+		z := ah.zone
+		ah.key = z.adapt.keyOf(ah.req.Key)
+		lim := ah.key.lim
+		if ah.req.ReportOnly {
+			ah.inFlight, ah.held = lim.Force(), true
+		} else if ah.inFlight = lim.Acquire(); ah.inFlight > 0 {
+			ah.held = true
+		} else if z.adapt.wait > 0 {
+			if ah.inFlight, err = waitForPlace(a, ah); err != nil {
+				return false, err
+			}
+			ah.held = ah.inFlight > 0
+		}
+		limit := lim.Limit()
+		ah.req.Limit.Events = limit
+		ah.shown = z.adaptiveShown(limit)
+		d := algorithms.Decision{Allowed: ah.held && ah.inFlight <= limit, Limit: limit, Remaining: max(limit-max(ah.inFlight, lim.InFlight()), 0)}
+		if !d.Allowed {
+			d.RetryAfter = adaptiveRetryHint(lim)
+			d.ResetAfter = d.RetryAfter
+			refused = refused || !ah.req.ReportOnly
+		}
+		ah.dec = d
+	}
+	return refused, nil
+}
+
+// adaptiveRetryHint is an adaptive refusal's Retry-After: the latency this
+// instance measured of the key's admitted requests (a place frees within
+// about that long), at least a second, at most maxConcurrencyRetry.
+func adaptiveRetryHint(lim *adaptive.Limiter) time.Duration {
+	return min(max(lim.Latency(), time.Second), maxConcurrencyRetry)
+}
+
+// waitForPlace waits up to the zone's delay for a place under ah's limit,
+// holding a place in the waiting room (full: refused at once), woken when
+// a place is given back. It returns the requests in flight with this one,
+// 0 if none freed in time, or a 499 error if the client left.
+func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
+	h := a.h
+	if a.place == nil {
+		if h.room == nil || !h.room.enter() {
+			return 0, nil
+		}
+		a.place = &h.room.n // given back after the verdict
+	}
+	ak := ah.key
+	ak.waiters.Add(1)
+	defer ak.waiters.Add(-1)
+	t := timerPool.Get().(*time.Timer)
+	t.Reset(ah.zone.adapt.wait)
+	defer func() {
+		t.Stop()
+		timerPool.Put(t)
+	}()
+	c := watchClient(a.r)
+	defer c.stop()
+	for {
+		if n := ak.lim.Acquire(); n > 0 {
+			if ak.lim.InFlight() < ak.lim.Limit() && ak.waiters.Load() > 1 {
+				select { // room for the next waiter too
+				case ak.free <- struct{}{}:
+				default:
+				}
+			}
+			return n, nil
+		}
+		select {
+		case <-ak.free:
+		case <-t.C:
+			return 0, nil
+		case <-c.done():
+			return 0, caddyhttp.Error(statusClientClosed, errAdaptiveAbandoned)
+		}
+	}
+}
+
+// releaseAdaptive gives back every place the admission holds.
+func releaseAdaptive(a *admission) {
+	for i := range a.adapt {
+		if ah := &a.adapt[i]; ah.held {
+			ah.held = false
+			ah.key.release()
+		}
+	}
+}
+
+// adaptiveFirstByte takes each admitted adaptive zone's latency sample at
+// the response's first byte (its status known). A long-lived response
+// (101 Switching Protocols, text/event-stream) gives its place back now
+// and leaves its time out: a stream's pace is not the upstream's latency.
+func adaptiveFirstByte(a *admission, status int) {
+	if len(a.adapt) == 0 || a.forwarded.IsZero() {
+		return
+	}
+	now := time.Now()
+	streamed := status == http.StatusSwitchingProtocols || a.header != nil && eventStream(a.header.Get("Content-Type"))
+	for i := range a.adapt {
+		ah := &a.adapt[i]
+		if !ah.held || ah.sampled {
+			continue
+		}
+		ah.sampled = true
+		if streamed {
+			ah.held = false
+			ah.key.release()
+			continue
+		}
+		if status == statusUnknown || status == statusRefusal {
+			continue // the client left first, or a later handler refused
+		}
+		if ah.key.lim.Observe(now.Sub(epoch), now.Sub(a.forwarded), ah.inFlight) {
+			ah.zone.adapt.observed(ah.key)
+		}
+	}
+}
+
+// eventStream reports whether a Content-Type is text/event-stream.
+func eventStream(ct string) bool {
+	if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream") {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "text/event-stream"
+}
+
+// observed updates the zone's gauges from key ak, whose window closed.
+func (az *adaptiveZone) observed(ak *adaptiveKey) {
+	az.last.Store(ak)
+	if az.limitGauge != nil {
+		az.limitGauge.Set(float64(ak.lim.Limit()))
+		az.baselineGauge.Set(ak.lim.Baseline().Seconds())
+		az.latencyGauge.Set(ak.lim.Latency().Seconds())
+	}
+}
+
+// adaptiveExit gives back the places an admitted request still holds.
+func adaptiveExit(a *admission) {
+	releaseAdaptive(a)
+}
+
+// adminAdaptive is an adaptive zone's part of the admin API's listing and
+// of the live page.
+type adminAdaptive struct {
+	Controller string  `json:"controller"`
+	Minimum    int64   `json:"minimum"`
+	Maximum    int64   `json:"maximum"`
+	Initial    int64   `json:"initial"`
+	Tolerance  float64 `json:"tolerance"`
+	Window     string  `json:"window"`
+	Delay      string  `json:"delay,omitempty"`
+	// Limit, Baseline and Latency are those of the key whose window closed
+	// last (the only key of a zone keyed on a constant); InFlight and Keys
+	// count every key of this instance.
+	Limit      int64   `json:"limit"`
+	BaselineMs float64 `json:"baseline_ms"`
+	LatencyMs  float64 `json:"latency_ms"`
+	InFlight   int64   `json:"in_flight"`
+	Keys       int     `json:"keys"`
+}
+
+// adaptiveInfo fills in an adaptive zone's fields of the admin listing.
+func adaptiveInfo(z *zone, i *adminZoneInfo) {
+	az := z.adapt
+	if az == nil {
+		return
+	}
+	s := az.settings
+	info := &adminAdaptive{Controller: s.Controller, Minimum: s.Minimum, Maximum: s.Maximum, Initial: s.Initial,
+		Tolerance: s.Tolerance, Window: s.Window.String(), Limit: s.Initial}
+	if az.wait > 0 {
+		info.Delay = az.wait.String()
+	}
+	if az.adaptiveState != nil {
+		az.each(func(ak *adaptiveKey) {
+			info.InFlight += ak.lim.InFlight()
+			info.Keys++
+		})
+		last := az.last.Load()
+		if last == nil && info.Keys == 1 {
+			az.each(func(ak *adaptiveKey) { last = ak })
+		}
+		if last != nil {
+			info.Limit = last.lim.Limit()
+			info.BaselineMs = float64(last.lim.Baseline()) / float64(time.Millisecond)
+			info.LatencyMs = float64(last.lim.Latency()) / float64(time.Millisecond)
+		}
+	}
+	i.Algorithm, i.Adaptive = "adaptive", info
+	i.Concurrent, i.Lease, i.LeaseMs = info.Limit, "", 0
+	i.Events, i.Window, i.WindowMs, i.Burst, i.Capacity = 0, "", 0, 0, info.Limit
+}

@@ -1,0 +1,373 @@
+// Package adaptive learns a concurrency limit from the latency of the
+// requests it admits: pure controllers (aimd, gradient2, vegas) that turn
+// windows of latency samples into a limit, and Limiter, one key's state:
+// its limit, its requests in flight, the window being filled. It imports
+// nothing of ours and reads no clock: the caller passes the time, so the
+// testbed (testbed_test.go) runs it on a virtual clock. docs/adaptive.md
+// says how each controller learns and how they compare.
+package adaptive
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The controllers.
+const (
+	Gradient2 = "gradient2"
+	Vegas     = "vegas"
+	AIMD      = "aimd"
+)
+
+// Controllers lists the controllers, the default first.
+var Controllers = []string{AIMD, Gradient2, Vegas}
+
+// Defaults, chosen on the testbed (docs/adaptive.md).
+const (
+	DefaultController = AIMD
+	DefaultMinimum    = 2
+	DefaultMaximum    = 1000
+	DefaultInitial    = 20
+	// DefaultTolerance: aimd backs off when a window's latency is past this
+	// multiple of its baseline; gradient2's default is
+	// DefaultGradient2Tolerance (the gradient's numerator).
+	DefaultTolerance          = 2.0
+	DefaultGradient2Tolerance = 1.5
+	// DefaultSmoothing weighs a new limit against the old (gradient2).
+	DefaultSmoothing = 0.2
+	// DefaultWindow is the least time a window of samples spans.
+	DefaultWindow = 100 * time.Millisecond
+	// MaxLimit bounds maximum.
+	MaxLimit = 1000000
+)
+
+// windowSamples bounds the samples one window holds; a full window is
+// closed whatever its age.
+const windowSamples = 64
+
+// minWindowSamples is how many samples a window needs before it is closed.
+const minWindowSamples = 10
+
+// Settings are a zone's controller settings; zero fields take the
+// defaults (Resolve).
+type Settings struct {
+	Controller string
+	Minimum    int64
+	Maximum    int64
+	Initial    int64
+	Tolerance  float64
+	Smoothing  float64
+	Window     time.Duration
+}
+
+// Resolve returns s with the defaults filled in, checked; the errors name
+// the field.
+func (s Settings) Resolve() (Settings, error) {
+	if s.Controller == "" {
+		s.Controller = DefaultController
+	}
+	if !slices.Contains(Controllers, s.Controller) {
+		return s, fmt.Errorf("controller: unknown %q (known: %s, %s, %s)", s.Controller, AIMD, Gradient2, Vegas)
+	}
+	if s.Minimum == 0 {
+		s.Minimum = DefaultMinimum
+	}
+	if s.Maximum == 0 {
+		s.Maximum = max(DefaultMaximum, s.Minimum)
+	}
+	if s.Initial == 0 {
+		s.Initial = min(max(DefaultInitial, s.Minimum), s.Maximum)
+	}
+	if s.Tolerance == 0 {
+		s.Tolerance = DefaultTolerance
+		if s.Controller == Gradient2 {
+			s.Tolerance = DefaultGradient2Tolerance
+		}
+	}
+	if s.Smoothing == 0 {
+		s.Smoothing = DefaultSmoothing
+	}
+	if s.Window == 0 {
+		s.Window = DefaultWindow
+	}
+	switch {
+	case s.Minimum < 1 || s.Minimum > MaxLimit:
+		return s, fmt.Errorf("minimum must be between 1 and %d, got %d", MaxLimit, s.Minimum)
+	case s.Maximum < s.Minimum || s.Maximum > MaxLimit:
+		return s, fmt.Errorf("maximum must be between minimum (%d) and %d, got %d", s.Minimum, MaxLimit, s.Maximum)
+	case s.Initial < s.Minimum || s.Initial > s.Maximum:
+		return s, fmt.Errorf("initial must be between minimum (%d) and maximum (%d), got %d", s.Minimum, s.Maximum, s.Initial)
+	case s.Tolerance < 1 || s.Tolerance > 10 || math.IsNaN(s.Tolerance):
+		return s, fmt.Errorf("tolerance must be between 1 and 10, got %g", s.Tolerance)
+	case s.Smoothing <= 0 || s.Smoothing > 1 || math.IsNaN(s.Smoothing):
+		return s, fmt.Errorf("smoothing must be above 0 and at most 1, got %g", s.Smoothing)
+	case s.Window < time.Millisecond || s.Window > time.Minute:
+		return s, fmt.Errorf("window must be between 1ms and 1m, got %s", s.Window)
+	}
+	return s, nil
+}
+
+// Fixed reports whether the limit cannot move (minimum = maximum).
+func (s Settings) Fixed() bool { return s.Minimum == s.Maximum }
+
+// Window is one window of latency samples, what a controller learns from.
+type Window struct {
+	// RTT is the window's mean latency; Min its least.
+	RTT, Min time.Duration
+	// InFlight is the most requests in flight when a sample's request was
+	// admitted: a window far below the limit says nothing of capacity.
+	InFlight int64
+	// Samples is how many latencies the window holds.
+	Samples int
+}
+
+// controller turns a window into a new limit. Its state is guarded by the
+// Limiter's lock.
+type controller interface {
+	// update returns the limit after window w, from the limit before.
+	update(w Window, limit float64) float64
+	// baseline is the latency the controller takes for unloaded.
+	baseline() time.Duration
+}
+
+func newController(s Settings) controller {
+	switch s.Controller {
+	case Vegas:
+		return &vegas{probeEvery: 30}
+	case Gradient2:
+		return &gradient2{tolerance: s.Tolerance, smoothing: s.Smoothing}
+	}
+	return &aimd{tolerance: s.Tolerance}
+}
+
+// gradient2 is Netflix's Gradient2Limit: a long-term average latency
+// (the baseline, an exponential average over longWindow windows) against
+// the window's; the limit follows the gradient tolerance×long/short,
+// clamped to [0.5, 1], plus a small queue allowance. The baseline is
+// never re-measured by lowering the limit: it decays towards the short
+// latency when that falls below half of it.
+type gradient2 struct {
+	tolerance, smoothing float64
+	long                 float64 // ns; 0 until the first window
+	n                    int     // windows seen, for the warm-up
+}
+
+const gradient2Long = 600 // windows the long average spans
+
+func (g *gradient2) update(w Window, limit float64) float64 {
+	short := float64(w.RTT)
+	if g.n < 10 { // warm-up: a plain mean
+		g.n++
+		g.long += (short - g.long) / float64(g.n)
+	} else {
+		g.long += (short - g.long) / gradient2Long
+	}
+	if g.long/short > 2 {
+		g.long *= 0.95 // the upstream got faster: follow it down
+	}
+	if float64(w.InFlight) < limit/2 {
+		return limit // app-limited: the window says nothing of capacity
+	}
+	gradient := max(0.5, min(1, g.tolerance*g.long/short))
+	next := limit*gradient + queueAllowance(limit)
+	return limit*(1-g.smoothing) + next*g.smoothing
+}
+
+func (g *gradient2) baseline() time.Duration { return time.Duration(g.long) }
+
+// queueAllowance is how far gradient2 grows past the limit the gradient
+// keeps: a little room to find more capacity.
+func queueAllowance(limit float64) float64 { return max(1, math.Sqrt(limit)/2) }
+
+// vegas is Netflix's VegasLimit (after TCP Vegas): the requests queued at
+// the upstream are estimated as limit×(1 − baseline/rtt), the baseline the
+// least latency seen; few queued: grow, many: shrink. The baseline is
+// re-measured every probeEvery×limit windows by taking the next window's
+// least latency as the new one, which refuses nothing.
+type vegas struct {
+	noLoad     time.Duration
+	probeEvery int
+	windows    int
+}
+
+func (v *vegas) update(w Window, limit float64) float64 {
+	v.windows++
+	if v.noLoad == 0 || w.RTT < v.noLoad || v.windows > v.probeEvery*int(max(limit, 1)) {
+		if v.windows > v.probeEvery*int(max(limit, 1)) {
+			v.windows = 0
+		}
+		v.noLoad = w.RTT
+		return limit
+	}
+	if float64(w.InFlight)*2 < limit {
+		return limit
+	}
+	log := max(1, math.Log10(limit))
+	queue := math.Ceil(limit * (1 - float64(v.noLoad)/float64(w.RTT)))
+	switch {
+	case queue <= log:
+		return limit + 6*log
+	case queue < 3*log:
+		return limit + log
+	case queue > 6*log:
+		return limit - log
+	}
+	return limit
+}
+
+func (v *vegas) baseline() time.Duration { return v.noLoad }
+
+// aimd grows the limit by one per window while the window's mean latency
+// stays within tolerance×baseline, and cuts it by a tenth when it does
+// not. The baseline is the least window mean seen; every aimdPeriod
+// windows it is re-measured as the least mean of the period's app-limited
+// windows (those far below the limit: the upstream unloaded by us), or
+// kept when there was none: re-measuring never lowers the limit, so it
+// refuses nothing, and sustained load cannot raise the baseline (Envoy's
+// minRTT drift). A window far below the limit changes nothing else.
+type aimd struct {
+	tolerance float64
+	base, low time.Duration
+	windows   int
+}
+
+const aimdPeriod = 600
+
+func (a *aimd) update(w Window, limit float64) float64 {
+	a.windows++
+	appLimited := float64(w.InFlight)*2 < limit
+	if appLimited && (a.low == 0 || w.RTT < a.low) {
+		a.low = w.RTT
+	}
+	if a.base == 0 || w.RTT < a.base {
+		a.base = w.RTT
+	}
+	if a.windows >= aimdPeriod {
+		if a.low > 0 {
+			a.base = a.low
+		}
+		a.low, a.windows = 0, 0
+	}
+	if appLimited {
+		return limit
+	}
+	if float64(w.RTT) > a.tolerance*float64(a.base) {
+		return limit * 0.9
+	}
+	return limit + 1
+}
+
+func (a *aimd) baseline() time.Duration { return a.base }
+
+// Limiter is one key's adaptive limit: Acquire and Release count its
+// requests in flight against the limit, Observe feeds their latencies to
+// the controller. Safe for concurrent use; Acquire and Release take no
+// lock.
+type Limiter struct {
+	limit    atomic.Int64
+	inFlight atomic.Int64
+	base     atomic.Int64 // the controller's baseline, ns
+	last     atomic.Int64 // the last closed window's mean latency, ns
+	fixed    bool
+
+	mu    sync.Mutex
+	s     Settings
+	ctl   controller
+	est   float64 // the limit, unrounded
+	start time.Duration
+	rtts  [windowSamples]time.Duration
+	n     int
+	inMax int64
+}
+
+// NewLimiter returns a key's limiter at s.Initial; s must be resolved.
+func NewLimiter(s Settings) *Limiter {
+	l := &Limiter{s: s, ctl: newController(s), est: float64(s.Initial), fixed: s.Fixed()}
+	l.limit.Store(s.Initial)
+	return l
+}
+
+// SetLimit sets the limit (clamped to the bounds), as a reload that keeps
+// a learned limit does.
+func (l *Limiter) SetLimit(n int64) {
+	l.mu.Lock()
+	n = min(max(n, l.s.Minimum), l.s.Maximum)
+	l.est = float64(n)
+	l.limit.Store(n)
+	l.mu.Unlock()
+}
+
+// Acquire takes a place in flight if fewer than the limit are; it returns
+// the requests in flight with this one, or 0 when refused.
+func (l *Limiter) Acquire() int64 {
+	for {
+		n := l.inFlight.Load()
+		if n >= l.limit.Load() {
+			return 0
+		}
+		if l.inFlight.CompareAndSwap(n, n+1) {
+			return n + 1
+		}
+	}
+}
+
+// Force takes a place in flight whatever the limit (report only: it
+// learns, never refuses), returning the requests in flight with it.
+func (l *Limiter) Force() int64 { return l.inFlight.Add(1) }
+
+// Release gives a place in flight back.
+func (l *Limiter) Release() { l.inFlight.Add(-1) }
+
+// Limit returns the current limit.
+func (l *Limiter) Limit() int64 { return l.limit.Load() }
+
+// InFlight returns the requests in flight.
+func (l *Limiter) InFlight() int64 { return l.inFlight.Load() }
+
+// Baseline returns the controller's baseline latency (0: none yet).
+func (l *Limiter) Baseline() time.Duration { return time.Duration(l.base.Load()) }
+
+// Latency returns the last window's mean latency (0: none yet).
+func (l *Limiter) Latency() time.Duration { return time.Duration(l.last.Load()) }
+
+// Observe records the latency rtt of a request admitted with inFlight in
+// flight, at now (any monotonic clock: a duration since a fixed instant),
+// and closes the window when it is old and full enough, updating the
+// limit. It reports whether the limit was updated.
+func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
+	if rtt <= 0 {
+		rtt = 1
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == 0 {
+		l.start = now
+	}
+	l.rtts[l.n] = rtt
+	l.n++
+	l.inMax = max(l.inMax, inFlight)
+	if l.n < windowSamples && (l.n < minWindowSamples || now-l.start < l.s.Window) {
+		return false
+	}
+	w := Window{InFlight: l.inMax, Samples: l.n}
+	var sum time.Duration
+	w.Min = l.rtts[0]
+	for _, r := range l.rtts[:l.n] {
+		sum += r
+		w.Min = min(w.Min, r)
+	}
+	w.RTT = sum / time.Duration(l.n)
+	l.n, l.inMax = 0, 0
+	l.last.Store(int64(w.RTT))
+	next := l.ctl.update(w, l.est)
+	if !l.fixed {
+		l.est = min(max(next, float64(l.s.Minimum)), float64(l.s.Maximum))
+		l.limit.Store(int64(math.Round(l.est)))
+	}
+	l.base.Store(int64(l.ctl.baseline()))
+	return true
+}

@@ -1,0 +1,129 @@
+package adaptive
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestResolveDefaultsAndErrors(t *testing.T) {
+	s, err := Settings{}.Resolve()
+	if err != nil || s.Controller != DefaultController || s.Minimum != DefaultMinimum || s.Maximum != DefaultMaximum ||
+		s.Initial != DefaultInitial || s.Tolerance != DefaultTolerance || s.Window != DefaultWindow {
+		t.Fatalf("defaults: %+v, %v", s, err)
+	}
+	if s, _ := (Settings{Controller: Gradient2}).Resolve(); s.Tolerance != DefaultGradient2Tolerance {
+		t.Errorf("gradient2's tolerance %g, want %g", s.Tolerance, DefaultGradient2Tolerance)
+	}
+	if s, _ := (Settings{Maximum: 5}).Resolve(); s.Initial != 5 {
+		t.Errorf("initial with maximum 5: %d, want 5 (the default clamped)", s.Initial)
+	}
+	for _, c := range []struct {
+		s    Settings
+		want string
+	}{
+		{Settings{Controller: "pid"}, "controller"},
+		{Settings{Minimum: -1}, "minimum"},
+		{Settings{Minimum: 10, Maximum: 5}, "maximum"},
+		{Settings{Minimum: 2, Maximum: 5, Initial: 6}, "initial"},
+		{Settings{Tolerance: 0.5}, "tolerance"},
+		{Settings{Smoothing: 2}, "smoothing"},
+		{Settings{Window: time.Hour}, "window"},
+	} {
+		if _, err := c.s.Resolve(); err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want one naming %s", c.s, err, c.want)
+		}
+	}
+}
+
+// TestLimiterAdmitsExactlyTheLimit: with 50 goroutines acquiring at once
+// against a fixed limit of 7, exactly 7 are admitted.
+func TestLimiterAdmitsExactlyTheLimit(t *testing.T) {
+	s, _ := Settings{Minimum: 7, Maximum: 7, Initial: 7}.Resolve()
+	l := NewLimiter(s)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if l.Acquire() > 0 {
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted != 7 || l.InFlight() != 7 {
+		t.Fatalf("admitted %d, in flight %d; want 7 and 7", admitted, l.InFlight())
+	}
+	l.Release()
+	if l.Acquire() != 7 {
+		t.Fatal("a released place was not taken again")
+	}
+	for range 100 { // a fixed limit never moves
+		l.Observe(time.Duration(time.Now().UnixNano()), time.Second, 7)
+	}
+	if l.Limit() != 7 {
+		t.Fatalf("a fixed limit moved to %d", l.Limit())
+	}
+}
+
+// feed closes one window of n samples of rtt with inFlight in flight.
+func feed(l *Limiter, now *time.Duration, rtt time.Duration, inFlight int64) {
+	for range minWindowSamples {
+		*now += DefaultWindow/(minWindowSamples-1) + time.Millisecond
+		l.Observe(*now, rtt, inFlight)
+	}
+}
+
+func TestAIMD(t *testing.T) {
+	s, _ := Settings{Initial: 10}.Resolve()
+	l := NewLimiter(s)
+	var now time.Duration
+	feed(l, &now, 50*time.Millisecond, 10) // the baseline
+	if l.Limit() != 11 || l.Baseline() != 50*time.Millisecond {
+		t.Fatalf("after a loaded window at the baseline: limit %d baseline %s, want 11 and 50ms", l.Limit(), l.Baseline())
+	}
+	feed(l, &now, 50*time.Millisecond, 2) // app-limited: nothing learnt
+	if l.Limit() != 11 {
+		t.Fatalf("an app-limited window moved the limit to %d", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 11) // past tolerance×baseline: back off
+	if l.Limit() != 10 {                    // 11×0.9 rounded
+		t.Fatalf("after a slow window: limit %d, want 10", l.Limit())
+	}
+	if l.Latency() != 150*time.Millisecond {
+		t.Fatalf("latency %s, want the last window's 150ms", l.Latency())
+	}
+	for range 200 {
+		feed(l, &now, time.Second, 100)
+	}
+	if l.Limit() != s.Minimum {
+		t.Fatalf("sustained slowness: limit %d, want the minimum %d", l.Limit(), s.Minimum)
+	}
+}
+
+func TestGradient2AndVegasShrinkUnderQueueing(t *testing.T) {
+	for _, c := range []string{Gradient2, Vegas} {
+		s, _ := Settings{Controller: c, Initial: 50}.Resolve()
+		l := NewLimiter(s)
+		var now time.Duration
+		for range 20 {
+			feed(l, &now, 50*time.Millisecond, 50)
+		}
+		grown := l.Limit()
+		if grown <= 50 {
+			t.Errorf("%s: limit %d after fast loaded windows, want it grown past 50", c, grown)
+		}
+		for range 50 {
+			feed(l, &now, 500*time.Millisecond, grown)
+		}
+		if l.Limit() >= grown {
+			t.Errorf("%s: limit %d after slow windows, want it below %d", c, l.Limit(), grown)
+		}
+	}
+}

@@ -1,0 +1,161 @@
+package sluice
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// TestAdaptiveConfigChecks: an adaptive zone's bad settings, and the
+// fields that do not apply to it, are refused naming the zone and the
+// field; good ones load.
+func TestAdaptiveConfigChecks(t *testing.T) {
+	for _, c := range []struct{ zone, want string }{
+		{"concurrent adaptive {\n controller pid\n}", `zone "a": adaptive: controller: unknown "pid"`},
+		{"concurrent adaptive {\n minimum 10\n maximum 5\n}", `zone "a": adaptive: maximum must be between minimum`},
+		{"concurrent adaptive {\n initial 0\n}", `initial must be at least 1`},
+		{"concurrent adaptive {\n speed 3\n}", `unknown setting "speed"`},
+		{"concurrent adaptive extra", `concurrent adaptive takes a block of settings`},
+		{"concurrent adaptive\n events 5", `zone "a": events (max_events) does not apply to an adaptive concurrency zone`},
+		{"concurrent adaptive\n fail closed", `zone "a": fail does not apply to an adaptive concurrency zone`},
+		{"concurrent adaptive\n penalty 1s", `zone "a": penalty does not apply`},
+	} {
+		err := validateCaddyfile(t, site("", "\t\tzone a {\n"+c.zone+"\n\t\t}\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want one containing %q", c.zone, err, c.want)
+		}
+	}
+	ok := "\t\tzone a {\n concurrent adaptive {\n controller gradient2\n minimum 2\n maximum 50\n initial 10\n tolerance 1.2\n smoothing 0.5\n window 50ms\n}\n delay 2s\n report_only\n}\n" + zoneZ
+	if err := validateCaddyfile(t, site("", ok)); err != nil {
+		t.Fatalf("a full adaptive zone beside a rate zone: %v", err)
+	}
+}
+
+// TestAdaptiveAllocations: an allowed request through an adaptive zone
+// allocates what a rate zone's does (2: X-RateLimit-*), and its refusal
+// what a rate zone's refusal does (3).
+func TestAdaptiveAllocations(t *testing.T) {
+	if raceBuild() {
+		t.Skip("under -race, sync.Pool drops some of what it is given: the counts are not the program's")
+	}
+	l := newLoop(t, `rate_limit {
+		zone allocs_adaptive {
+			key static
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+		}
+	}`, okHandler)
+	count := func(want int) float64 {
+		t.Helper()
+		return testing.AllocsPerRun(1000, func() {
+			if err := l.serve(t); err != nil || l.w.status != want {
+				t.Fatalf("status %d, err %v; want %d", l.w.status, err, want)
+			}
+		})
+	}
+	allowed := count(http.StatusOK)
+	var held int
+	l.h.zones[0].adapt.each(func(ak *adaptiveKey) { ak.lim.Force(); held++ }) // the one place taken
+	if held != 1 {
+		t.Fatalf("%d keys in the zone, want 1", held)
+	}
+	refused := count(http.StatusTooManyRequests)
+	t.Logf("allocations per request: allowed %v, refused %v", allowed, refused)
+	if allowed != 2 || refused != 3 {
+		t.Errorf("allocations: allowed %v, refused %v; want 2 and 3 (as a rate zone)", allowed, refused)
+	}
+}
+
+// TestAdaptiveSampleAtFirstByte: an admitted request's latency is taken
+// at its first byte, not at exit; a 101 or text/event-stream response
+// gives its place back at its first byte and leaves no sample.
+func TestAdaptiveSampleAtFirstByte(t *testing.T) {
+	h := newHandler(t, `rate_limit {
+		zone first_byte {
+			key static
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+		}
+	}`, nil)
+	var inside int64 = -1
+	key := func() *adaptiveKey {
+		var k *adaptiveKey
+		h.zones[0].adapt.each(func(ak *adaptiveKey) { k = ak })
+		return k
+	}
+	for _, c := range []struct {
+		name    string
+		write   func(w http.ResponseWriter)
+		inAfter int64 // in flight after the first byte, before exit
+	}{
+		{"plain", func(w http.ResponseWriter) { w.WriteHeader(200) }, 1},
+		{"event stream", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			w.WriteHeader(200)
+		}, 0},
+		{"websocket", func(w http.ResponseWriter) { w.WriteHeader(http.StatusSwitchingProtocols) }, 0},
+	} {
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			c.write(w)
+			inside = key().lim.InFlight()
+			return nil
+		})
+		r := httptest.NewRequest("GET", "/", nil)
+		caddyhttp.NewTestReplacer(r)
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			t.Fatal(err)
+		}
+		if inside != c.inAfter {
+			t.Errorf("%s: %d in flight after the first byte, want %d", c.name, inside, c.inAfter)
+		}
+		if n := key().lim.InFlight(); n != 0 {
+			t.Errorf("%s: %d in flight after exit, want 0", c.name, n)
+		}
+	}
+}
+
+// TestEventStream: the Content-Types taken for a stream.
+func TestEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{"text/event-stream": true, "Text/Event-Stream; charset=utf-8": true,
+		"text/plain": false, "": false, "text/event-streamx": false} {
+		if eventStream(ct) != want {
+			t.Errorf("eventStream(%q) = %v, want %v", ct, !want, want)
+		}
+	}
+}
+
+// TestAdaptiveRetryAfterHint: a refusal's Retry-After is the key's last
+// measured latency (3 s here), at least 1 s before anything is measured.
+func TestAdaptiveRetryAfterHint(t *testing.T) {
+	h := newHandler(t, `rate_limit {
+		zone hint {
+			key static
+			concurrent adaptive {
+				minimum 1
+				maximum 1
+			}
+		}
+	}`, nil)
+	serve(t, h, "GET", "/", nil) // the key exists
+	var ak *adaptiveKey
+	h.zones[0].adapt.each(func(k *adaptiveKey) { ak = k })
+	ak.lim.Force() // the one place taken
+	if w := serve(t, h, "GET", "/", nil); w.Code != 429 || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("before any latency: %d Retry-After %q, want 429 and 1", w.Code, w.Header().Get("Retry-After"))
+	}
+	for i := range 10 {
+		ak.lim.Observe(time.Duration(i)*time.Second, 3*time.Second, 1)
+	}
+	if w := serve(t, h, "GET", "/", nil); w.Code != 429 || w.Header().Get("Retry-After") != "3" {
+		t.Fatalf("after windows of 3 s: %d Retry-After %q, want 429 and 3", w.Code, w.Header().Get("Retry-After"))
+	}
+}
