@@ -10,7 +10,9 @@
 // query argument) is read from the request itself, not through Caddy's
 // placeholder, which joins repeated fields with ",": the field must be
 // unambiguous (see Deriver.DeriveRequest), so that no repetition of a field can
-// buy a bucket other than the one its value names.
+// buy a bucket other than the one its value names. A variable
+// ({http.vars.<name>}, as {client_ip}) is read from the request's
+// variables, where Caddy's placeholder reads it, without its replacer.
 //
 // Candidates are compiled once (at Provision); deriving a token per request
 // allocates nothing for the common single-placeholder candidates.
