@@ -21,8 +21,9 @@ import (
 // The controls (controls.go) join the stages through their hooks. Pooled:
 // the hot path allocates nothing for it.
 type admission struct {
-	h *Handler
-	r *http.Request
+	h    *Handler
+	r    *http.Request
+	repl lazyReplacer // r's placeholders
 
 	// plan: one request per zone that applies, in zone order, with its
 	// decision once taken and what its responses show of its limit.
@@ -123,7 +124,8 @@ func (a *admission) plan() error {
 			return err
 		}
 	}
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	a.repl.r = r
+	repl := &a.repl
 	for i, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -162,6 +164,21 @@ func (a *admission) plan() error {
 		a.shown = append(a.shown, shown)
 	}
 	return nil
+}
+
+// lazyReplacer reads placeholders through the request's replacer, found
+// in its context on first use: a zone whose key reads a request field or
+// a variable, with a static limit and cost, never needs it.
+type lazyReplacer struct {
+	r    *http.Request
+	repl *caddy.Replacer
+}
+
+func (l *lazyReplacer) Get(name string) (any, bool) {
+	if l.repl == nil {
+		l.repl = l.r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	}
+	return l.repl.Get(name)
 }
 
 // take decides every planned zone in one store call, through the take
@@ -232,7 +249,9 @@ func (a *admission) verdict() {
 	if a.wait == 0 {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
-	a.now = time.Now()
+	if a.now.IsZero() { // not set by the store call (storeCall.take)
+		a.now = time.Now()
+	}
 }
 
 // reserve records, once, what the store that decided charged an allowed
@@ -247,6 +266,9 @@ func (a *admission) reserve() *reservation {
 
 // respond sets the rate limit headers of an allowed request.
 func (a *admission) respond(w http.ResponseWriter) {
+	if !a.h.legacy && a.v.policy == "" {
+		return // headers off
+	}
 	var hs headerSet
 	a.h.addLimitHeaders(&hs, w.Header(), &a.v, false, 0, resetUnix(a.now, a.v.ResetAfter))
 	hs.set(w.Header())

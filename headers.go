@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -23,8 +24,9 @@ const (
 )
 
 // headerSet gathers the header values of one response and sets them with
-// two allocations however many they are: the numbers are formatted into one
-// string, and the values share one backing array. Each header gets a
+// two allocations however many they are, one for a few (headerBlock): the
+// numbers are formatted into one string, and the values share one backing
+// array. Each header gets a
 // one-element slice whose capacity is also one: a later handler that
 // appends to it (Header.Add) gets a new array rather than writing into the
 // next header's value, and one that rewrites a value in place (a deferred
@@ -42,6 +44,14 @@ type headerSet struct {
 	// array has room for them.
 	spare int
 	array []string
+}
+
+// headerBlock holds the values of a small set of headers (an allowed
+// request's X-RateLimit-*) and their numbers' digits, which the values'
+// strings point into and nothing writes once they are made.
+type headerBlock struct {
+	values [3]string
+	digits [40]byte
 }
 
 // maxHeaders is the most headers a response of this package sets at once.
@@ -72,15 +82,21 @@ func (s *headerSet) set(h http.Header) {
 		return
 	}
 	var digits string
-	switch s.ints {
-	case 0:
-	case 1:
-		digits = strconv.FormatInt(s.last, 10) // which allocates nothing below 100
-	default:
-		digits = string(s.digits[:s.nd])
-	}
-	if len(s.array) < s.n {
-		s.array = make([]string, s.n+s.spare)
+	if len(s.array) < s.n && s.ints > 0 && s.n+s.spare <= len(headerBlock{}.values) && s.nd <= len(headerBlock{}.digits) {
+		b := new(headerBlock) // the values and their digits in one allocation
+		digits = unsafe.String(&b.digits[0], copy(b.digits[:], s.digits[:s.nd]))
+		s.array = b.values[:s.n+s.spare]
+	} else {
+		switch s.ints {
+		case 0:
+		case 1:
+			digits = strconv.FormatInt(s.last, 10) // which allocates nothing below 100
+		default:
+			digits = string(s.digits[:s.nd])
+		}
+		if len(s.array) < s.n {
+			s.array = make([]string, s.n+s.spare)
+		}
 	}
 	for i := range s.n {
 		v := s.values[i]

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -21,7 +20,7 @@ import (
 // costOf returns what request r spends in this zone: the static cost, or the
 // placeholder's value when it is a positive integer, else the default
 // (logged and counted).
-func (z *zone) costOf(repl *caddy.Replacer, scratch []byte, logger *zap.Logger) (int64, []byte) {
+func (z *zone) costOf(repl identity.Resolver, scratch []byte, logger *zap.Logger) (int64, []byte) {
 	if z.costExpr == nil {
 		return z.cost, scratch
 	}
@@ -115,7 +114,7 @@ var fieldNames = [numFields]string{"events", "window", "burst", "cost", "limit"}
 // (each logged, at most once a minute per zone, and counted). A limit other
 // than the default moves the token to a bucket of its own (Token.Scope).
 // Called only for zones with a per-request limit.
-func (z *zone) limitOf(repl *caddy.Replacer, tok identity.Token, scratch []byte, logger *zap.Logger) (algorithms.Limit, identity.Token, []byte) {
+func (z *zone) limitOf(repl identity.Resolver, tok identity.Token, scratch []byte, logger *zap.Logger) (algorithms.Limit, identity.Token, []byte) {
 	l := z.limit
 	d := z.dyn
 	l.Events, scratch = z.resolveField(repl, logger, fieldEvents, d.events, parseCount, l.Events, scratch)
@@ -152,7 +151,7 @@ func limitScope(b *[25]byte, l *algorithms.Limit) []byte {
 // resolveField resolves one per-request field (nil ph: none, def stands):
 // its value parsed by parse, or def when unusable (logged and counted by
 // fallback). It returns the value and scratch, the buffer it used.
-func (z *zone) resolveField(repl *caddy.Replacer, logger *zap.Logger, field int, ph *identity.Candidate, parse func([]byte) (int64, bool), def int64, scratch []byte) (int64, []byte) {
+func (z *zone) resolveField(repl identity.Resolver, logger *zap.Logger, field int, ph *identity.Candidate, parse func([]byte) (int64, bool), def int64, scratch []byte) (int64, []byte) {
 	if ph == nil {
 		return def, scratch
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"testing"
@@ -24,20 +25,27 @@ import (
 // map at WriteHeader, sorting and writing each field), which is most of
 // what the X-RateLimit-* headers cost. The client reads each response
 // without allocating; the difference between two rows is the difference
-// between the two responses' costs in a real server.
+// between the two responses' costs in a real server. cpu-ns/op is the
+// process's CPU time per request (server, client and runtime), which the
+// other processes of a shared machine disturb less than ns/op. The caddy_* rows
+// prepare each request as Caddy's server does (caddyhttp.PrepareRequest:
+// the replacer with its HTTP placeholders, the variables, client_ip) and
+// key on {client_ip}, as `make bench` does.
 //
 //	go test -run XXX -bench ServeHTTPWire -benchmem .
 func BenchmarkServeHTTPWire(b *testing.B) {
-	zone := func(name, extra string) string {
+	keyed := func(key, name, extra string) string {
 		return `rate_limit {
 		zone ` + name + ` {
-			key {http.request.header.X-User}
+			key ` + key + `
 			events 1000000000
 			window 1s
 		}
 		` + extra + `
 	}`
 	}
+	zone := func(name, extra string) string { return keyed("{http.request.header.X-User}", name, extra) }
+	clientIP := func(name, extra string) string { return keyed("{http.vars.client_ip}", name, extra) }
 	deny := `rate_limit {
 		zone wire_deny {
 			key {http.request.header.X-User}
@@ -45,12 +53,18 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 			window 1h
 		}
 	}`
-	for _, c := range []struct{ name, block string }{
-		{"bare", ""},
-		{"headers_off", zone("wire_off", "headers off")},
-		{"legacy", zone("wire_legacy", "")},
-		{"draft", zone("wire_draft", "headers draft")},
-		{"refuse", deny},
+	for _, c := range []struct {
+		name, block string
+		caddy       bool
+	}{
+		{"bare", "", false},
+		{"headers_off", zone("wire_off", "headers off"), false},
+		{"legacy", zone("wire_legacy", ""), false},
+		{"draft", zone("wire_draft", "headers draft"), false},
+		{"refuse", deny, false},
+		{"caddy_bare", "", true},
+		{"caddy_headers_off", clientIP("wire_caddy_off", "headers off"), true},
+		{"caddy_legacy", clientIP("wire_caddy_legacy", ""), true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			var h *Handler
@@ -58,17 +72,24 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 				h = newHandler(b, c.block, nil)
 				h.logger = zap.NewNop() // as in BenchmarkServeHTTPSideBySide
 			}
-			wireBench(b, h)
+			wireBench(b, h, c.caddy)
 		})
 	}
 }
 
 // wireBench serves b.N requests, one at a time over one keep-alive
-// connection, through h (nil: none) in front of Caddy's `respond "ok"`.
-func wireBench(b *testing.B, h *Handler) {
+// connection, through h (nil: none) in front of Caddy's `respond "ok"`;
+// with prepare, each request prepared as Caddy's server prepares it.
+func wireBench(b *testing.B, h *Handler, prepare bool) {
+	srvCaddy := &caddyhttp.Server{}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		repl := caddy.NewReplacer()
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		if prepare {
+			r.RemoteAddr = "192.0.2.1:40000" // net.Pipe has no address
+			r = caddyhttp.PrepareRequest(r, repl, w, srvCaddy)
+		} else {
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		}
 		w.Header().Set("Server", "Caddy") // as Caddy's server does
 		var err error
 		if h == nil {
@@ -105,10 +126,14 @@ func wireBench(b *testing.B, h *Handler) {
 	roundTrip() // a refusing zone's one event
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0, cpuOK := processCPU()
 	for b.Loop() {
 		if st := roundTrip(); st != http.StatusOK && st != http.StatusTooManyRequests {
 			b.Fatalf("status %d", st)
 		}
+	}
+	if cpu1, ok := processCPU(); cpuOK && ok {
+		b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }
 
@@ -167,3 +192,46 @@ func (l *oneConnListener) Close() error {
 func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
 
 var _ caddyhttp.Handler = respondOK
+
+// BenchmarkServeHTTPDecision measures the handler alone, the next handler
+// doing nothing: what one allowed request costs Sluice on the memory
+// store, its request prepared as Caddy's server prepares it
+// (caddyhttp.PrepareRequest), keyed on a header or on {client_ip}, with
+// and without the X-RateLimit-* headers.
+//
+//	go test -run XXX -bench ServeHTTPDecision -benchmem .
+func BenchmarkServeHTTPDecision(b *testing.B) {
+	for _, c := range []struct{ name, key, extra string }{
+		{"header_off", "{http.request.header.X-User}", "headers off"},
+		{"client_ip_off", "{http.vars.client_ip}", "headers off"},
+		{"client_ip_legacy", "{http.vars.client_ip}", ""},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := newHandler(b, `rate_limit {
+		zone decision {
+			key `+c.key+`
+			events 1000000000
+			window 1s
+		}
+		`+c.extra+`
+	}`, nil)
+			h.logger = zap.NewNop()
+			w := newBenchWriter()
+			r := httptest.NewRequest("GET", "/", nil)
+			r.Header.Set("X-User", "bench")
+			r.RemoteAddr = "192.0.2.1:40000"
+			r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+			b.ReportAllocs()
+			cpu0, cpuOK := processCPU()
+			for b.Loop() {
+				w.reset()
+				if err := h.ServeHTTP(w, r, okHandler); err != nil || w.status != http.StatusOK {
+					b.Fatalf("status %d, err %v", w.status, err)
+				}
+			}
+			if cpu1, ok := processCPU(); cpuOK && ok {
+				b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
+			}
+		})
+	}
+}

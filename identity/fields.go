@@ -3,6 +3,8 @@ package identity
 import (
 	"net/http"
 	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // This file reads the request fields a key may name (headers, cookies,
@@ -17,9 +19,17 @@ import (
 // The common case, a field sent once, allocates nothing.
 
 // value returns the part's value for req: the one value of its request
-// field, ambiguous when the field carries different values; any other
-// placeholder (or any placeholder without a request) through r.
+// field, ambiguous when the field carries different values; a variable
+// ({client_ip} is {http.vars.client_ip}) from the request's variables, as
+// Caddy's placeholder reads it but without going through every provider
+// of the replacer; any other placeholder (or any placeholder without a
+// request, or a request without variables) through r.
 func (p *part) value(r Resolver, req *http.Request) (v string, ambiguous bool) {
+	if p.variable != "" && req != nil {
+		if vars, ok := req.Context().Value(caddyhttp.VarsCtxKey).(map[string]any); ok {
+			return stringOf(vars[p.variable]), false
+		}
+	}
 	if p.field == nil || req == nil {
 		return valueString(r, p.ph), false
 	}

@@ -10,7 +10,9 @@
 // query argument) is read from the request itself, not through Caddy's
 // placeholder, which joins repeated fields with ",": the field must be
 // unambiguous (see Deriver.DeriveRequest), so that no repetition of a field can
-// buy a bucket other than the one its value names.
+// buy a bucket other than the one its value names. A variable
+// ({http.vars.<name>}, as {client_ip}) is read from the request's
+// variables, where Caddy's placeholder reads it, without its replacer.
 //
 // Candidates are compiled once (at Provision); deriving a token per request
 // allocates nothing for the common single-placeholder candidates.
@@ -69,6 +71,9 @@ type part struct {
 	// cookie, a query argument), read from the request itself when there
 	// is one; nil for any other placeholder, read through the Resolver.
 	field *Ambiguity
+	// variable is the name of the variable ({http.vars.<name>}) the
+	// placeholder reads, "" for none.
+	variable string
 }
 
 // Field sources, the values of Ambiguity.Source.
@@ -91,6 +96,7 @@ const (
 	headerPrefix = "http.request.header."
 	cookiePrefix = "http.request.cookie."
 	queryPrefix  = "http.request.uri.query."
+	varsPrefix   = "http.vars."
 )
 
 // fieldOf returns the request field placeholder ph reads, or nil.
@@ -103,6 +109,15 @@ func fieldOf(ph string) *Ambiguity {
 		}
 	}
 	return nil
+}
+
+// variableOf returns the name of the variable placeholder ph reads, or "".
+func variableOf(ph string) string {
+	name, _ := strings.CutPrefix(ph, varsPrefix)
+	if name == ph {
+		return ""
+	}
+	return name
 }
 
 // Compile parses a candidate such as "{http.vars.client_ip}" or
@@ -129,7 +144,7 @@ func Compile(s string) (Candidate, error) {
 		if name == "" || strings.ContainsAny(name, "{ ") {
 			return Candidate{}, fmt.Errorf("key candidate %q: malformed placeholder", s)
 		}
-		c.parts = append(c.parts, part{ph: name, field: fieldOf(name)})
+		c.parts = append(c.parts, part{ph: name, field: fieldOf(name), variable: variableOf(name)})
 		rest = rest[open+end+1:]
 	}
 	return c, nil
@@ -362,6 +377,9 @@ func (d *Deriver) addrToken(i int, v string) (Token, bool) {
 // "::ffff:192.0.2.1") and returns it canonical: zone dropped, IPv4-mapped
 // IPv6 unmapped.
 func ParseAddr(v string) (netip.Addr, bool) {
+	if a, ok := parseIPv4(v); ok {
+		return netip.AddrFrom4(a), true // the common client address, parsed at once
+	}
 	if len(v) > 0 && v[0] == '[' {
 		end := strings.IndexByte(v, ']')
 		if end < 0 || !validPort(v[end+1:], true) {
@@ -429,10 +447,51 @@ func hashToken(i int, v []byte) Token {
 	return t
 }
 
+// parseIPv4 parses a plain dotted-quad IPv4 address as netip.ParseAddr
+// does: four decimal fields of 0 to 255, none with a leading zero. ok is
+// false for anything else, which ParseAddr then reads the long way.
+func parseIPv4(v string) (a [4]byte, ok bool) {
+	if len(v) < len("0.0.0.0") || len(v) > len("255.255.255.255") {
+		return a, false
+	}
+	field, n, digits := 0, 0, 0
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c >= '0' && c <= '9':
+			if digits > 0 && n == 0 {
+				return a, false // a leading zero
+			}
+			n = n*10 + int(c-'0')
+			if digits++; n > 255 {
+				return a, false
+			}
+		case c == '.' && digits > 0 && field < 3:
+			a[field] = byte(n)
+			field, n, digits = field+1, 0, 0
+		default:
+			return a, false
+		}
+	}
+	if field != 3 || digits == 0 {
+		return a, false
+	}
+	a[3] = byte(n)
+	return a, true
+}
+
 // valueString returns a placeholder's value as a string, "" when unknown.
 func valueString(r Resolver, name string) string {
 	v, ok := r.Get(name)
-	if !ok || v == nil {
+	if !ok {
+		return ""
+	}
+	return stringOf(v)
+}
+
+// stringOf renders a placeholder's value as Caddy's replacer renders it
+// into text; nil is "".
+func stringOf(v any) string {
+	if v == nil {
 		return ""
 	}
 	switch v := v.(type) {

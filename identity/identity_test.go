@@ -2,6 +2,8 @@ package identity
 
 import (
 	"bytes"
+	"math/rand/v2"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -581,4 +583,34 @@ func TestScope(t *testing.T) {
 		}
 	}()
 	ip.Scope(make([]byte, MaxScope+1))
+}
+
+// parseIPv4, ParseAddr's short way, reads exactly the dotted quads that
+// netip.ParseAddr reads, as the same address, and leaves every other value
+// to the long way.
+func TestParseIPv4AsNetip(t *testing.T) {
+	values := []string{
+		"0.0.0.0", "255.255.255.255", "192.0.2.1", "10.0.0.10", "1.2.3.4",
+		"256.0.0.1", "1.2.3.256", "01.2.3.4", "1.02.3.4", "1.2.3.04", "00.0.0.0", "1.2.3.0",
+		"1.2.3", "1.2.3.4.5", "1..2.3", ".1.2.3", "1.2.3.", "1.2.3.4 ", " 1.2.3.4",
+		"1.2.3.4:80", "1.2.3.-4", "1.2.3.a", "1234.1.1.1", "999.999.999.999", "::ffff:1.2.3.4", "",
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		b := make([]byte, 7+rng.IntN(9))
+		for i := range b {
+			b[i] = "0123456789."[rng.IntN(11)]
+		}
+		values = append(values, string(b))
+	}
+	for _, v := range values {
+		a, ok := parseIPv4(v)
+		want, err := netip.ParseAddr(v)
+		switch {
+		case ok && (err != nil || netip.AddrFrom4(a) != want):
+			t.Fatalf("parseIPv4(%q) = %v; netip: %v, %v", v, a, want, err)
+		case !ok && err == nil && want.Is4():
+			t.Fatalf("parseIPv4(%q) refused an address netip reads: %v", v, want)
+		}
+	}
 }
