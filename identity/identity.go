@@ -220,23 +220,13 @@ func (d *Deriver) Derive(r Resolver, scratch []byte) (Token, []byte) {
 // empty token when every candidate is empty. scratch is a buffer the caller
 // may reuse between calls; DeriveRequest returns it, possibly grown.
 //
-// req is the request the candidates' request fields are read from: a
-// header ({http.request.header.<Name>}), a cookie
-// ({http.request.cookie.<name>}) or a query argument
-// ({http.request.uri.query.<name>}). Each must be unambiguous: carried
-// once, or several times with byte-identical values, it gives that one
-// value (not the values joined, as Caddy's placeholder renders them);
-// carried several times with different values, it makes the candidate
-// ambiguous, and DeriveRequest returns which field did (the token is then
-// meaningless). Backends read a repeated field differently (the first
-// value, the last, all of them joined), so no value of an ambiguous field
-// is known to be the one the backend acts on. Names match as backends may
-// match them: a header's ignoring case and which of '-', '_' and '.'
-// separates its words (CGI, FastCGI and PHP give all three spellings one
-// HTTP_* variable), a cookie's and a query argument's ignoring case. A candidate that is empty in another part is
-// empty whatever the ambiguous part holds, and the next candidate is tried;
-// the first candidate that is ambiguous or present decides. With a nil req,
-// every placeholder is read through r (as Caddy renders it).
+// The request fields a candidate reads (a header, a cookie, a query
+// argument) are read from req and must be unambiguous: a field carried
+// several times with different values makes the candidate ambiguous, and
+// DeriveRequest returns which field did (the token is then meaningless).
+// Names match as backends may match them (docs/identity.md, "Repeated
+// headers, cookies and query arguments"). The first candidate that is ambiguous or present decides.
+// With a nil req, every placeholder is read through r.
 func (d *Deriver) DeriveRequest(r Resolver, req *http.Request, scratch []byte) (Token, []byte, *Ambiguity) {
 	for i := range d.cands {
 		c := &d.cands[i]

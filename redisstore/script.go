@@ -101,26 +101,13 @@ func luaLibrary() (name, code string) {
 //	2  cost; for a concurrency zone, its request's holder id instead (the
 //	   decimal digits of a uint64, kept a string in Lua: ids exceed 2^53;
 //	   costArg)
-//	3  mode: 0 take, 1 refund (a concurrency zone: release its lease), 2
-//	   take for a report-only zone, 3 take whose charge may be refunded
-//	   (Request.Refundable: the reply then carries the time of the
-//	   decision), 4 the same for a report-only zone, 5 renew a concurrency
-//	   zone's lease (nothing for a rate zone), 6 take whose charge stays
-//	   in flight until settled (Request.InFlight; refundable too), 7 the
-//	   same for a report-only zone, 8 refund a charge taken in flight, 9
-//	   settle one and keep it (Refund.Keep), 10 settle one to the amount
-//	   its response reported (Refund.Settle: lua/settle.lua)
+//	3  mode (the mode values below)
 //	4  for a refund, the instant of the charge (Unix ms; "0": unknown);
 //	   for a settle (mode 10), "<instant>:<amount>"; "0" for a take or a
 //	   renewal
 //
-// The layout's numbers are defined here; lua/take.lua names each of them
-// (TestLuaLayoutMatchesGo checks its names against these). This is the one
-// place that writes them (appendArgs, appendRefunds, appendRenewal). A
-// zone's limit rarely changes, so its spec is formatted once and kept,
-// already boxed, in a small direct-mapped cache: a request then formats
-// nothing (its cost, a holder id and a refund's instant travel as integers,
-// which go-redis writes itself; the mode is a constant).
+// lua/take.lua names each number (TestLuaLayoutMatchesGo); appendArgs,
+// appendRefunds and appendRenewal are the one place that writes them.
 
 // The positions of a zone's arguments past its base (1-based, as Lua
 // indexes ARGV), and argsPerZone, their number.
@@ -136,10 +123,10 @@ const (
 // reply: allowed, remaining, retry-after and reset-after (zoneDecision).
 const replyPerZone = 4
 
-// argSlots is the size of the argument cache: more than the distinct limits
+// argEntries is the size of the argument cache: more than the distinct limits
 // of any sane configuration. Dynamic limits resolved per request that
 // collide only cost a format on a miss.
-const argSlots = 256
+const argEntries = 256
 
 // limitArgs is one limit's formatted arguments.
 type limitArgs struct {
@@ -149,9 +136,9 @@ type limitArgs struct {
 }
 
 // argCache maps limits to their formatted arguments. Safe for concurrent
-// use; a miss replaces the slot.
+// use; a miss replaces the entry.
 type argCache struct {
-	slots [argSlots]atomic.Pointer[limitArgs]
+	entries [argEntries]atomic.Pointer[limitArgs]
 }
 
 // The script's modes (argMode), and argInstant of a take. A
@@ -161,13 +148,23 @@ type argCache struct {
 // extends it (concurrency.go's lease worker). The modes are one numbering
 // for every kind of zone: take.lua reads no mode two ways.
 var (
-	modeTake, modeRefund, modeReportOnly     any = "0", "1", "2"
+	// 0 take, 1 refund (a concurrency zone: release its slot), 2 take for
+	// a report-only zone
+	modeTake, modeRefund, modeReportOnly any = "0", "1", "2"
+	// a take whose charge may be refunded (Request.Refundable: the reply
+	// carries the time of the decision); the same for a report-only zone
 	modeRefundable, modeReportOnlyRefundable any = "3", "4"
-	modeRenew                                any = "5"
-	modeInFlight, modeReportOnlyInFlight     any = "6", "7"
-	modeRefundInFlight, modeSettleInFlight   any = "8", "9"
-	modeSettle                               any = "10"
-	unknownInstant                           any = "0"
+	// renew a concurrency zone's slot (nothing for a rate zone)
+	modeRenew any = "5"
+	// a take whose charge stays in flight until settled (Request.InFlight;
+	// refundable too); the same for a report-only zone
+	modeInFlight, modeReportOnlyInFlight any = "6", "7"
+	// refund a charge taken in flight; settle one and keep it (Refund.Keep)
+	modeRefundInFlight, modeSettleInFlight any = "8", "9"
+	// settle one to the amount its response reported (Refund.Settle:
+	// lua/settle.lua)
+	modeSettle     any = "10"
+	unknownInstant any = "0"
 )
 
 // appendArgs appends the script arguments of reqs, argsPerZone per zone, in
@@ -246,8 +243,8 @@ func costArg(r *algorithms.Request) any {
 // algorithms' numeric values travel here: they must not change.
 func (a *argCache) head(l algorithms.Limit) *[2]any {
 	x := uint64(l.Events)*0x9e3779b97f4a7c15 ^ uint64(l.Window)*0xbf58476d1ce4e5b9 ^ uint64(l.Burst)*0x94d049bb133111eb ^ uint64(l.Algorithm)
-	slot := &a.slots[(x^x>>29)%argSlots]
-	if e := slot.Load(); e != nil && e.limit == l {
+	entry := &a.entries[(x^x>>29)%argEntries]
+	if e := entry.Load(); e != nil && e.limit == l {
 		return &e.head
 	}
 	b := strconv.AppendInt(nil, int64(l.Algorithm), 10)
@@ -260,7 +257,7 @@ func (a *argCache) head(l algorithms.Limit) *[2]any {
 		noWait += "n1"
 	}
 	e := &limitArgs{limit: l, head: [2]any{string(b), noWait}}
-	slot.Store(e)
+	entry.Store(e)
 	return &e.head
 }
 

@@ -257,27 +257,13 @@ const (
 	MaxNameLen = 256
 )
 
-// ValidName reports whether a zone name may be used. Any name
-// caddy-ratelimit accepts is accepted (a name is one string, in a
-// Caddyfile quoted where it holds spaces), except:
-//
-//   - the empty name;
-//   - a name longer than MaxNameLen bytes;
-//   - a name that is not valid UTF-8: a Prometheus label value must be, and
-//     JSON bodies and logs carry text;
-//   - a name with a character that is not graphic (letters, marks,
-//     numbers, punctuation, symbols and spaces are): control characters
-//     (C0, DEL, C1), format characters (bidirectional overrides,
-//     zero-width ones) and private-use or unassigned code points. They are
-//     invisible or reorder text in logs, error messages and the admin API
-//     listing, where they could disguise one zone as another, and no name
-//     needs one.
-//
-// Every sink that cannot carry a name as it is encodes it: store keys and
-// admin API paths (internal/zonename.AppendKey), the draft header fields
-// (zonename.Policy, then sf-string escaping), JSON bodies and the
-// handle_errors message (JSON escaping). Metric labels, log fields and the
-// placeholders carry the name as it is.
+// ValidName reports whether a zone name may be used: any name
+// caddy-ratelimit accepts, except the empty name, a name over MaxNameLen
+// bytes, invalid UTF-8 (a Prometheus label must be valid), and a character
+// that is not graphic (control, format, private-use or unassigned code
+// points: invisible or reordering in logs and the admin listing, where they
+// could disguise one zone as another). The sinks that cannot carry a name as
+// it is encode it (internal/zonename; docs/reference.md, "Zone names").
 func ValidName(name string) error {
 	switch {
 	case name == "":
