@@ -81,93 +81,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 	return handler, nil
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
-//
-//	rate_limit [<matcher>] {
-//	    zone <name> {
-//	        key         <candidate>...
-//	        events      <n>|<placeholder> <default n>
-//	        window      <duration>|<placeholder> <default duration>
-//	        burst       <n>|<placeholder> <default n>
-//	        algorithm   token_bucket|gcra|sliding_window|fixed_window|sliding_log
-//	        cost        <n>|<placeholder> [<default n>]
-//	        match {
-//	            <matchers>
-//	        }
-//	        ipv4_prefix <bits>
-//	        ipv6_prefix <bits>
-//	        fail        open|closed|local
-//	        report_only
-//	        enabled     true|false
-//	        count       <status|class|range>...
-//	        settle      header <name> | json <path>
-//	        on_exceed   refuse|pass
-//	        penalty     <duration>
-//	        delay       <max_wait>
-//	        delay_after <n>
-//	    }
-//	    zone <name> {                  # a concurrency zone
-//	        key         <candidate>...
-//	        concurrent  <n>|<placeholder> <default n>
-//	        lease       <duration>
-//	        match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled,
-//	        on_exceed as above
-//	    }
-//	    zone <name> {                  # an adaptive concurrency zone
-//	        key         <candidate>...
-//	        concurrent  adaptive {
-//	            controller aimd|gradient2|vegas
-//	            minimum    <n>
-//	            maximum    <n>
-//	            initial    <n>
-//	            tolerance  <multiple>
-//	            smoothing  <fraction>
-//	            window     <duration>
-//	        }
-//	        delay       <max_wait>     # wait for a place under the limit
-//	        match, key, report_only, enabled as above
-//	    }
-//	    max_waiting <n>
-//	    settle_wait <duration>
-//	    store memory {
-//	        max_keys       <n>
-//	        sweep_interval <duration>
-//	    }
-//	    store redis [<url>] {
-//	        ...                        # see redisstore.Redis.UnmarshalCaddyfile
-//	    }
-//	    headers  legacy|draft|both|off
-//	    response handle_errors
-//	    response problem
-//	    response {
-//	        status       <code>
-//	        content_type <type>
-//	        body         <template>
-//	        header       <name> <value>
-//	    }
-//	    jitter   <fraction>|<percent>%
-//	    log_key
-//	    report_only
-//	    enabled  true|false
-//	    sweep_interval  <duration>
-//	    disable_metrics
-//	}
-//
-// A Caddyfile has no ';': every block opens at the end of a line and closes
-// on a line of its own. docs/reference.md documents every setting.
-// events, window and burst take either a value, or a placeholder resolved per
-// request and the default used when its value is empty or unusable (events
-// {plan_events} 60); cost takes a value or a placeholder, with an optional
-// default (1).
-//
-// caddy-ratelimit's sweep_interval and disable_metrics are accepted;
-// its distributed and storage are refused with the Sluice equivalent.
-//
-// The parser turns tokens into fields, refusing what the fields cannot
-// carry (a count or a duration of 0, which the JSON would read as not set,
-// a jitter that is not a finite number); then it runs the checks that
-// Provision and Validate run (checkParsed), so that every value error names
-// its file and line.
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens: the
+// rate_limit directive, whose grammar is docs/reference.md's "The grammar at
+// a glance" (docs_test.go holds that page to this parser).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive's name
 	at := &fieldPlaces{block: d.Token(), fields: map[string]caddyfile.Token{}}

@@ -547,27 +547,9 @@ func redactErr(err error, secrets ...string) error {
 	return errors.New(msg)
 }
 
-// UnmarshalCaddyfile sets up the store from Caddyfile tokens. Syntax:
-//
-//	store redis [<url>] {
-//	    url        <url>
-//	    cluster    <host:port>...
-//	    username   <name>
-//	    password   <password>
-//	    tls
-//	    timeout    <duration>
-//	    late_reply_grace <duration> | off  # a sent decision's late reply still decides; default 100ms, 1ms to 1s
-//	    key_prefix <string>
-//	    pool_size  <n>
-//	    pipelines  <n>                # pipeline workers; default 2
-//	    breaker    off | {
-//	        failures     <n>          # consecutive failures that open it; default 5
-//	        cooldown     <duration>   # open this long before one probe; default 1s
-//	        max_cooldown <duration>   # the cool-down doubles up to this; default 5s
-//	    }
-//	    deny_cache off | on
-//	    deny_cache_size <n>           # entries; default 10000; 0 is off
-//	}
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens: `store redis
+// [<url>] { ... }`, whose grammar is docs/reference.md's "Store redis" and
+// "Breaker" (docs_test.go holds those sections to this parser).
 func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the store's name
 	if d.NextArg() {
