@@ -442,6 +442,7 @@ func TestGRPCWireShape(t *testing.T) {
 			window 10s
 		}
 		grpc_status unavailable`, "ZONE", zu))
+	h2.CloseIdleConnections()
 	grpcPost(t, h2c, siteA, "application/grpc", user)
 	resp, body = grpcPost(t, h2c, siteA, "application/grpc", user)
 	checkGRPCRefusal(t, resp, body, "application/grpc", "14", "rate limit exceeded in zone "+zu+" (limit 1)")

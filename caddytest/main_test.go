@@ -208,17 +208,28 @@ func newTester(t *testing.T) *caddytest.Tester {
 
 // load loads a Caddyfile through POST /load and fails the test at once if
 // it is not running afterwards. Idle connections to the old servers are
-// dropped so the next request reaches the new configuration.
+// dropped so the next request reaches the new configuration; a test with
+// clients of its own closes theirs after a load.
 func load(t *testing.T, tc *caddytest.Tester, caddyfile string) {
 	t.Helper()
+	failed := t.Failed()
 	tc.InitServer(caddyfile, "caddyfile")
-	if t.Failed() {
+	if t.Failed() && !failed {
 		t.Fatalf("loading the config failed; config:\n%s", caddyfile)
 	}
+	// A load returns once the old servers' shutdowns have been scheduled,
+	// not run (caddyhttp's App.Stop): until they close their listeners an
+	// old server may still accept a connection and answer with the old
+	// configuration. Give them a moment.
+	time.Sleep(oldServersStop)
 	if tr, ok := tc.Client.Transport.(*http.Transport); ok {
 		tr.CloseIdleConnections()
 	}
 }
+
+// oldServersStop is how long load waits for the old servers to stop
+// accepting.
+const oldServersStop = 25 * time.Millisecond
 
 // postLoad POSTs a config to /load itself (for configs that must be
 // refused) and returns the status and the body.
