@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 // taker is a layer of the take stage: it decides an admission's planned
@@ -132,7 +133,7 @@ func (p *failPolicy) failover(a *admission, err error) {
 		switch z.fail {
 		case failClosedPolicy:
 			a.v = verdict{zone: z, shown: a.shown[i], key: a.reqs[i].Key,
-				Decision: algorithms.Decision{Limit: a.reqs[i].Limit.Capacity(), RetryAfter: failClosedRetry}}
+				Decision: algorithms.Decision{Limit: a.reqs[i].Limit.Capacity(), RetryAfter: failClosedRetryOf(err)}}
 			if p.problem {
 				a.v.violated = violatedPolicies(a, true)
 			}
@@ -237,9 +238,23 @@ func (z *zone) failApart(delaying bool) bool {
 	return z.fail == failOpenPolicy || z.fail == failLocalPolicy && z.conc == nil && z.counts == nil && !delaying
 }
 
-// failClosedRetry is Retry-After on a fail-closed 503: the store is
-// unavailable, so the client is asked to come back soon, not at a reset.
+// failClosedRetry is Retry-After on a fail-closed 503 when the store
+// cannot say when it will answer: it is unavailable, so the client is
+// asked to come back soon, not at a reset.
 const failClosedRetry = time.Second
+
+// failClosedRetryOf is the wait a fail-closed 503 asks for: what is left
+// of an open circuit breaker's cool-down (a client coming back sooner is
+// refused again without Redis being asked), else failClosedRetry.
+func failClosedRetryOf(err error) time.Duration {
+	var h stores.RetryHinter
+	if errors.As(err, &h) {
+		if d := h.RetryIn(); d > 0 {
+			return d
+		}
+	}
+	return failClosedRetry
+}
 
 // logError logs a failed store call (rate-limited).
 func (p *failPolicy) logError(err error) {

@@ -3,6 +3,7 @@ package sluice
 import (
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -47,6 +48,10 @@ func TestFailPolicyLayer(t *testing.T) {
 		}
 		store redis `+srv.URL()+` {
 			timeout 200ms
+			breaker {
+				failures 5
+				cooldown 3s
+			}
 		}
 	}`, nil)
 	local := memstore.New(memstore.Config{SweepInterval: -1})
@@ -92,8 +97,15 @@ func TestFailPolicyLayer(t *testing.T) {
 			t.Errorf("Redis down, fail local %d: allowed %v, want %v (capacity 2, counted afresh in memory)", i, a.decs[0].Allowed, want)
 		}
 	}
+	// The fifth failure in a row: the error is Redis's, which cannot say
+	// when it will answer.
 	out, a := take("closed", "local")
 	if out != failClosed || a.v.zone.name != "fp_closed" || a.v.RetryAfter != failClosedRetry {
 		t.Errorf("Redis down, fail closed: outcome %d, verdict %+v; want a 503 of fp_closed", out, a.v)
+	}
+	// Now the breaker is open: the 503 asks for what is left of its cool-down.
+	out, a = take("closed")
+	if ra := a.v.RetryAfter; out != failClosed || ra <= 2*time.Second || ra > 3*time.Second {
+		t.Errorf("breaker open, fail closed: outcome %d, Retry-After %v; want a 503 asking for the rest of the 3s cool-down", out, ra)
 	}
 }

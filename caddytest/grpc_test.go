@@ -674,8 +674,9 @@ func grpcStreamsHoldSlots(t *testing.T, app *grpcApp, z, storeName, trName strin
 
 // TestGRPCFailClosed: a zone with fail closed whose Redis cannot be reached
 // answers a gRPC call UNAVAILABLE (code 14), whatever grpc_status says,
-// with a pushback of Retry-After's wait; and an unknown grpc_status is
-// refused at load, naming the field.
+// with a pushback of Retry-After's wait (a second; once the breaker is
+// open, the rest of its cool-down); and an unknown grpc_status is refused
+// at load, naming the field.
 func TestGRPCFailClosed(t *testing.T) {
 	_, appAddr := startGRPCApp(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -693,6 +694,10 @@ func TestGRPCFailClosed(t *testing.T) {
 		}
 		store redis redis://@DEAD@ {
 			timeout 50ms
+			breaker {
+				failures 3
+				cooldown 4s
+			}
 		}`, "ZONE", z, "DEAD", dead))
 	for _, tr := range grpcTransports {
 		t.Run(tr.name, func(t *testing.T) {
@@ -718,6 +723,16 @@ func TestGRPCFailClosed(t *testing.T) {
 	checkGRPCRefusal(t, resp, body, "application/grpc", "14", "rate limiter unavailable in zone "+z)
 	if got := resp.Header.Get("Grpc-Retry-Pushback-Ms"); got != "1000" {
 		t.Errorf("fail closed: grpc-retry-pushback-ms %q, want 1000 (Retry-After: 1)", got)
+	}
+	// Three failures in a row opened the breaker: the pushback is what is
+	// left of its cool-down (Redis is not asked before then).
+	resp, body = grpcPost(t, &http.Client{Transport: h2, Timeout: 10 * time.Second}, siteA, "application/grpc", "f-"+nonce)
+	checkGRPCRefusal(t, resp, body, "application/grpc", "14", "rate limiter unavailable in zone "+z)
+	if ms, err := strconv.Atoi(resp.Header.Get("Grpc-Retry-Pushback-Ms")); err != nil || ms <= 2000 || ms > 4000 {
+		t.Errorf("breaker open: grpc-retry-pushback-ms %q, want the rest of the 4s cool-down", resp.Header.Get("Grpc-Retry-Pushback-Ms"))
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "3" && ra != "4" {
+		t.Errorf("breaker open: Retry-After %q, want the rest of the 4s cool-down in seconds", ra)
 	}
 
 	expectLoadRefused(t, config("", `http://localhost:@A@ {

@@ -43,10 +43,17 @@ var stateNames = [...]string{"closed", "half-open", "open"}
 // nothing.
 type circuitError struct {
 	msg string
+	b   *breaker
 }
 
 func (e *circuitError) Error() string        { return e.msg }
 func (e *circuitError) Is(target error) bool { return target == ErrCircuitOpen }
+
+// RetryIn implements stores.RetryHinter: the time left until the breaker
+// lets a probe through (0 once it does).
+func (e *circuitError) RetryIn() time.Duration {
+	return time.Duration(max(e.b.until.Load()-monoNow(), 0))
+}
 
 // StoreErrorKind: see storeError.
 func (e *circuitError) StoreErrorKind() string { return "circuit_open" }
@@ -151,7 +158,7 @@ func (b *breaker) open(cause error, reopen bool) {
 		b.openedAt = time.Now()
 		b.opens.Add(1)
 	}
-	b.err.Store(&circuitError{msg: "redis circuit breaker open (Redis not called for " + b.cooldown.String() + "): " + cause.Error()})
+	b.err.Store(&circuitError{msg: "redis circuit breaker open (Redis not called for " + b.cooldown.String() + "): " + cause.Error(), b: b})
 	// until before state: a reader that sees open must see the new until.
 	until := monoNow() + int64(b.cooldown)
 	if reopen && b.kick {

@@ -105,3 +105,11 @@ type Described interface {
 type ErrorKind interface {
 	StoreErrorKind() string
 }
+
+// RetryHinter is implemented by an error that knows when the store may
+// answer again (an open circuit breaker: the end of its cool-down). A
+// fail-closed refusal tells the client that wait (Retry-After, gRPC's
+// pushback); zero or less means unknown.
+type RetryHinter interface {
+	RetryIn() time.Duration
+}
