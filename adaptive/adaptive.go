@@ -1,7 +1,8 @@
 // Package adaptive learns a concurrency limit from the latency of the
 // requests it admits: pure controllers (aimd, gradient2, vegas) that turn
 // windows of latency samples into a limit, and Limiter, one key's state:
-// its limit, its requests in flight, the window being filled. It imports
+// its limit, its requests in flight, the window being filled, and the
+// rules that hold for every controller (Observe). It imports
 // nothing of ours and reads no clock: the caller passes the time, so the
 // testbed (testbed_test.go) runs it on a virtual clock. docs/adaptive.md
 // says how each controller learns and how they compare.
@@ -51,6 +52,10 @@ const windowSamples = 64
 
 // minWindowSamples is how many samples a window needs before it is closed.
 const minWindowSamples = 10
+
+// freshShare: a window of which fewer than 1/freshShare of the samples are
+// of requests admitted since the limit last fell cannot lower it again.
+const freshShare = 4
 
 // Settings are a zone's controller settings; zero fields take the
 // defaults (Resolve).
@@ -119,7 +124,7 @@ type Window struct {
 	// RTT is the window's mean latency; Min its least.
 	RTT, Min time.Duration
 	// InFlight is the most requests in flight when a sample's request was
-	// admitted: a window far below the limit says nothing of capacity.
+	// admitted.
 	InFlight int64
 	// Samples is how many latencies the window holds.
 	Samples int
@@ -169,9 +174,6 @@ func (g *gradient2) update(w Window, limit float64) float64 {
 	if g.long/short > 2 {
 		g.long *= 0.95 // the upstream got faster: follow it down
 	}
-	if float64(w.InFlight) < limit/2 {
-		return limit // app-limited: the window says nothing of capacity
-	}
 	gradient := max(0.5, min(1, g.tolerance*g.long/short))
 	next := limit*gradient + queueAllowance(limit)
 	return limit*(1-g.smoothing) + next*g.smoothing
@@ -184,8 +186,9 @@ func (g *gradient2) baseline() time.Duration { return time.Duration(g.long) }
 func queueAllowance(limit float64) float64 { return max(1, math.Sqrt(limit)/2) }
 
 // vegas is Netflix's VegasLimit (after TCP Vegas): the requests queued at
-// the upstream are estimated as limit×(1 − baseline/rtt), the baseline the
-// least latency seen; few queued: grow, many: shrink. The baseline is
+// the upstream are estimated as inFlight×(1 − baseline/rtt), the baseline
+// the least latency seen (Netflix's counts the limit in flight, which a
+// load below it never reaches); few queued: grow, many: shrink. The baseline is
 // re-measured every probeEvery×limit windows by taking the next window's
 // least latency as the new one, which refuses nothing.
 type vegas struct {
@@ -203,11 +206,8 @@ func (v *vegas) update(w Window, limit float64) float64 {
 		v.noLoad = w.RTT
 		return limit
 	}
-	if float64(w.InFlight)*2 < limit {
-		return limit
-	}
 	log := max(1, math.Log10(limit))
-	queue := math.Ceil(limit * (1 - float64(v.noLoad)/float64(w.RTT)))
+	queue := math.Ceil(float64(w.InFlight) * (1 - float64(v.noLoad)/float64(w.RTT)))
 	switch {
 	case queue <= log:
 		return limit + 6*log
@@ -228,7 +228,7 @@ func (v *vegas) baseline() time.Duration { return v.noLoad }
 // windows (those far below the limit: the upstream unloaded by us), or
 // kept when there was none: re-measuring never lowers the limit, so it
 // refuses nothing, and sustained load cannot raise the baseline (Envoy's
-// minRTT drift). A window far below the limit changes nothing else.
+// minRTT drift).
 type aimd struct {
 	tolerance float64
 	base, low time.Duration
@@ -239,8 +239,7 @@ const aimdPeriod = 600
 
 func (a *aimd) update(w Window, limit float64) float64 {
 	a.windows++
-	appLimited := float64(w.InFlight)*2 < limit
-	if appLimited && (a.low == 0 || w.RTT < a.low) {
+	if appLimited(w, limit) && (a.low == 0 || w.RTT < a.low) {
 		a.low = w.RTT
 	}
 	if a.base == 0 || w.RTT < a.base {
@@ -252,9 +251,6 @@ func (a *aimd) update(w Window, limit float64) float64 {
 		}
 		a.low, a.windows = 0, 0
 	}
-	if appLimited {
-		return limit
-	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {
 		return limit * 0.9
 	}
@@ -262,6 +258,11 @@ func (a *aimd) update(w Window, limit float64) float64 {
 }
 
 func (a *aimd) baseline() time.Duration { return a.base }
+
+// appLimited reports whether window w had fewer than half the limit in
+// flight: the client, not the upstream, limited it, so it does not show
+// the limit to be too low (RFC 7661's rule for TCP's window).
+func appLimited(w Window, limit float64) bool { return float64(w.InFlight)*2 < limit }
 
 // Limiter is one key's adaptive limit: Acquire and Release count its
 // requests in flight against the limit, Observe feeds their latencies to
@@ -272,6 +273,7 @@ type Limiter struct {
 	inFlight atomic.Int64
 	base     atomic.Int64 // the controller's baseline, ns
 	last     atomic.Int64 // the last closed window's mean latency, ns
+	refused  atomic.Int64 // refusals since the last window closed
 	fixed    bool
 
 	mu    sync.Mutex
@@ -282,11 +284,15 @@ type Limiter struct {
 	rtts  [windowSamples]time.Duration
 	n     int
 	inMax int64
+	// fresh counts the window's samples of requests admitted since fellAt,
+	// when the limit last fell.
+	fresh  int
+	fellAt time.Duration
 }
 
 // NewLimiter returns a key's limiter at s.Initial; s must be resolved.
 func NewLimiter(s Settings) *Limiter {
-	l := &Limiter{s: s, ctl: newController(s), est: float64(s.Initial), fixed: s.Fixed()}
+	l := &Limiter{s: s, ctl: newController(s), est: float64(s.Initial), fixed: s.Fixed(), fellAt: math.MinInt64}
 	l.limit.Store(s.Initial)
 	return l
 }
@@ -307,6 +313,7 @@ func (l *Limiter) Acquire() int64 {
 	for {
 		n := l.inFlight.Load()
 		if n >= l.limit.Load() {
+			l.refused.Add(1)
 			return 0
 		}
 		if l.inFlight.CompareAndSwap(n, n+1) {
@@ -337,7 +344,11 @@ func (l *Limiter) Latency() time.Duration { return time.Duration(l.last.Load()) 
 // Observe records the latency rtt of a request admitted with inFlight in
 // flight, at now (any monotonic clock: a duration since a fixed instant),
 // and closes the window when it is old and full enough, updating the
-// limit. It reports whether the limit was updated.
+// limit. It reports whether the limit was updated. Whatever the
+// controller, an app-limited window does not raise the limit, and a window
+// lowers it only if the limit bound (a request was refused or took its
+// last place) and at least 1/freshShare of its samples are of requests
+// admitted since the limit last fell: once per round trip, as TCP.
 func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
 	if rtt <= 0 {
 		rtt = 1
@@ -350,6 +361,9 @@ func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
 	l.rtts[l.n] = rtt
 	l.n++
 	l.inMax = max(l.inMax, inFlight)
+	if now-rtt >= l.fellAt {
+		l.fresh++
+	}
 	if l.n < windowSamples && (l.n < minWindowSamples || now-l.start < l.s.Window) {
 		return false
 	}
@@ -361,9 +375,19 @@ func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
 		w.Min = min(w.Min, r)
 	}
 	w.RTT = sum / time.Duration(l.n)
-	l.n, l.inMax = 0, 0
+	refused, fresh := l.refused.Swap(0), l.fresh
+	l.n, l.inMax, l.fresh = 0, 0, 0
 	l.last.Store(int64(w.RTT))
 	next := l.ctl.update(w, l.est)
+	bound := refused > 0 || w.InFlight >= l.limit.Load()
+	switch {
+	case next > l.est && appLimited(w, l.est):
+		next = l.est
+	case next < l.est && (!bound || fresh*freshShare < w.Samples):
+		next = l.est
+	case next < l.est:
+		l.fellAt = now
+	}
 	if !l.fixed {
 		l.est = min(max(next, float64(l.s.Minimum)), float64(l.s.Maximum))
 		l.limit.Store(int64(math.Round(l.est)))

@@ -127,3 +127,41 @@ func TestGradient2AndVegasShrinkUnderQueueing(t *testing.T) {
 		}
 	}
 }
+
+// TestLimiterFallsOnlyWhenBoundOncePerRoundTrip: a slow window lowers the
+// limit only if the limit bound in it (a request took its last place or
+// was refused), and a window of requests all admitted before the last fall
+// does not lower it again.
+func TestLimiterFallsOnlyWhenBoundOncePerRoundTrip(t *testing.T) {
+	s, _ := Settings{Initial: 10}.Resolve()
+	l := NewLimiter(s)
+	var now time.Duration
+	feed(l, &now, 50*time.Millisecond, 10) // the baseline: 11
+	feed(l, &now, 150*time.Millisecond, 9)
+	if l.Limit() != 11 {
+		t.Fatalf("a slow window that never reached the limit moved it to %d, want 11", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 11)
+	if l.Limit() != 10 { // 11×0.9 rounded
+		t.Fatalf("a slow window at the limit: limit %d, want 10", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 10) // every request admitted before the fall
+	if l.Limit() != 10 {
+		t.Fatalf("a window of requests admitted before the last fall moved the limit to %d, want 10", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 10) // most admitted since
+	if l.Limit() != 9 {
+		t.Fatalf("a slow window of requests admitted since the fall: limit %d, want 9", l.Limit())
+	}
+	feed(l, &now, 50*time.Millisecond, 2) // app-limited: no change, a round trip passes
+
+	for l.Acquire() > 0 {
+	}
+	for range l.InFlight() {
+		l.Release()
+	}
+	feed(l, &now, 150*time.Millisecond, 5) // below the limit, but one was refused
+	if l.Limit() != 8 {
+		t.Fatalf("a slow window with a refusal: limit %d, want 8", l.Limit())
+	}
+}
