@@ -94,7 +94,11 @@ var adaptivePool = caddy.NewUsagePool()
 type adaptiveKey struct {
 	lim     *adaptive.Limiter
 	waiters atomic.Int32
-	free    chan struct{} // one token: a place was given back
+	// pins counts the admissions between finding the key (keyOf) and
+	// holding a place or giving up: a pinned key is not forgotten, so two
+	// limiters never count one key.
+	pins atomic.Int32
+	free chan struct{} // one token: a place was given back
 }
 
 // adaptiveHold is an adaptive zone's part of one admission: its request,
@@ -170,11 +174,15 @@ func cleanupAdaptive(h *Handler) {
 	}
 }
 
-// keyOf returns key k's limiter, made at the zone's initial limit if new.
+// keyOf returns key k's limiter, made at the zone's initial limit if new,
+// pinned (the caller unpins it once it holds a place or gave up).
 func (az *adaptiveZone) keyOf(k algorithms.Key) *adaptiveKey {
 	sh := &az.shards[int(k[len(k)-1])%adaptiveShards]
 	sh.mu.RLock()
 	ak := sh.keys[k]
+	if ak != nil {
+		ak.pins.Add(1)
+	}
 	sh.mu.RUnlock()
 	if ak != nil {
 		return ak
@@ -182,6 +190,7 @@ func (az *adaptiveZone) keyOf(k algorithms.Key) *adaptiveKey {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if ak = sh.keys[k]; ak != nil {
+		ak.pins.Add(1)
 		return ak
 	}
 	if sh.keys == nil {
@@ -189,12 +198,13 @@ func (az *adaptiveZone) keyOf(k algorithms.Key) *adaptiveKey {
 	}
 	if len(sh.keys) >= adaptiveMaxKeys/adaptiveShards {
 		for old, ok := range sh.keys {
-			if ok.lim.InFlight() == 0 && ok.waiters.Load() == 0 {
+			if ok.lim.InFlight() == 0 && ok.waiters.Load() == 0 && ok.pins.Load() == 0 {
 				delete(sh.keys, old)
 			}
 		}
 	}
 	ak = &adaptiveKey{lim: adaptive.NewLimiter(az.settings), free: make(chan struct{}, 1)}
+	ak.pins.Store(1)
 	sh.keys[k] = ak
 	return ak
 }
@@ -335,10 +345,12 @@ func acquireAdaptive(a *admission) (refused bool, err error) {
 		} else if ah.inFlight = lim.Acquire(); ah.inFlight > 0 {
 			ah.held = true
 		} else if z.adapt.wait > 0 {
-			if ah.inFlight, err = waitForPlace(a, ah); err != nil {
-				return false, err
-			}
-			ah.held = ah.inFlight > 0
+			ah.inFlight, err = waitForPlace(a, ah)
+			ah.held = err == nil && ah.inFlight > 0
+		}
+		ah.key.pins.Add(-1) // held, or not: forgettable when idle
+		if err != nil {
+			return false, err
 		}
 		limit := lim.Limit()
 		ah.req.Limit.Events = limit

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // TestAdaptiveConfigChecks: an adaptive zone's bad settings, and the
@@ -157,5 +159,39 @@ func TestAdaptiveRetryAfterHint(t *testing.T) {
 	}
 	if w := serve(t, h, "GET", "/", nil); w.Code != 429 || w.Header().Get("Retry-After") != "3" {
 		t.Fatalf("after windows of 3 s: %d Retry-After %q, want 429 and 3", w.Code, w.Header().Get("Retry-After"))
+	}
+}
+
+// TestAdaptiveKeyPinnedAgainstEviction: a key found by a request that has
+// not yet taken its place is not forgotten when its shard fills with new
+// keys (idle keys are), so the key's next request counts on the same
+// limiter; once unpinned and idle, it may be forgotten.
+func TestAdaptiveKeyPinnedAgainstEviction(t *testing.T) {
+	h := newHandler(t, `rate_limit {
+		zone pins {
+			key {http.request.header.X-User}
+			concurrent adaptive
+		}
+	}`, nil)
+	az := h.zones[0].adapt
+	var hot algorithms.Key
+	hot[0], hot[len(hot)-1] = 1, 7 // shard 7
+	// fill adds keys of shard 7 until one new key forgets the idle ones.
+	fill := func(from int) {
+		for i := range adaptiveMaxKeys/adaptiveShards + 1 {
+			var k algorithms.Key
+			k[0], k[1], k[2], k[len(k)-1] = 2, byte(from+i), byte((from+i)>>8), 7
+			az.keyOf(k).pins.Add(-1)
+		}
+	}
+	ak := az.keyOf(hot) // found, no place taken yet
+	fill(0)
+	if again := az.keyOf(hot); again != ak {
+		t.Fatal("a pinned key was forgotten: its next request counts on a second limiter")
+	}
+	ak.pins.Add(-2)
+	fill(1 << 15)
+	if again := az.keyOf(hot); again == ak {
+		t.Error("an idle, unpinned key was kept past the bound")
 	}
 }
