@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -208,8 +209,9 @@ func newTester(t *testing.T) *caddytest.Tester {
 
 // load loads a Caddyfile through POST /load and fails the test at once if
 // it is not running afterwards. Idle connections to the old servers are
-// dropped so the next request reaches the new configuration; a test with
-// clients of its own closes theirs after a load.
+// dropped (the tester's and every loopbackClient's) so the next request
+// reaches the new configuration; a test with other clients of its own
+// closes theirs after a load.
 func load(t *testing.T, tc *caddytest.Tester, caddyfile string) {
 	t.Helper()
 	failed := t.Failed()
@@ -225,6 +227,10 @@ func load(t *testing.T, tc *caddytest.Tester, caddyfile string) {
 	if tr, ok := tc.Client.Transport.(*http.Transport); ok {
 		tr.CloseIdleConnections()
 	}
+	loopbackTransports.Range(func(tr, _ any) bool {
+		tr.(*http.Transport).CloseIdleConnections()
+		return true
+	})
 }
 
 // oldServersStop is how long load waits for the old servers to stop
@@ -421,6 +427,10 @@ func expectRetryAfter(t *testing.T, r result, lo, hi int64, what string) int64 {
 	return ra
 }
 
+// loopbackTransports are the transports of every loopbackClient, whose
+// idle connections load drops.
+var loopbackTransports sync.Map
+
 // loopbackClient returns a client for many concurrent connections to the
 // loopback sites.
 func loopbackClient(conns int) *http.Client {
@@ -438,6 +448,7 @@ func loopbackClient(conns int) *http.Client {
 		MaxConnsPerHost:     0,
 		IdleConnTimeout:     30 * time.Second,
 	}
+	loopbackTransports.Store(tr, struct{}{})
 	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
 }
 
