@@ -113,9 +113,10 @@ type usageRead struct {
 	body bodyKind
 	json jsonScan // the body's JSON, or the current event's data
 	sse  sseLines
-	// found: an amount was read (value); bad: an unusable one was.
-	found, bad bool
-	value      int64
+	// found: an amount was read (value); bad: an unusable one was;
+	// compressed: the body came compressed, unreadable as it streams.
+	found, bad, compressed bool
+	value                  int64
 }
 
 type bodyKind uint8
@@ -124,6 +125,7 @@ const (
 	bodyUnknown bodyKind = iota
 	bodyJSON
 	bodyEvents
+	bodyCompressed // not read: see startSettle
 )
 
 var settlementPool = sync.Pool{New: func() any { return new(settlement) }}
@@ -153,7 +155,23 @@ func startSettle(a *admission) {
 	if st != nil {
 		a.settling = st
 		a.wantsStatus, a.wantsBody = true, true
+		if st.readsBody() {
+			// A compressed body cannot be read as it streams: the
+			// upstream is asked for the body as is (`encode` in the
+			// site compresses it for the client).
+			a.r.Header.Set("Accept-Encoding", "identity")
+		}
 	}
+}
+
+// readsBody reports whether a settle zone reads the response's body.
+func (st *settlement) readsBody() bool {
+	for i := 0; i < st.n; i++ {
+		if st.reads[i].sz.path != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // readUsage reads p, the next bytes the client was sent (body).
@@ -172,6 +190,12 @@ func readUsage(a *admission, p []byte) {
 			if eventStream(a.header.Get("Content-Type")) {
 				rd.body = bodyEvents
 			}
+			if ce := a.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+				rd.body, rd.compressed = bodyCompressed, true
+			}
+		}
+		if rd.body == bodyCompressed {
+			continue
 		}
 		if rd.body == bodyEvents {
 			rd.sse.feed(rd, p)
@@ -208,11 +232,14 @@ func finishSettle(a *admission) {
 		if rd.sz.missing != nil {
 			rd.sz.missing.Inc()
 		}
-		reason := "no amount"
-		if rd.bad {
-			reason = "an unusable amount (not a whole number from 0 to 2^53)"
+		reason := "settle: the response told no amount; the estimate stays"
+		switch {
+		case rd.compressed:
+			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams; the estimate stays"
+		case rd.bad:
+			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53); the estimate stays"
 		}
-		rd.sz.log.log(a.h.logger, zap.WarnLevel, "settle: the response told "+reason+"; the estimate stays",
+		rd.sz.log.log(a.h.logger, zap.WarnLevel, reason,
 			zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int64("estimate", c.req.Cost))
 	}
 	_ = a.res.give(settleAmounts, 0) // refunds only: no error

@@ -2,6 +2,7 @@ package caddytest_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"io"
 	"net/http"
@@ -53,6 +54,18 @@ func events(body string) func(w http.ResponseWriter) {
 	}
 }
 
+// gzipJSON compresses body whatever the request accepted (an upstream
+// that ignores Accept-Encoding: identity).
+func gzipJSON(body string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, body)
+		zw.Close()
+	}
+}
+
 func usageHeader(name, value string, trailer bool) func(w http.ResponseWriter) {
 	return func(w http.ResponseWriter) {
 		if trailer {
@@ -92,7 +105,8 @@ func runSettleCases(t *testing.T, source string, cases []settleCase) {
 }
 
 // Bad input: a non-numeric, negative, huge (> 2^53) or missing amount, a
-// body that is not JSON, an event stream cut mid-event: the estimate stays
+// body that is not JSON, an event stream cut mid-event, a body compressed
+// though the upstream was asked for it as is: the estimate stays
 // (or what was read of the stream settles); a usable amount settles.
 func TestSettleBadInput(t *testing.T) {
 	t.Run("json", func(t *testing.T) {
@@ -107,6 +121,7 @@ func TestSettleBadInput(t *testing.T) {
 			{"events", events("data: {\"usage\":{\"total_tokens\":250}}\n\ndata: [DONE]\n\n"), 250},
 			{"events_cut", events("data: {\"usage\":{\"total_tokens\":250}}\n\ndata: {\"usage\":{\"total_tokens\":999}}"), 250},
 			{"events_cut_first", events("data: {\"usage\":{\"total_tokens\":999}}"), 100},
+			{"gzip_anyway", gzipJSON(`{"usage":{"total_tokens":300}}`), 100},
 		})
 	})
 	t.Run("header", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package caddytest_test
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,13 +27,16 @@ import (
 // /v1/chat/completions answers a JSON completion, or with "stream": true
 // a text/event-stream of chunks whose last carries the usage (when the
 // request asks for it), then [DONE]. Every completion reports tokens
-// total_tokens; each event is sent gap apart, the first after delay.
+// total_tokens; each event is sent gap apart, the first after delay. Like
+// the API it stands in for, it compresses (gzip) what it sends when the
+// request accepts it, and with alwaysGzip whatever the request says.
 type openAIUpstream struct {
 	*httptest.Server
-	tokens atomic.Int64
-	delay  time.Duration
-	gap    time.Duration
-	events int
+	tokens     atomic.Int64
+	delay      time.Duration
+	gap        time.Duration
+	events     int
+	alwaysGzip bool
 	// calls counts the completions seen, per model.
 	mu    sync.Mutex
 	calls map[string]int
@@ -67,25 +72,37 @@ func (u *openAIUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	total := u.tokens.Load()
 	usage := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, total/3, total-total/3, total)
 	time.Sleep(u.delay)
+	flusher := w.(http.Flusher)
+	var out io.Writer = w
+	flush := flusher.Flush
+	if u.alwaysGzip || strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		defer zw.Close()
+		out = zw
+		flush = func() {
+			zw.Flush()
+			flusher.Flush()
+		}
+	}
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":%s}`, req.Model, usage)
+		fmt.Fprintf(out, `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":%s}`, req.Model, usage)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
-	flusher := w.(http.Flusher)
 	for i := range u.events {
 		if i > 0 {
 			time.Sleep(u.gap)
 		}
-		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}],\"usage\":null}\n\n", req.Model, i)
-		flusher.Flush()
+		fmt.Fprintf(out, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}],\"usage\":null}\n\n", req.Model, i)
+		flush()
 	}
 	if req.StreamOptions.IncludeUsage {
-		fmt.Fprintf(w, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":%s}\n\n", req.Model, usage)
+		fmt.Fprintf(out, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":%q,\"choices\":[],\"usage\":%s}\n\n", req.Model, usage)
 	}
-	io.WriteString(w, "data: [DONE]\n\n")
-	flusher.Flush()
+	io.WriteString(out, "data: [DONE]\n\n")
+	flush()
 }
 
 func (u *openAIUpstream) called(model string) int {
