@@ -196,6 +196,14 @@ reverse_proxy %s`, zone, r.URL(), app.srv.Listener.Addr().String())
 	}
 	for i, e := range ends {
 		e.end(open[i].c)
+		// Caddy gives the slot back when its tunnel ends, and closes its
+		// connection to the app a moment later (reverse_proxy closes the
+		// backend in a goroutine); the app sees the end later still. So
+		// the next connection is let in once the app saw this one end:
+		// then the app's peak says whether it ever held more than 3.
+		if _, ok := waitFor(5*time.Second, func() bool { return app.open.Load() == 2 }); !ok {
+			t.Fatalf("after the %s: the app still holds %d connections", e.what, app.open.Load())
+		}
 		next := (open[i].proc + 1) % 3
 		open[i] = dialed{c: admit(next, e.what), proc: next}
 		fourthRefused("after the " + e.what)
