@@ -63,6 +63,9 @@ func provisionInflight(h *Handler) (stages, error) {
 	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
 	h.settled = new(settleSignal)
 	if !h.counting {
+		if h.SettleWait != nil {
+			h.logger.Warn("settle_wait is set, but no zone of this rate_limit has count or settle (or those that do are switched off): nothing waits for charges in flight")
+		}
 		return 0, nil
 	}
 	if h.settleWait > 0 {

@@ -3,7 +3,9 @@ package caddytest_test
 import (
 	"context"
 	"net/http"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -301,4 +303,32 @@ http://localhost:@A@ {
 		t.Fatalf("8 right-password logins across a reload that changed the store: %d × 200, %d × 429; want 8 × 200", ok, refused)
 	}
 	expectZoneUntouched(t, zone, user, 5)
+}
+
+// settle_wait in a directive where nothing counts statuses or settles is
+// accepted (it is harmless) but warned about at load, once.
+func TestSettleWaitWithoutCountWarns(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	load(t, newTester(t), config(logGlobal(logPath, "INFO"), `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-User}
+			events 3
+			window 1h
+		}
+		settle_wait 5s
+	}
+	respond "ok"
+}`, "ZONE", zoneName("settle_wait_alone")))
+	lines, _ := readLog(t, logPath)
+	n := 0
+	for _, l := range lines {
+		if l.str("logger") == sluiceLogger && l.str("level") == "warn" && strings.Contains(l.str("msg"), "settle_wait is set, but no zone") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d warnings about a settle_wait with nothing to wait for, want 1", n)
+	}
 }
