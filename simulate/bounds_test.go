@@ -263,6 +263,7 @@ func TestPatternParametersRange(t *testing.T) {
 		{"steady:keys=0", "keys="},
 		{"steady:keys=1e40", "keys="},
 		{"steady:rate=50000,duration=24h", "about"},
+		{"steady:rate=10,rate=20", "rate is given twice"},
 	} {
 		_, err := simulate.Run(simulate.Options{Config: cfg, Traffic: c.spec})
 		if err == nil || !strings.Contains(err.Error(), c.param) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -72,7 +73,11 @@ func (res *passResult) notes(o Options, c SourceCounts, sites []string, host str
 			host, strings.Join(sites, ", ")))
 	}
 	if c.OutOfOrder > 0 {
-		out = append(out, fmt.Sprintf("%d requests were out of time order (earlier than a request replayed before them): each was replayed at the latest instant so far, as the virtual clock never runs backwards", c.OutOfOrder))
+		were := strconv.FormatInt(c.OutOfOrder, 10) + " requests were"
+		if c.OutOfOrder == 1 {
+			were = "1 request was"
+		}
+		out = append(out, were+" out of time order (earlier than a request replayed before them): each was replayed at the latest instant so far, as the virtual clock never runs backwards")
 	}
 	return out
 }

@@ -85,10 +85,14 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 	if rest != "" {
 		for _, kv := range strings.Split(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")
-			if !ok || strings.TrimSpace(k) == "" {
+			k = strings.TrimSpace(k)
+			if !ok || k == "" {
 				return nil, fmt.Errorf("pattern %s: parameter %q is not name=value", name, kv)
 			}
-			p.params[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			if _, twice := p.params[k]; twice {
+				return nil, fmt.Errorf("pattern %s: parameter %s is given twice", name, k)
+			}
+			p.params[k] = strings.TrimSpace(v)
 		}
 	}
 	if zone != nil {
