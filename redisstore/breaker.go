@@ -229,7 +229,8 @@ func (b *breaker) State() string {
 // circuit: the failures that cost time or say the server cannot take
 // writes — timeouts, connection errors (refused, reset, EOF, pool timeout,
 // a closed client), and the replies READONLY (a replica after a failover),
-// OOM, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and BUSY. Not counted:
+// NOREPLICAS (a master short of the replicas min-replicas-to-write asks
+// for), OOM, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN and BUSY. Not counted:
 // errors about one key or the script (WRONGTYPE, ERR …, a malformed reply),
 // which cost no time and which a breaker would not cure; they still go to
 // the zones' fail policy.
@@ -245,7 +246,7 @@ func counts(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
-		for _, p := range []string{"READONLY", "OOM", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+		for _, p := range []string{"READONLY", "NOREPLICAS", "OOM", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
@@ -257,7 +258,7 @@ func counts(err error) bool {
 // storeError is the error of a decision that Redis did not give (Take).
 // Its StoreErrorKind names the failure for the handler's
 // caddy_rate_limit_store_errors_total{kind}, from a bounded set: timeout,
-// connection, readonly, oom, noscript, other; and circuit_open, an open
+// connection, readonly, noreplicas, oom, noscript, other; and circuit_open, an open
 // breaker's (circuitError, returned as it is: failing fast allocates
 // nothing).
 type storeError struct{ err error }
@@ -277,6 +278,8 @@ func (e *storeError) StoreErrorKind() string {
 	switch {
 	case strings.HasPrefix(msg, "READONLY"):
 		return "readonly"
+	case strings.HasPrefix(msg, "NOREPLICAS"):
+		return "noreplicas"
 	case strings.HasPrefix(msg, "OOM"):
 		return "oom"
 	case strings.HasPrefix(msg, "NOSCRIPT"):

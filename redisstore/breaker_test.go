@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -200,6 +201,7 @@ func TestStoreErrorKinds(t *testing.T) {
 		{readonly, "readonly"},
 		{&loadError{readonly}, "readonly"},
 		{errors.New("OOM command not allowed when used memory > 'maxmemory'."), "oom"},
+		{errors.New("NOREPLICAS Not enough good replicas to write."), "noreplicas"},
 		{errors.New("NOSCRIPT No matching script. Please use EVAL."), "noscript"},
 		{errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), "other"},
 		{context.Canceled, "other"},
@@ -237,6 +239,24 @@ func TestBreakerWhatCounts(t *testing.T) {
 			}
 		})
 	}
+	// A master whose min-replicas-to-write is not met refuses every write
+	// (NOREPLICAS): counted, as READONLY is.
+	t.Run("noreplicas", func(t *testing.T) {
+		srv, _, s := proxied(t, breakerOpts(3, time.Hour, time.Hour))
+		req := algorithms.Request{Zone: "cnt", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}
+		if _, err := oneTake(s, req); err != nil {
+			t.Fatal(err)
+		}
+		srv.Do(t, "CONFIG", "SET", "min-replicas-to-write", "1")
+		for i := range 3 {
+			if _, err := oneTake(s, req); err == nil || !strings.Contains(err.Error(), "NOREPLICAS") {
+				t.Fatalf("take %d with no replica: %v, want NOREPLICAS", i, err)
+			}
+		}
+		if _, err := oneTake(s, req); !errors.Is(err, ErrCircuitOpen) {
+			t.Fatalf("after 3 NOREPLICAS: %v, want ErrCircuitOpen", err)
+		}
+	})
 	t.Run("not_counted", func(t *testing.T) {
 		srv, _, s := proxied(t, breakerOpts(3, time.Hour, time.Hour))
 		req := algorithms.Request{Zone: "cnt", Key: freshKey(t), Limit: limit(t, 1000, time.Hour, 0), Cost: 1}

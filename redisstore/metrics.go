@@ -54,7 +54,7 @@ func initStoreMetrics() {
 		}, []string{"store", "target", "node"})
 		storeMetrics.circuitFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "circuit_failures_total",
-			Help: "Store calls to a node that failed in a way its circuit breaker counts (timeout, connection, READONLY, OOM, LOADING, CLUSTERDOWN, TRYAGAIN, BUSY …).",
+			Help: "Store calls to a node that failed in a way its circuit breaker counts (timeout, connection, READONLY, NOREPLICAS, OOM, LOADING, CLUSTERDOWN, TRYAGAIN, BUSY …).",
 		}, []string{"store", "target", "node"})
 		storeMetrics.denyHits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
