@@ -157,8 +157,7 @@ func startSettle(a *admission) {
 		a.wantsStatus, a.wantsBody = true, true
 		if st.readsBody() {
 			// A compressed body cannot be read as it streams: the
-			// upstream is asked for the body as is (`encode` in the
-			// site compresses it for the client).
+			// upstream (and a later encode) is asked for the body as is.
 			a.r.Header.Set("Accept-Encoding", "identity")
 		}
 	}
