@@ -36,7 +36,7 @@ const (
 	// DefaultTolerance: aimd backs off when a window's latency is past this
 	// multiple of its baseline; gradient2's default is
 	// DefaultGradient2Tolerance (the gradient's numerator).
-	DefaultTolerance          = 2.0
+	DefaultTolerance          = 1.1
 	DefaultGradient2Tolerance = 1.5
 	// DefaultSmoothing weighs a new limit against the old (gradient2).
 	DefaultSmoothing = 0.2
@@ -146,7 +146,7 @@ func newController(s Settings) controller {
 	case Gradient2:
 		return &gradient2{tolerance: s.Tolerance, smoothing: s.Smoothing}
 	}
-	return &aimd{tolerance: s.Tolerance}
+	return &aimd{tolerance: s.Tolerance, minimum: float64(s.Minimum)}
 }
 
 // gradient2 is Netflix's Gradient2Limit: a long-term average latency
@@ -223,33 +223,37 @@ func (v *vegas) baseline() time.Duration { return v.noLoad }
 
 // aimd grows the limit by one per window while the window's mean latency
 // stays within tolerance×baseline, and cuts it by a tenth when it does
-// not. The baseline is the least window mean seen; every aimdPeriod
-// windows it is re-measured as the least mean of the period's app-limited
-// windows (those far below the limit: the upstream unloaded by us), or
-// kept when there was none: re-measuring never lowers the limit, so it
-// refuses nothing, and sustained load cannot raise the baseline (Envoy's
-// minRTT drift).
+// not. The baseline is an exponential average (weight aimdWeight) of the
+// means of the unloaded windows: app-limited ones (far below the limit:
+// the upstream as it is when we do not load it) and those at the minimum
+// limit (the least load the controller can put on it). An average, not
+// the least mean seen: the least of many noisy means lies below the true
+// one by their noise, which forces a loose tolerance. Sustained load
+// leaves the baseline alone (Envoy's minRTT drift), a slower upstream is
+// followed whenever it is unloaded, and measuring it never lowers the
+// limit, so it refuses nothing. Until the first unloaded window the
+// baseline is the least mean seen: a zone that starts in overload cuts
+// its limit until latency falls or the minimum is reached, and learns
+// there.
 type aimd struct {
 	tolerance float64
-	base, low time.Duration
-	windows   int
+	minimum   float64
+	avg       float64 // ns; 0 until the first unloaded window
+	base      time.Duration
 }
 
-const aimdPeriod = 600
+const aimdWeight = 0.05
 
 func (a *aimd) update(w Window, limit float64) float64 {
-	a.windows++
-	if appLimited(w, limit) && (a.low == 0 || w.RTT < a.low) {
-		a.low = w.RTT
-	}
-	if a.base == 0 || w.RTT < a.base {
-		a.base = w.RTT
-	}
-	if a.windows >= aimdPeriod {
-		if a.low > 0 {
-			a.base = a.low
+	switch {
+	case appLimited(w, limit) || limit <= a.minimum:
+		if a.avg == 0 {
+			a.avg = float64(w.RTT)
 		}
-		a.low, a.windows = 0, 0
+		a.avg += (float64(w.RTT) - a.avg) * aimdWeight
+		a.base = time.Duration(a.avg)
+	case a.avg == 0 && (a.base == 0 || w.RTT < a.base):
+		a.base = w.RTT
 	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {
 		return limit * 0.9

@@ -99,11 +99,39 @@ func TestAIMD(t *testing.T) {
 	if l.Latency() != 150*time.Millisecond {
 		t.Fatalf("latency %s, want the last window's 150ms", l.Latency())
 	}
+	// The upstream turns slower for good: the limit falls to the minimum,
+	// where the windows are unloaded ones and the baseline follows the
+	// latency up until the limit grows again.
+	least := l.Limit()
 	for range 200 {
 		feed(l, &now, time.Second, 100)
+		least = min(least, l.Limit())
 	}
-	if l.Limit() != s.Minimum {
-		t.Fatalf("sustained slowness: limit %d, want the minimum %d", l.Limit(), s.Minimum)
+	if least != s.Minimum || l.Baseline() < time.Second*10/11 || l.Limit() <= s.Minimum {
+		t.Fatalf("sustained slowness: least limit %d, then limit %d, baseline %s; want the minimum %d, then above it with a baseline past 1s/tolerance",
+			least, l.Limit(), l.Baseline(), s.Minimum)
+	}
+}
+
+// TestAIMDBaselineIsTheUnloadedAverage: the baseline is the average of the
+// app-limited windows' latency, not the least of them, and a loaded window
+// does not move it.
+func TestAIMDBaselineIsTheUnloadedAverage(t *testing.T) {
+	s, _ := Settings{Initial: 20}.Resolve()
+	l := NewLimiter(s)
+	var now time.Duration
+	for i := range 400 {
+		feed(l, &now, time.Duration(40+20*(i%2))*time.Millisecond, 2)
+	}
+	if b := l.Baseline(); b < 49*time.Millisecond || b > 51*time.Millisecond {
+		t.Fatalf("baseline %s after app-limited windows of 40ms and 60ms, want their average 50ms", b)
+	}
+	before := l.Baseline()
+	for range 50 {
+		feed(l, &now, 500*time.Millisecond, 20)
+	}
+	if l.Baseline() != before {
+		t.Fatalf("loaded windows moved the baseline from %s to %s", before, l.Baseline())
 	}
 }
 
