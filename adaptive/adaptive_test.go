@@ -99,16 +99,16 @@ func TestAIMD(t *testing.T) {
 	if l.Latency() != 150*time.Millisecond {
 		t.Fatalf("latency %s, want the last window's 150ms", l.Latency())
 	}
-	// The upstream turns slower for good: the limit falls to the minimum,
-	// where the windows are unloaded ones and the baseline follows the
-	// latency up until the limit grows again.
+	// The upstream turns slower for good: the limit falls to within one of
+	// the minimum, where the windows are unloaded ones and the baseline
+	// follows the latency up until the limit grows again.
 	least := l.Limit()
 	for range 200 {
 		feed(l, &now, time.Second, 100)
 		least = min(least, l.Limit())
 	}
-	if least != s.Minimum || l.Baseline() < time.Second*10/11 || l.Limit() <= s.Minimum {
-		t.Fatalf("sustained slowness: least limit %d, then limit %d, baseline %s; want the minimum %d, then above it with a baseline past 1s/tolerance",
+	if least > s.Minimum+1 || l.Baseline() < time.Second*10/11 || l.Limit() <= s.Minimum+1 {
+		t.Fatalf("sustained slowness: least limit %d, then limit %d, baseline %s; want within one of the minimum %d, then above it with a baseline past 1s/tolerance",
 			least, l.Limit(), l.Baseline(), s.Minimum)
 	}
 }

@@ -423,3 +423,21 @@ func TestTestbedSustainedOverload(t *testing.T) {
 		t.Errorf("admitted p99 in the last minute %s, want at most 2x the unloaded %s", p, res[0].pct(0.99))
 	}
 }
+
+// TestTestbedStartsInOverload: a zone that starts in overload, a minute at
+// 3x from the initial limit, has no unloaded window to learn its baseline
+// from until its limit nears the minimum; it still finds the knee: in each
+// seed, the limit's mean over the last 30 s within ±50% of the knee and
+// goodput at least 80% of capacity (neither stuck at the minimum nor kept
+// where the loaded latency put it).
+func TestTestbedStartsInOverload(t *testing.T) {
+	s, _ := Settings{}.Resolve()
+	for _, seed := range testbedSeeds {
+		r := runTestbed([]phase{{"3x", 3, time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed)[0]
+		m, good := r.meanLimit(300), float64(r.good)/time.Minute.Seconds()/testbedCapacity()
+		t.Logf("seed %d: limit mean over the last 30 s %.1f, goodput %.0f%%", seed, m, 100*good)
+		if math.Abs(m-testbedWorkers) > 0.5*testbedWorkers || good < 0.8 {
+			t.Errorf("seed %d: limit mean %.1f over the last 30 s, goodput %.0f%% of capacity; want within ±50%% of the knee %d and at least 80%%", seed, m, 100*good, testbedWorkers)
+		}
+	}
+}
