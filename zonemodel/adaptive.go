@@ -36,7 +36,7 @@ type Adaptive struct {
 
 	// Tolerance is how far the latency may grow over its baseline: aimd
 	// backs off past tolerance × baseline; gradient2's gradient is
-	// tolerance × baseline / latency. 1 to 10. Default: 2 (gradient2: 1.5).
+	// tolerance × baseline / latency. 1 to 10. Default: 1.1 (gradient2: 1.5).
 	Tolerance float64 `json:"tolerance,omitempty"`
 
 	// Smoothing weighs each new gradient2 limit against the last, above 0
