@@ -222,8 +222,8 @@ func (v *vegas) update(w Window, limit float64) float64 {
 func (v *vegas) baseline() time.Duration { return v.noLoad }
 
 // aimd grows the limit by one per window while the window's mean latency
-// stays within tolerance×baseline, and cuts it by a tenth when it does
-// not. The baseline is the average of the means of the unloaded windows
+// stays within tolerance×baseline, and cuts it to aimdCut of itself when
+// it does not. The baseline is the average of the means of the unloaded windows
 // (a plain mean of the first ones, then an exponential one of weight
 // aimdWeight): the app-limited windows (far below the limit: the upstream
 // as it is when we do not load it) and those with the limit within one of
@@ -244,7 +244,12 @@ type aimd struct {
 	base      time.Duration
 }
 
-const aimdWeight = 0.05
+// aimdWeight is the weight of a new unloaded window in the baseline once
+// 1/n is below it; aimdCut is what a slow window leaves of the limit.
+const (
+	aimdWeight = 0.05
+	aimdCut    = 0.85
+)
 
 func (a *aimd) update(w Window, limit float64) float64 {
 	switch {
@@ -256,7 +261,7 @@ func (a *aimd) update(w Window, limit float64) float64 {
 		a.base = w.RTT
 	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {
-		return limit * 0.9
+		return limit * aimdCut
 	}
 	return limit + 1
 }

@@ -93,8 +93,8 @@ func TestAIMD(t *testing.T) {
 		t.Fatalf("an app-limited window moved the limit to %d", l.Limit())
 	}
 	feed(l, &now, 150*time.Millisecond, 11) // past tolerance×baseline: back off
-	if l.Limit() != 10 {                    // 11×0.9 rounded
-		t.Fatalf("after a slow window: limit %d, want 10", l.Limit())
+	if l.Limit() != 9 {                     // 11×0.85 rounded
+		t.Fatalf("after a slow window: limit %d, want 9", l.Limit())
 	}
 	if l.Latency() != 150*time.Millisecond {
 		t.Fatalf("latency %s, want the last window's 150ms", l.Latency())
@@ -170,16 +170,16 @@ func TestLimiterFallsOnlyWhenBoundOncePerRoundTrip(t *testing.T) {
 		t.Fatalf("a slow window that never reached the limit moved it to %d, want 11", l.Limit())
 	}
 	feed(l, &now, 150*time.Millisecond, 11)
-	if l.Limit() != 10 { // 11×0.9 rounded
-		t.Fatalf("a slow window at the limit: limit %d, want 10", l.Limit())
+	if l.Limit() != 9 { // 11×0.85 rounded
+		t.Fatalf("a slow window at the limit: limit %d, want 9", l.Limit())
 	}
-	feed(l, &now, 150*time.Millisecond, 10) // every request admitted before the fall
-	if l.Limit() != 10 {
-		t.Fatalf("a window of requests admitted before the last fall moved the limit to %d, want 10", l.Limit())
-	}
-	feed(l, &now, 150*time.Millisecond, 10) // most admitted since
+	feed(l, &now, 150*time.Millisecond, 9) // every request admitted before the fall
 	if l.Limit() != 9 {
-		t.Fatalf("a slow window of requests admitted since the fall: limit %d, want 9", l.Limit())
+		t.Fatalf("a window of requests admitted before the last fall moved the limit to %d, want 9", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 9) // most admitted since
+	if l.Limit() != 8 {                    // 9.35×0.85 rounded
+		t.Fatalf("a slow window of requests admitted since the fall: limit %d, want 8", l.Limit())
 	}
 	feed(l, &now, 50*time.Millisecond, 2) // app-limited: no change, a round trip passes
 
@@ -189,7 +189,7 @@ func TestLimiterFallsOnlyWhenBoundOncePerRoundTrip(t *testing.T) {
 		l.Release()
 	}
 	feed(l, &now, 150*time.Millisecond, 5) // below the limit, but one was refused
-	if l.Limit() != 8 {
-		t.Fatalf("a slow window with a refusal: limit %d, want 8", l.Limit())
+	if l.Limit() != 7 {
+		t.Fatalf("a slow window with a refusal: limit %d, want 7", l.Limit())
 	}
 }
