@@ -223,23 +223,23 @@ func (v *vegas) baseline() time.Duration { return v.noLoad }
 
 // aimd grows the limit by one per window while the window's mean latency
 // stays within tolerance×baseline, and cuts it to aimdCut of itself when
-// it does not. The baseline is the average of the means of the unloaded windows
-// (a plain mean of the first ones, then an exponential one of weight
-// aimdWeight): the app-limited windows (far below the limit: the upstream
-// as it is when we do not load it) and those with the limit within one of
-// its minimum (the least load the controller can put on it). An average,
-// not the least mean seen: the least of many noisy means lies below the
-// true one by their noise, which forces a loose tolerance. Sustained load
-// leaves the baseline alone (Envoy's minRTT drift), a slower upstream is
-// followed whenever it is unloaded, and measuring it never lowers the
-// limit, so it refuses nothing. Until the first unloaded window the
-// baseline is the least mean seen: a zone that starts in overload cuts
-// its limit until the latency falls or the minimum is near, and learns
-// there.
+// it does not. The baseline is the average of the means of the unloaded
+// windows (a plain mean of the first ones, then an exponential one of
+// weight aimdWeight): the app-limited windows (far below the limit: the
+// upstream as it is when we do not load it) and those with the limit
+// within one of its minimum (the least load the controller can put on
+// it). An average, not the least mean seen: the least of many noisy means
+// lies below the true one by their noise, which forces a loose tolerance.
+// Sustained load leaves the baseline alone (Envoy's minRTT drift), a
+// slower upstream is followed whenever it is unloaded, and measuring it
+// never lowers the limit, so it refuses nothing. Until the first unloaded
+// window the baseline is the least mean seen: a zone that starts in
+// overload cuts its limit until the latency falls or the minimum is near,
+// and learns there.
 type aimd struct {
 	tolerance float64
 	minimum   float64
-	avg       float64 // ns; 0 until the first unloaded window
+	avg       float64 // ns
 	n         int     // unloaded windows seen
 	base      time.Duration
 }
@@ -257,7 +257,7 @@ func (a *aimd) update(w Window, limit float64) float64 {
 		a.n++
 		a.avg += (float64(w.RTT) - a.avg) * max(aimdWeight, 1/float64(a.n))
 		a.base = time.Duration(a.avg)
-	case a.avg == 0 && (a.base == 0 || w.RTT < a.base):
+	case a.n == 0 && (a.base == 0 || w.RTT < a.base):
 		a.base = w.RTT
 	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {
