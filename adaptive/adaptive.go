@@ -36,7 +36,7 @@ const (
 	// DefaultTolerance: aimd backs off when a window's latency is past this
 	// multiple of its baseline; gradient2's default is
 	// DefaultGradient2Tolerance (the gradient's numerator).
-	DefaultTolerance          = 2.0
+	DefaultTolerance          = 1.1
 	DefaultGradient2Tolerance = 1.5
 	// DefaultSmoothing weighs a new limit against the old (gradient2).
 	DefaultSmoothing = 0.2
@@ -146,7 +146,7 @@ func newController(s Settings) controller {
 	case Gradient2:
 		return &gradient2{tolerance: s.Tolerance, smoothing: s.Smoothing}
 	}
-	return &aimd{tolerance: s.Tolerance}
+	return &aimd{tolerance: s.Tolerance, minimum: float64(s.Minimum)}
 }
 
 // gradient2 is Netflix's Gradient2Limit: a long-term average latency
@@ -222,37 +222,46 @@ func (v *vegas) update(w Window, limit float64) float64 {
 func (v *vegas) baseline() time.Duration { return v.noLoad }
 
 // aimd grows the limit by one per window while the window's mean latency
-// stays within tolerance×baseline, and cuts it by a tenth when it does
-// not. The baseline is the least window mean seen; every aimdPeriod
-// windows it is re-measured as the least mean of the period's app-limited
-// windows (those far below the limit: the upstream unloaded by us), or
-// kept when there was none: re-measuring never lowers the limit, so it
-// refuses nothing, and sustained load cannot raise the baseline (Envoy's
-// minRTT drift).
+// stays within tolerance×baseline, and cuts it to aimdCut of itself when
+// it does not. The baseline is the average of the means of the unloaded
+// windows (a plain mean of the first ones, then an exponential one of
+// weight aimdWeight): the app-limited windows (far below the limit: the
+// upstream as it is when we do not load it) and those with the limit
+// within one of its minimum (the least load the controller can put on
+// it). An average, not the least mean seen: the least of many noisy means
+// lies below the true one by their noise, which forces a loose tolerance.
+// Sustained load leaves the baseline alone (Envoy's minRTT drift), a
+// slower upstream is followed whenever it is unloaded, and measuring it
+// never lowers the limit, so it refuses nothing. Until the first unloaded
+// window the baseline is the least mean seen: a zone that starts in
+// overload cuts its limit until the latency falls or the minimum is near,
+// and learns there.
 type aimd struct {
 	tolerance float64
-	base, low time.Duration
-	windows   int
+	minimum   float64
+	avg       float64 // ns
+	n         int     // unloaded windows seen
+	base      time.Duration
 }
 
-const aimdPeriod = 600
+// aimdWeight is the weight of a new unloaded window in the baseline once
+// 1/n is below it; aimdCut is what a slow window leaves of the limit.
+const (
+	aimdWeight = 0.05
+	aimdCut    = 0.85
+)
 
 func (a *aimd) update(w Window, limit float64) float64 {
-	a.windows++
-	if appLimited(w, limit) && (a.low == 0 || w.RTT < a.low) {
-		a.low = w.RTT
-	}
-	if a.base == 0 || w.RTT < a.base {
+	switch {
+	case appLimited(w, limit) || limit < a.minimum+1:
+		a.n++
+		a.avg += (float64(w.RTT) - a.avg) * max(aimdWeight, 1/float64(a.n))
+		a.base = time.Duration(a.avg)
+	case a.n == 0 && (a.base == 0 || w.RTT < a.base):
 		a.base = w.RTT
 	}
-	if a.windows >= aimdPeriod {
-		if a.low > 0 {
-			a.base = a.low
-		}
-		a.low, a.windows = 0, 0
-	}
 	if float64(w.RTT) > a.tolerance*float64(a.base) {
-		return limit * 0.9
+		return limit * aimdCut
 	}
 	return limit + 1
 }

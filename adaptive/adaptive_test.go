@@ -93,17 +93,45 @@ func TestAIMD(t *testing.T) {
 		t.Fatalf("an app-limited window moved the limit to %d", l.Limit())
 	}
 	feed(l, &now, 150*time.Millisecond, 11) // past tolerance×baseline: back off
-	if l.Limit() != 10 {                    // 11×0.9 rounded
-		t.Fatalf("after a slow window: limit %d, want 10", l.Limit())
+	if l.Limit() != 9 {                     // 11×0.85 rounded
+		t.Fatalf("after a slow window: limit %d, want 9", l.Limit())
 	}
 	if l.Latency() != 150*time.Millisecond {
 		t.Fatalf("latency %s, want the last window's 150ms", l.Latency())
 	}
+	// The upstream turns slower for good: the limit falls to within one of
+	// the minimum, where the windows are unloaded ones and the baseline
+	// follows the latency up until the limit grows again.
+	least := l.Limit()
 	for range 200 {
 		feed(l, &now, time.Second, 100)
+		least = min(least, l.Limit())
 	}
-	if l.Limit() != s.Minimum {
-		t.Fatalf("sustained slowness: limit %d, want the minimum %d", l.Limit(), s.Minimum)
+	if least > s.Minimum+1 || l.Baseline() < time.Second*10/11 || l.Limit() <= s.Minimum+1 {
+		t.Fatalf("sustained slowness: least limit %d, then limit %d, baseline %s; want within one of the minimum %d, then above it with a baseline past 1s/tolerance",
+			least, l.Limit(), l.Baseline(), s.Minimum)
+	}
+}
+
+// TestAIMDBaselineIsTheUnloadedAverage: the baseline is the average of the
+// app-limited windows' latency, not the least of them, and a loaded window
+// does not move it.
+func TestAIMDBaselineIsTheUnloadedAverage(t *testing.T) {
+	s, _ := Settings{Initial: 20}.Resolve()
+	l := NewLimiter(s)
+	var now time.Duration
+	for i := range 400 {
+		feed(l, &now, time.Duration(40+20*(i%2))*time.Millisecond, 2)
+	}
+	if b := l.Baseline(); b < 49*time.Millisecond || b > 51*time.Millisecond {
+		t.Fatalf("baseline %s after app-limited windows of 40ms and 60ms, want their average 50ms", b)
+	}
+	before := l.Baseline()
+	for range 50 {
+		feed(l, &now, 500*time.Millisecond, 20)
+	}
+	if l.Baseline() != before {
+		t.Fatalf("loaded windows moved the baseline from %s to %s", before, l.Baseline())
 	}
 }
 
@@ -142,16 +170,16 @@ func TestLimiterFallsOnlyWhenBoundOncePerRoundTrip(t *testing.T) {
 		t.Fatalf("a slow window that never reached the limit moved it to %d, want 11", l.Limit())
 	}
 	feed(l, &now, 150*time.Millisecond, 11)
-	if l.Limit() != 10 { // 11×0.9 rounded
-		t.Fatalf("a slow window at the limit: limit %d, want 10", l.Limit())
+	if l.Limit() != 9 { // 11×0.85 rounded
+		t.Fatalf("a slow window at the limit: limit %d, want 9", l.Limit())
 	}
-	feed(l, &now, 150*time.Millisecond, 10) // every request admitted before the fall
-	if l.Limit() != 10 {
-		t.Fatalf("a window of requests admitted before the last fall moved the limit to %d, want 10", l.Limit())
-	}
-	feed(l, &now, 150*time.Millisecond, 10) // most admitted since
+	feed(l, &now, 150*time.Millisecond, 9) // every request admitted before the fall
 	if l.Limit() != 9 {
-		t.Fatalf("a slow window of requests admitted since the fall: limit %d, want 9", l.Limit())
+		t.Fatalf("a window of requests admitted before the last fall moved the limit to %d, want 9", l.Limit())
+	}
+	feed(l, &now, 150*time.Millisecond, 9) // most admitted since
+	if l.Limit() != 8 {                    // 9.35×0.85 rounded
+		t.Fatalf("a slow window of requests admitted since the fall: limit %d, want 8", l.Limit())
 	}
 	feed(l, &now, 50*time.Millisecond, 2) // app-limited: no change, a round trip passes
 
@@ -161,7 +189,7 @@ func TestLimiterFallsOnlyWhenBoundOncePerRoundTrip(t *testing.T) {
 		l.Release()
 	}
 	feed(l, &now, 150*time.Millisecond, 5) // below the limit, but one was refused
-	if l.Limit() != 8 {
-		t.Fatalf("a slow window with a refusal: limit %d, want 8", l.Limit())
+	if l.Limit() != 7 {
+		t.Fatalf("a slow window with a refusal: limit %d, want 7", l.Limit())
 	}
 }

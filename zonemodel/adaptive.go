@@ -18,8 +18,8 @@ import (
 // each controller learns and how the defaults were measured.
 type Adaptive struct {
 	// Controller is how the limit is learnt: "aimd" (grow by one while the
-	// latency stays within tolerance × its baseline, cut by a tenth past
-	// it), "gradient2" or "vegas" (Netflix's concurrency-limits). Default:
+	// latency stays within tolerance × its baseline, cut to 0.85 of itself
+	// past it), "gradient2" or "vegas" (Netflix's concurrency-limits). Default:
 	// "aimd".
 	Controller string `json:"controller,omitempty"`
 
@@ -36,7 +36,7 @@ type Adaptive struct {
 
 	// Tolerance is how far the latency may grow over its baseline: aimd
 	// backs off past tolerance × baseline; gradient2's gradient is
-	// tolerance × baseline / latency. 1 to 10. Default: 2 (gradient2: 1.5).
+	// tolerance × baseline / latency. 1 to 10. Default: 1.1 (gradient2: 1.5).
 	Tolerance float64 `json:"tolerance,omitempty"`
 
 	// Smoothing weighs each new gradient2 limit against the last, above 0
