@@ -89,9 +89,9 @@ stat() { cli info commandstats | awk -F'[:=,]' '/^cmdstat_fcall:/ { print $3, $7
 bench() { redis-benchmark -p "$port" -c 50 -P 16 -r "$KEYS" "$@" >/dev/null; }
 # ir: callgrind's instruction count since it was last zeroed (a dump zeroes it).
 ir() {
-	callgrind_control -i off "$rpid" >/dev/null
+	callgrind_control -i off "$rpid" >/dev/null 2>&1
 	rm -f "$tmp"/cg.out.*
-	callgrind_control -d "$rpid" >/dev/null
+	callgrind_control -d "$rpid" >/dev/null 2>&1
 	cat "$tmp"/cg.out.* | awk '/^totals:/ { print $2; exit }'
 }
 # Every library is loaded at once, its probes renamed with its index (its
@@ -125,8 +125,8 @@ for _ in $(seq "$ROUNDS"); do
 					bench -n $((N < 10000 ? N : 10000)) FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
 					cli config resetstat >/dev/null
 					if [[ $CG == 1 ]]; then
-						callgrind_control -z "$rpid" >/dev/null
-						callgrind_control -i on "$rpid" >/dev/null
+						callgrind_control -z "$rpid" >/dev/null 2>&1
+						callgrind_control -i on "$rpid" >/dev/null 2>&1
 					fi
 					c0=$(cpu)
 					# shellcheck disable=SC2046
