@@ -113,19 +113,46 @@ func readResults(dir string) (*results, error) {
 }
 
 func readSamples(path string) (map[string][]sample, error) {
+	out := map[string][]sample{}
+	err := readRows(path, 5, func(fs []string, num func(int) float64) {
+		r, _ := strconv.Atoi(fs[0])
+		s := sample{round: r, target: fs[1], rps: num(2), p50: num(3), p99: num(4), requests: num(5),
+			non2xx: num(6), sockErrs: num(7), mallocs: num(8), allocBytes: num(9),
+			allowed: num(10), refused: num(11), failed: num(12), storeErrs: num(13),
+			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18), redisCalls: num(19),
+			redisUsec: num(20)}
+		out[s.target] = append(out[s.target], s)
+	})
+	return out, err
+}
+
+func readDecide(path string) ([]decideRun, error) {
+	var out []decideRun
+	err := readRows(path, 8, func(fs []string, num func(int) float64) {
+		r, _ := strconv.Atoi(fs[0])
+		out = append(out, decideRun{round: r, kase: fs[1], keys: fs[2], fn: fs[3],
+			calls: num(4), usec: num(5), cpuUs: num(6), other: num(7)})
+	})
+	return out, err
+}
+
+// readRows calls row with the fields of each line of a table of
+// whitespace-separated fields that has at least minFields fields, but its
+// header (its first field "round"); num reads a field as a number (NaN
+// when it is missing or not one).
+func readRows(path string, minFields int, row func(fs []string, num func(int) float64)) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
-	out := map[string][]sample{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) < 5 || fs[0] == "round" {
+		if len(fs) < minFields || fs[0] == "round" {
 			continue
 		}
-		num := func(i int) float64 {
+		row(fs, func(i int) float64 {
 			if i >= len(fs) {
 				return math.NaN()
 			}
@@ -134,43 +161,9 @@ func readSamples(path string) (map[string][]sample, error) {
 				return math.NaN()
 			}
 			return v
-		}
-		r, _ := strconv.Atoi(fs[0])
-		s := sample{round: r, target: fs[1], rps: num(2), p50: num(3), p99: num(4), requests: num(5),
-			non2xx: num(6), sockErrs: num(7), mallocs: num(8), allocBytes: num(9),
-			allowed: num(10), refused: num(11), failed: num(12), storeErrs: num(13),
-			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18), redisCalls: num(19),
-			redisUsec: num(20)}
-		out[s.target] = append(out[s.target], s)
+		})
 	}
-	return out, sc.Err()
-}
-
-func readDecide(path string) ([]decideRun, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []decideRun
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) < 8 || fs[0] == "round" {
-			continue
-		}
-		num := func(i int) float64 {
-			v, err := strconv.ParseFloat(fs[i], 64)
-			if err != nil {
-				return math.NaN()
-			}
-			return v
-		}
-		r, _ := strconv.Atoi(fs[0])
-		out = append(out, decideRun{round: r, kase: fs[1], keys: fs[2], fn: fs[3],
-			calls: num(4), usec: num(5), cpuUs: num(6), other: num(7)})
-	}
-	return out, sc.Err()
+	return sc.Err()
 }
 
 // goBench is one line of `go test -bench` output.
