@@ -6,8 +6,9 @@
 # and a rate zone with a concurrency zone beside it: memconc, redisconc)
 # and with the Redis ceiling for the production decision script, all with
 # public tools (wrk, redis-benchmark, go test -bench), and prints ratios to
-# bare Caddy, and Redis's time per decision beside its floor (target decide). Targets are interleaved over several rounds so that drift in
-# the machine's load hits all of them alike; the table shows medians.
+# bare Caddy, and Redis's time per decision beside its floor (target
+# decide). Targets are interleaved over several rounds so that drift in the
+# machine's load hits all of them alike; the table shows medians.
 #
 #   1. installs wrk (apt) and Redis (scripts/ensure-redis.sh) when missing
 #      and root; builds bench/bin/caddy (./cmd/caddy) and bench/bin/benchtool
@@ -46,8 +47,9 @@
 # ./cmd/caddy (another commit's build, for a before/after comparison: only
 # the sites of BENCH_TARGETS are configured, so an older build needs to
 # know only their settings).
-# Default total: about 9 minutes on 2 cores (build cached; 10–11 with
-# BENCH_PROFILE), of which the target decide takes about 1.
+# Default total: about 9 minutes on 2 idle cores (build cached; 10–11 with
+# BENCH_PROFILE), of which the target decide takes about 1; runs repeated
+# for other processes' load add to it (14 minutes on a busy machine).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -194,11 +196,11 @@ lib=$("$BT" floorlib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REP
 # sets to one of BENCH_KEYS clients per request, and allow 1000 events a
 # day per key (never refusing: a run visits a key a few times), so a
 # key's state outlives the time between its visits and each decision reads
-# and writes a live state; redislocal is redis1 with a local allowance. The concurrency zone beside a rate zone (memconc,
-# redisconc) never refuses either (wrk keeps at most BENCH_CONNECTIONS
-# requests in flight): what it adds is taking a slot in the same call, and
-# giving it back after the response (with Redis, a pipelined ZREM per
-# request).
+# and writes a live state; redislocal is redis1 with a local allowance.
+# The concurrency zone beside a rate zone (memconc, redisconc) never
+# refuses either (wrk keeps at most BENCH_CONNECTIONS requests in flight):
+# what it adds is taking a slot in the same call, and giving it back after
+# the response (with Redis, a pipelined ZREM per request).
 never='events 1000000000
 			window 1m'
 daily='events 1000
