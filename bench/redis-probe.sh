@@ -14,17 +14,31 @@
 #   PROBE_FNS="p_empty take" PROBE_ROUNDS=5 bash bench/redis-probe.sh
 #   PROBE_LIBS="/tmp/a.lua /tmp/b.lua" ...          # compare libraries (files
 #                                                   # printed by benchtool probelib)
+#   PROBE_CALLGRIND=1 bash bench/redis-probe.sh     # instructions per call instead
+#
+# PROBE_CALLGRIND=1 runs redis-server under valgrind's callgrind and prints
+# one table: the instructions Redis executed per call (its whole process:
+# reading the call, the function, the reply), which the machine's load does
+# not change, so a lever worth 1 % shows on a busy machine. It defaults to
+# PROBE_N=2000 calls per function and PROBE_KEYS=1000 keys (instruction
+# counts see no cache misses, so a small key space measures the same code).
 #
 # Cases: one zone token bucket, one zone gcra, three zones (token bucket,
 # token bucket, sliding window); one hot key (1e9 events a minute, never
-# refusing) and 100,000 random keys (1000 events a day, so a key's state
+# refusing) and PROBE_KEYS (100,000) random keys (1000 events a day, so a key's state
 # outlives the time between its visits and is read and written each time;
 # no key is visited 1000 times in a run), filled by the production function
 # before the case is measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${PROBE_ROUNDS:-3}
-N=${PROBE_N:-200000}
+CG=${PROBE_CALLGRIND:-0}
+if [[ $CG == 1 ]]; then
+	N=${PROBE_N:-2000} KEYS=${PROBE_KEYS:-1000} ROUNDS=${PROBE_ROUNDS:-1}
+else
+	N=${PROBE_N:-200000} KEYS=${PROBE_KEYS:-100000}
+fi
+FILL=$((KEYS * 3 > 300000 ? 300000 : (KEYS * 3 < 3000 ? 3000 : KEYS * 3)))
 read -r -a FNS <<<"${PROBE_FNS:-p_empty p_time p_args p_floor p_decode p_codec p_step take}"
 read -r -a CASES <<<"${PROBE_CASES:-tb1 gcra1 z3}"
 tmp=$(mktemp -d)
@@ -35,11 +49,16 @@ if [[ -z ${PROBE_LIBS:-} ]]; then
 fi
 read -r -a LIBS <<<"$PROBE_LIBS"
 port=$("$tmp/benchtool" ports 1)
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --logfile "$tmp/redis.log" &
+if [[ $CG == 1 ]]; then
+	valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$tmp/cg.out" \
+		redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --logfile "$tmp/redis.log" >"$tmp/valgrind.log" 2>&1 &
+else
+	redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --logfile "$tmp/redis.log" &
+fi
 rpid=$!
 trap 'kill $rpid 2>/dev/null; wait $rpid; rm -rf "$tmp"' EXIT
 cli() { redis-cli -p "$port" "$@"; }
-for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.2; done
 
 # A zone's arguments (redisstore/script.go's layout): its spec
 # "<algorithm>:<events>:<window>:<capacity>:<options>", cost, mode, instant;
@@ -67,7 +86,14 @@ args() { # layout case keyspace
 }
 cpu() { cli info cpu | awk -F: '/_main_thread:/ { s += $2 } END { printf "%.6f", s }'; }
 stat() { cli info commandstats | awk -F'[:=,]' '/^cmdstat_fcall:/ { print $3, $7 }'; }
-bench() { redis-benchmark -p "$port" -c 50 -P 16 -r 100000 "$@" >/dev/null; }
+bench() { redis-benchmark -p "$port" -c 50 -P 16 -r "$KEYS" "$@" >/dev/null; }
+# ir: callgrind's instruction count since it was last zeroed (a dump zeroes it).
+ir() {
+	callgrind_control -i off "$rpid" >/dev/null 2>&1
+	rm -f "$tmp"/cg.out.*
+	callgrind_control -d "$rpid" >/dev/null 2>&1
+	cat "$tmp"/cg.out.* | awk '/^totals:/ { print $2; exit }'
+}
 # Every library is loaded at once, its probes renamed with its index (its
 # decision function's name already differs), and the libraries take turns
 # function by function, so a machine's drift hits them alike.
@@ -89,21 +115,30 @@ for _ in $(seq "$ROUNDS"); do
 			if [[ $fill == 1 || " ${FNS[*]} " == *" p_floor "* ]]; then
 				cli flushall >/dev/null
 				# shellcheck disable=SC2046
-				bench -n 300000 FCALL "${takes[0]}" $(args "${layouts[0]}" "$c" "$ks")
+				bench -n "$FILL" FCALL "${takes[0]}" $(args "${layouts[0]}" "$c" "$ks")
 			fi
 			for f in "${FNS[@]}"; do
 				for li in "${!LIBS[@]}"; do
 					fn=${f}_$li
 					[[ $f == take ]] && fn=${takes[li]}
 					# shellcheck disable=SC2046
-					bench -n 10000 FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
+					bench -n $((N < 10000 ? N : 10000)) FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
 					cli config resetstat >/dev/null
+					if [[ $CG == 1 ]]; then
+						callgrind_control -z "$rpid" >/dev/null 2>&1
+						callgrind_control -i on "$rpid" >/dev/null 2>&1
+					fi
 					c0=$(cpu)
 					# shellcheck disable=SC2046
 					bench -n "$N" FCALL "$fn" $(args "${layouts[li]}" "$c" "$ks")
 					c1=$(cpu)
+					[[ $CG == 1 ]] && c1=$(ir) c0=0
 					read -r calls us < <(stat)
-					res["$li $c $ks $f"]+="$(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }') "
+					if [[ $CG == 1 ]]; then
+						res["$li $c $ks $f"]+="$(awk -v a="$c1" -v n="$calls" 'BEGIN { printf "%.0f", a / n }') "
+					else
+						res["$li $c $ks $f"]+="$(awk -v a="$c0" -v b="$c1" -v n="$calls" 'BEGIN { printf "%.3f", (b - a) * 1e6 / n }') "
+					fi
 					wall["$li $c $ks $f"]+="$us "
 				done
 			done
@@ -111,7 +146,7 @@ for _ in $(seq "$ROUNDS"); do
 	done
 	fill=0
 done
-med() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }'; }
+med() { tr ' ' '\n' | grep . | sort -g | awk -v f="$([[ $CG == 1 ]] && echo %.0f || echo %.2f)" '{ v[NR] = $1 } END { printf f, v[int((NR + 1) / 2)] }'; }
 hdr="| function |"
 sep="|---|"
 for c in "${CASES[@]}"; do for ks in hot many; do for li in "${!LIBS[@]}"; do
@@ -128,6 +163,11 @@ table() {
 		echo "$line"
 	done
 }
+if [[ $CG == 1 ]]; then
+	echo "Instructions per call inside redis-server (callgrind), $N calls, $KEYS keys, median of $ROUNDS rounds:"; echo
+	table res
+	exit 0
+fi
 echo "Redis main thread CPU per call (µs), median of $ROUNDS rounds:"; echo
 table res
 echo; echo "usec_per_call of FCALL (INFO commandstats), median of $ROUNDS rounds:"; echo

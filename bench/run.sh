@@ -6,8 +6,9 @@
 # and a rate zone with a concurrency zone beside it: memconc, redisconc)
 # and with the Redis ceiling for the production decision script, all with
 # public tools (wrk, redis-benchmark, go test -bench), and prints ratios to
-# bare Caddy. Targets are interleaved over several rounds so that drift in
-# the machine's load hits all of them alike; the table shows medians.
+# bare Caddy, and Redis's time per decision beside its floor (target
+# decide). Targets are interleaved over several rounds so that drift in the
+# machine's load hits all of them alike; the table shows medians.
 #
 #   1. installs wrk (apt) and Redis (scripts/ensure-redis.sh) when missing
 #      and root; builds bench/bin/caddy (./cmd/caddy) and bench/bin/benchtool
@@ -15,7 +16,12 @@
 #      free loopback ports, generated Caddyfile) — loopback only
 #   3. warm-up, then BENCH_ROUNDS rounds of every target for
 #      BENCH_DURATION seconds each (wrk -t2 -c50; redis-benchmark -c50 and
-#      -c50 -P16 running FCALL of redisstore.LuaLibrary's function)
+#      -c50 -P16 running FCALL of redisstore.LuaLibrary's function), Redis's
+#      INFO commandstats reset before each (CONFIG RESETSTAT) and read after
+#      it: its time per decision script; and per round the target decide:
+#      redis-benchmark -P16 of the decision and of its floor (benchtool
+#      floorlib), BENCH_DECIDE_N calls each, one zone (token bucket, GCRA)
+#      and three zones, a hot key and 100,000 keys
 #   4. optional CPU profiles of Caddy under load (BENCH_PROFILE="mem1 redis1")
 #   5. stops its servers, then runs the Go benchmarks (-benchmem) and the
 #      memory-per-key tests once
@@ -27,7 +33,7 @@
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
 # BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare mem1
 # mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal
-# redisdeny rb_plain rb_pipe), BENCH_PROFILE
+# redisdeny rb_plain rb_pipe decide), BENCH_PROFILE
 # (targets to CPU-profile, none by default), BENCH_PROFILE_SECONDS (10),
 # BENCH_GO (1; 0 skips the Go benchmarks and memory tests), BENCH_MAX_OTHER
 # (0.3) and BENCH_RETRIES (1): a run during which other processes of the
@@ -35,12 +41,15 @@
 # BENCH_RETRIES times, and the quietest run is kept. BENCH_REDIS_OPTS: one
 # more line inside every `store redis { }` block, to try a setting (for
 # example "pool_size 64"); none by default.
-# BENCH_KEYS (10000): clients of the many-key targets (wrk-keys.lua).
+# BENCH_KEYS (100000): clients of the many-key targets (wrk-keys.lua).
+# BENCH_DECIDE_N (40000): calls per run of the target decide.
 # BENCH_CADDY: a Caddy binary with Sluice to measure instead of building
 # ./cmd/caddy (another commit's build, for a before/after comparison: only
 # the sites of BENCH_TARGETS are configured, so an older build needs to
 # know only their settings).
-# Default total: about 8 minutes on 2 cores (build cached; 9–10 with BENCH_PROFILE).
+# Default total: about 9 minutes on 2 idle cores (build cached; 10–11 with
+# BENCH_PROFILE), of which the target decide takes about 1; runs repeated
+# for other processes' load add to it (14 minutes on a busy machine).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -58,7 +67,10 @@ GOBENCH=${BENCH_GO:-1}
 MAX_OTHER=${BENCH_MAX_OTHER:-0.3}
 RETRIES=${BENCH_RETRIES:-1}
 REDIS_OPTS=${BENCH_REDIS_OPTS:-}
-read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny rb_plain rb_pipe}"
+read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny rb_plain rb_pipe decide}"
+KEYS=${BENCH_KEYS:-100000}
+export BENCH_KEYS=$KEYS # wrk-keys.lua reads it
+DECIDE_N=${BENCH_DECIDE_N:-40000}
 GO=${GO:-go}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
@@ -170,6 +182,10 @@ RB_KEY='sluice:v1:rb:{127.0.0.1}'
 RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0:1000000000:60000:1000000000:0 1 0 0)
 probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 [[ "$probe" == "1 "* ]] || die "FCALL of the production decision did not allow: $probe"
+# The floor beside it (target decide): TIME, and per zone GET and SET PX.
+FLOOR_FN=sluice_floor
+lib=$("$BT" floorlib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
+[[ "$lib" == sluice_bench_floor ]] || die "FUNCTION LOAD of the floor failed: $lib"
 
 # One Caddy, one site per target. Never-refusing zones allow 1e9 events per
 # minute; refusing zones allow 1 per hour (the first request of the run
@@ -177,14 +193,18 @@ probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 # all load hits one key per zone (a hot key) and the three zones of a
 # request share one identity (one Redis script call per request); the
 # many-key targets (redis1k, redis3k) key on X-Api-Key, which wrk-keys.lua
-# sets to one of 10,000 clients per request; redislocal is redis1 with a
-# local allowance. The concurrency zone beside a rate zone (memconc,
-# redisconc) never refuses either (wrk keeps at most BENCH_CONNECTIONS
-# requests in flight): what it adds is taking a slot in the same call, and
-# giving it back after the response (with Redis, a pipelined ZREM per
-# request).
+# sets to one of BENCH_KEYS clients per request, and allow 1000 events a
+# day per key (never refusing: a run visits a key a few times), so a
+# key's state outlives the time between its visits and each decision reads
+# and writes a live state; redislocal is redis1 with a local allowance.
+# The concurrency zone beside a rate zone (memconc, redisconc) never
+# refuses either (wrk keeps at most BENCH_CONNECTIONS requests in flight):
+# what it adds is taking a slot in the same call, and giving it back after
+# the response (with Redis, a pipelined ZREM per request).
 never='events 1000000000
 			window 1m'
+daily='events 1000
+			window 1d'
 deny='events 1
 			window 1h'
 slots='concurrent 100000'
@@ -221,8 +241,8 @@ want() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
 	want redis3 && site "$P_REDIS3" "$(zone redis3a "$never")"$'\n'"$(zone redis3b "$never")"$'\n'"$(zone redis3c "$never")"$'\n' "$redis_store"
 	want redisdeny && site "$P_REDISDENY" "$(zone redisdeny "$deny")"$'\n' "$redis_store"
 	want redisconc && site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
-	want redis1k && site "$P_REDIS1K" "$(zone redis1k "$never" "$apikey")"$'\n' "$redis_store"
-	want redis3k && site "$P_REDIS3K" "$(zone redis3ka "$never" "$apikey")"$'\n'"$(zone redis3kb "$never" "$apikey")"$'\n'"$(zone redis3kc "$never" "$apikey")"$'\n' "$redis_store"
+	want redis1k && site "$P_REDIS1K" "$(zone redis1k "$daily" "$apikey")"$'\n' "$redis_store"
+	want redis3k && site "$P_REDIS3K" "$(zone redis3ka "$daily" "$apikey")"$'\n'"$(zone redis3kb "$daily" "$apikey")"$'\n'"$(zone redis3kc "$daily" "$apikey")"$'\n' "$redis_store"
 	want redislocal && site "$P_REDISLOCAL" "$(zone redislocal "$never" "" local_allowance)"$'\n' "$redis_store"
 	: # (a last target not wanted is not a failure)
 } >"$OUT/Caddyfile"
@@ -249,7 +269,8 @@ log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for
 	echo "cpu          $(nproc) x $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
 	echo "load before  $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "settings     $ROUNDS rounds x ${DURATION}s per target (after a ${WARMUP}s warm-up); wrk -t$THREADS -c$CONNS; redis-benchmark -c$CONNS, -P $PIPELINE"
-	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip}), 10,000 for redis1k and redis3k (X-Api-Key)"
+	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip}), $KEYS for redis1k and redis3k (X-Api-Key)"
+	echo "decide       redis-benchmark -c$CONNS -P $PIPELINE, $DECIDE_N calls per run, the decision and its floor taking turns"
 	echo "quiet        a run counts as quiet when other processes used at most $MAX_OTHER cores meanwhile (retries: $RETRIES)"
 } >"$OUT/meta.txt"
 
@@ -260,11 +281,16 @@ snapvals() {
 	"$BT" snap "$ADMIN" | tr ' ' '\n' | cut -d= -f2 | tr '\n' ' '
 }
 
-# rcalls: the decision scripts Redis has run (FCALL, EVALSHA, EVAL).
-rcalls() {
-	redis-cli -h 127.0.0.1 -p "$P_REDIS" INFO commandstats 2>/dev/null |
-		awk -F'[:=,]' '/^cmdstat_(fcall|evalsha|eval):/ { n += $3 } END { printf "%d", n }'
+rcli() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@"; }
+# rstat: the decision scripts Redis has run since its statistics were reset
+# (CONFIG RESETSTAT) and the time it spent in them, µs (INFO commandstats:
+# FCALL, FCALL_RO, EVALSHA, EVAL).
+rstat() {
+	rcli INFO commandstats 2>/dev/null |
+		awk -F'[:=,]' '/^cmdstat_(fcall|fcall_ro|evalsha|eval):/ { n += $3; u += $5 } END { printf "%d %d\n", n, u }'
 }
+# rcpu: the CPU seconds Redis's main thread has used (INFO cpu).
+rcpu() { rcli INFO cpu | awk -F: '/_main_thread:/ { s += $2 } END { printf "%.6f", s }'; }
 
 # loadgen CMD...: runs a load generator (output in $TMP/gen.out) and prints
 # the CPU seconds it used (user+system), so that what the rest of the
@@ -281,35 +307,39 @@ now_ns() { date +%s%N; }
 # mallocs alloc_bytes allowed refused failed store_errors other_cpu steal
 # caddy_cpu redis_cpu gen_cpu (cores, averaged over the run; other_cpu:
 # processes other than this run's Caddy, Redis and load generator; steal:
-# the hypervisor's) redis_calls (decision scripts Redis ran, HTTP targets;
-# "-" for redis-benchmark's).
+# the hypervisor's) redis_calls (decision scripts Redis ran) redis_usec
+# (Redis's time inside them, µs: INFO commandstats, reset before the run).
 TICK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 RB_RPS_PLAIN=30000
 RB_RPS_PIPE=60000
 measure() {
-	local round=$1 t=$2 secs=$3 before="" after="" c0 c1 t0 t1 gen res calls="-"
+	local round=$1 t=$2 secs=$3 before="" after="" c0 c1 t0 t1 gen res calls usec
 	case $t in
 	rb_plain | rb_pipe)
 		local p=1 est=$RB_RPS_PLAIN n
 		if [[ $t == rb_pipe ]]; then p=$PIPELINE est=$RB_RPS_PIPE; fi
 		n=$(awk -v r="$est" -v s="$secs" 'BEGIN { printf "%d", r * s }')
+		rcli CONFIG RESETSTAT >/dev/null
 		c0=$("$BT" cpu $SERVER_PIDS) t0=$(now_ns)
 		gen=$(loadgen timeout $((secs * 5 + 30)) redis-benchmark -h 127.0.0.1 -p "$P_REDIS" \
 			-c "$CONNS" -n "$n" -P "$p" --csv "${RB_ARGS[@]}")
 		t1=$(now_ns) c1=$("$BT" cpu $SERVER_PIDS)
+		read -r calls usec < <(rstat)
 		# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
 		res=$(tail -n1 "$TMP/gen.out" | tr -d '"' | awk -F, -v n="$n" '$2 > 0 { printf "%s %.0f %.0f %d 0 0 - - - - - -", $2, $5 * 1000, $7 * 1000, n }')
 		[[ -n "$res" ]] || die "redis-benchmark gave no result for $t: $(tail -n3 "$TMP/gen.out")"
 		;;
 	*)
-		local port=${PORT[$t]} line script=$ROOT/bench/wrk-report.lua r0
+		local port=${PORT[$t]} line script=$ROOT/bench/wrk-report.lua
 		[[ -z "${KEYED[$t]:-}" ]] || script=$ROOT/bench/wrk-keys.lua
-		before=$(snapvals) r0=$(rcalls)
+		before=$(snapvals)
+		rcli CONFIG RESETSTAT >/dev/null
 		c0=$("$BT" cpu $SERVER_PIDS) t0=$(now_ns)
 		gen=$(loadgen timeout $((secs + 30)) wrk -t"$THREADS" -c"$CONNS" -d"${secs}s" --timeout 5s \
 			-s "$script" "http://127.0.0.1:$port/")
 		t1=$(now_ns) c1=$("$BT" cpu $SERVER_PIDS)
-		after=$(snapvals) calls=$(($(rcalls) - r0))
+		after=$(snapvals)
+		read -r calls usec < <(rstat)
 		line=$(grep '^SLUICE_BENCH' "$TMP/gen.out" || true)
 		[[ -n "$line" ]] || die "wrk gave no result for $t: $(tail -n3 "$TMP/gen.out")"
 		res=$(awk -v line="$line" -v b="$before" -v a="$after" 'BEGIN {
@@ -319,7 +349,7 @@ measure() {
 		}')
 		;;
 	esac
-	awk -v round="$round" -v t="$t" -v res="$res" -v c0="$c0" -v c1="$c1" -v gen="$gen" -v calls="$calls" \
+	awk -v round="$round" -v t="$t" -v res="$res" -v c0="$c0" -v c1="$c1" -v gen="$gen" -v calls="$calls" -v usec="$usec" \
 		-v wall="$(((t1 - t0) / 1000000))" -v tick="$TICK" 'BEGIN {
 		split(c0, a, " "); split(c1, b, " ")
 		s = wall / 1000 * tick
@@ -329,7 +359,7 @@ measure() {
 		n = split(res, r, " ")
 		printf "%s\t%s", round, t
 		for (i = 1; i <= n; i++) printf "\t%s", r[i]
-		printf "\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\n", other, (b[2] - a[2]) / s, caddy / s, redis / s, gen * tick / s, calls
+		printf "\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\n", other, (b[2] - a[2]) / s, caddy / s, redis / s, gen * tick / s, calls, usec
 	}'
 }
 
@@ -338,10 +368,73 @@ show() { # a raw.tsv line, for the progress log
 }
 
 RAW=$OUT/raw.tsv
-printf 'round\ttarget\trps\tp50_us\tp99_us\trequests\tstatus_ge_400\tsocket_errors\tmallocs\talloc_bytes\tallowed\trefused\tfailed\tstore_errors\tother_cpu\tsteal\tcaddy_cpu\tredis_cpu\tgen_cpu\tredis_calls\n' >"$RAW"
+printf 'round\ttarget\trps\tp50_us\tp99_us\trequests\tstatus_ge_400\tsocket_errors\tmallocs\talloc_bytes\tallowed\trefused\tfailed\tstore_errors\tother_cpu\tsteal\tcaddy_cpu\tredis_cpu\tgen_cpu\tredis_calls\tredis_usec\n' >"$RAW"
+
+# The decision against its floor inside Redis (target decide): per case
+# (tb1, gcra1: one zone, token bucket or GCRA; z3: three zones, token
+# bucket, token bucket, sliding window) and key space (one hot key, 1e9
+# events a minute; or 100,000 keys, 1000 events a day, so every visit reads
+# and writes a live state), the production function and the floor (benchtool
+# floorlib: TIME, and per zone GET and SET PX of a constant, on keys of its
+# own) with the same arguments, one after the other. One line of
+# decide.tsv per run: round case keys fn calls usec (INFO commandstats)
+# cpu_us (Redis's main thread, INFO cpu) other_cpu (cores other processes
+# used meanwhile).
+DECIDE=$OUT/decide.tsv
+printf 'round\tcase\tkeys\tfn\tcalls\tusec\tcpu_us\tother_cpu\n' >"$DECIDE"
+decide_args() { # case keys floor|take: FCALL's key count, keys and arguments
+	local k='{41-cb007107}' lim=1000000000:60000:1000000000 p=sluice:v1:d
+	if [[ $2 == many ]]; then k='{__rand_int__}' lim=1000:86400000:1000; fi
+	[[ $3 == floor ]] && p=sluice:v1:f
+	case $1 in
+	tb1) echo 1 "${p}tb:$k" "0:$lim:0" 1 0 0 ;;
+	gcra1) echo 1 "${p}g:$k" "1:$lim:0" 1 0 0 ;;
+	z3) echo 3 "${p}a:$k" "${p}b:$k" "${p}c:$k" "0:$lim:0" 1 0 0 "0:$lim:0" 1 0 0 "2:$lim:0" 1 0 0 ;;
+	esac
+}
+decide_run() { # round case keys fn calls: one run; appends a line to decide.tsv (round > 0)
+	local fn=$FN r=() c0 c1 p0 p1 t0 t1 gen calls usec
+	[[ $4 == floor ]] && fn=$FLOOR_FN
+	[[ $3 == many ]] && r=(-r 100000)
+	rcli CONFIG RESETSTAT >/dev/null
+	c0=$(rcpu) p0=$("$BT" cpu $SERVER_PIDS) t0=$(now_ns)
+	# shellcheck disable=SC2046
+	gen=$(loadgen timeout 120 redis-benchmark -h 127.0.0.1 -p "$P_REDIS" -c "$CONNS" -P "$PIPELINE" \
+		-n "$5" "${r[@]}" FCALL "$fn" $(decide_args "$2" "$3" "$4"))
+	t1=$(now_ns) p1=$("$BT" cpu $SERVER_PIDS) c1=$(rcpu)
+	read -r calls usec < <(rstat)
+	((calls > 0)) || die "decide: $4 $2 $3 ran no call: $(tail -n3 "$TMP/gen.out")"
+	((${1} > 0)) || return 0
+	awk -v round="$1" -v c="$2" -v k="$3" -v fn="$4" -v calls="$calls" -v usec="$usec" -v c0="$c0" -v c1="$c1" \
+		-v p0="$p0" -v p1="$p1" -v gen="$gen" -v wall="$(((t1 - t0) / 1000000))" -v tick="$TICK" 'BEGIN {
+		split(p0, a, " "); split(p1, b, " ")
+		other = ((b[1] - a[1]) - (b[3] - a[3]) - (b[4] - a[4]) - gen * tick) / (wall / 1000 * tick)
+		if (other < 0) other = 0
+		printf "%s\t%s\t%s\t%s\t%d\t%d\t%.0f\t%.2f\n", round, c, k, fn, calls, usec, (c1 - c0) * 1e6, other
+	}' >>"$DECIDE"
+}
+decide_round() { # round [calls]
+	local c k f
+	for k in hot many; do
+		for c in tb1 gcra1 z3; do
+			for f in take floor; do
+				# one zone's floor is the same for tb1 and gcra1
+				[[ $c == gcra1 && $f == floor ]] && continue
+				decide_run "$1" "$c" "$k" "$f" "${2:-$DECIDE_N}"
+			done
+		done
+	done
+	log "round $1 decide: $(awk -F'\t' -v r="$1" '$1 == r { printf "%s %s %s %.2f µs  ", $2, $3, $4, $6 / $5 }' "$DECIDE")"
+}
 
 log "warm-up (${WARMUP}s per target)"
 for t in "${TARGETS[@]}"; do
+	if [[ $t == decide ]]; then
+		# fills the 100,000-key spaces (about 86 % of their keys)
+		log "filling the decide target's keys"
+		decide_round 0 200000
+		continue
+	fi
 	line=$(measure 0 "$t" "$WARMUP")
 	show "$line"
 	# Size redis-benchmark's request count from the warm-up rate, so each of
@@ -359,6 +452,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	log "round $r/$ROUNDS (${DURATION}s per target)"
 	for ((i = 0; i < n; i++)); do
 		t=${TARGETS[(i + r - 1) % n]} # each round starts one target later
+		if [[ $t == decide ]]; then
+			decide_round "$r"
+			continue
+		fi
 		line=$(measure "$r" "$t" "$DURATION")
 		show "$line"
 		# A shared machine: when other processes took more than MAX_OTHER
@@ -375,7 +472,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	done
 done
 
-# Redis's own view (script time per call) and Sluice's store latency histogram.
+# Redis's own view (every command's time per call, since the last run's
+# CONFIG RESETSTAT) and Sluice's store latency histogram.
 redis-cli -h 127.0.0.1 -p "$P_REDIS" INFO commandstats >"$OUT/redis-commandstats.txt" 2>&1 || true
 "$BT" fetch "$ADMIN/metrics" "$OUT/caddy-metrics.txt" || true
 

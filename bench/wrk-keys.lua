@@ -1,10 +1,10 @@
 -- wrk script for bench/run.sh's many-key targets (redis1k, redis3k): each
--- request carries an X-Api-Key of one of BENCH_KEYS clients (10000 by
+-- request carries an X-Api-Key of one of BENCH_KEYS clients (100000 by
 -- default), a key per client, every key in turn in an order that differs
 -- per thread (a stride coprime with the count). The requests are formatted
 -- once per thread (init), so request() only picks one. The summary line is
 -- wrk-report.lua's.
-local n = tonumber(os.getenv("BENCH_KEYS") or "10000")
+local n = tonumber(os.getenv("BENCH_KEYS") or "100000")
 local reqs, i, step = {}, 0, 7919
 local threads = 0
 

@@ -44,3 +44,37 @@ func TestTypedReplyReadAsRaw(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmissionReplyOfMixedZones: an admission's status reply writes a
+// zone that allowed with no wait as the digits 1 and 0 around its numbers
+// (lua/take.lua's admitfmt), and every other zone's four integers; one
+// request of three zones mixing them (a zone allowing at once, refundable,
+// so the reply ends with Redis's time; a report-only zone refusing; a
+// delayed zone admitted after a wait) is read zone by zone, twice, so the
+// second call reads the kept format.
+func TestAdmissionReplyOfMixedZones(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newTestStore(t, srv.URL(), "", time.Second, 0)
+	k := freshKey(t)
+	delayed := limit(t, 1, time.Second, 0)
+	delayed.Delay = 5000
+	quick := algorithms.Request{Zone: "mixed_quick", Key: k, Limit: limit(t, 10, time.Hour, 0), Cost: 1, Refundable: true}
+	report := algorithms.Request{Zone: "mixed_report", Key: k, Limit: limit(t, 1, time.Hour, 0), Cost: 1, ReportOnly: true}
+	wait := algorithms.Request{Zone: "mixed_wait", Key: k, Limit: delayed, Cost: 1}
+	take(t, s, report)
+	take(t, s, wait)
+	for round := range 2 {
+		d := take(t, s, quick, report, wait)
+		if !d[0].Allowed || d[0].Remaining != int64(9-round) || d[0].RetryAfter != 0 || d[0].At == 0 ||
+			d[0].ResetAfter <= 0 || d[0].ResetAfter > time.Duration(round+1)*6*time.Minute {
+			t.Errorf("round %d: the zone allowing at once: %+v", round, d[0])
+		}
+		if d[1].Allowed || d[1].Remaining != 0 || d[1].RetryAfter < 59*time.Minute || d[1].RetryAfter > time.Hour {
+			t.Errorf("round %d: the report-only zone refusing: %+v", round, d[1])
+		}
+		if wantWait := time.Duration(round+1) * time.Second; !d[2].Allowed ||
+			d[2].Delay <= wantWait-time.Second/2 || d[2].Delay > wantWait {
+			t.Errorf("round %d: the delayed zone: %+v, want admitted after a wait of about %v", round, d[2], wantWait)
+		}
+	}
+}

@@ -33,6 +33,9 @@ const (
 	cpuNotAbove
 	// callsAtMost: Redis ran at most bound decision scripts per request.
 	callsAtMost
+	// redisUsAtMost: the target decide's decision of a case spends at most
+	// bound µs inside Redis (usec_per_call; issue 29).
+	redisUsAtMost
 )
 
 // budget is one budget: what it measures and its bound.
@@ -42,6 +45,7 @@ type budget struct {
 	target, other string  // targets, for the req/s budgets
 	bench         string  // the Go benchmark, for allocsPerOp
 	store         string  // memstore or redis, for bytesPerKey
+	kase          string  // the target decide's case (100,000 keys), for redisUsAtMost
 	bound         float64 // unused by fasterThan (its bound is 1, exclusive)
 }
 
@@ -61,11 +65,14 @@ var budgets = []budget{
 	{kind: bytesPerKey, store: "redis", bound: 100},
 	{kind: cpuDelta, what: "Redis, 1 zone", target: "redis1", bound: 15},
 	{kind: cpuDelta, what: "Redis, 3 zones", target: "redis3", bound: 20},
-	{kind: cpuDelta, what: "Redis, 1 zone, 10,000 keys", target: "redis1k", bound: 15},
-	{kind: cpuDelta, what: "Redis, 3 zones, 10,000 keys", target: "redis3k", bound: 20},
+	{kind: cpuDelta, what: "Redis, 1 zone, many keys", target: "redis1k", bound: 15},
+	{kind: cpuDelta, what: "Redis, 3 zones, many keys", target: "redis3k", bound: 20},
 	{kind: cpuDelta, what: "memstore, 1 zone", target: "mem1", bound: 2},
 	{kind: cpuNotAbove, what: "memstore", target: "memdeny", other: "mem1"},
 	{kind: callsAtMost, what: "a hot key with `local_allowance`", target: "redislocal", bound: 0.05},
+	{kind: redisUsAtMost, what: "1 zone token bucket", kase: "tb1", bound: 5},
+	{kind: redisUsAtMost, what: "1 zone GCRA", kase: "gcra1", bound: 5},
+	{kind: redisUsAtMost, what: "3 zones", kase: "z3", bound: 10},
 }
 
 // name is the budget as the report's table names it.
@@ -85,6 +92,8 @@ func (b budget) name() string {
 		return fmt.Sprintf("a refusal costs no more Caddy CPU than allowing (%s)", b.what)
 	case callsAtMost:
 		return fmt.Sprintf("Redis calls per request, %s ≤ %.2f", b.what, b.bound)
+	case redisUsAtMost:
+		return fmt.Sprintf("Redis µs per decision, %s, 100,000 keys ≤ %.0f µs", b.what, b.bound)
 	default: // bytesPerKey
 		return fmt.Sprintf("memory per key ≤ %.0f B (%s, token bucket)", b.bound, b.store)
 	}
@@ -161,6 +170,13 @@ func (b budget) judge(st *stats, gb []goBench, mk []memKey) []verdict {
 			return none
 		}
 		return []verdict{judged(b, fmt.Sprintf("%s calls per request", fmtCalls(r.calls)), r.calls <= b.bound)}
+	case redisUsAtMost:
+		d := st.decideRow(b.kase, "many")
+		if d == nil || math.IsNaN(d.take) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("%.2f µs (floor %.2f µs, %s; CPU %.2f against %.2f µs)",
+			d.take, d.floor, fmtRatio(d.ratio), d.takeCPU, d.floorCPU), d.take <= b.bound)}
 	case allocsPerOp:
 		for _, g := range gb {
 			if g.pkg == "." && strings.HasPrefix(g.name, b.bench) && g.hasMem {

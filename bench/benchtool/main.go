@@ -6,6 +6,8 @@
 //	benchtool probelib            print the production library with the probe functions
 //	                              of bench/redis-probe.sh (probe.go)
 //	benchtool luafn               print the name of its function (redisstore.LuaFunction)
+//	benchtool floorlib            print a library of the floor function alone (probe.go's floorFn,
+//	                              named sluice_floor)
 //	benchtool ports N             print N free loopback TCP ports
 //	benchtool wait URL SECONDS    wait until URL answers (any status)
 //	benchtool snap ADMIN_URL      one line of counters from Caddy's admin endpoint:
@@ -46,6 +48,8 @@ func main() {
 		_, err = io.WriteString(os.Stdout, redisstore.LuaLibrary)
 	case "probelib":
 		err = probeLib()
+	case "floorlib":
+		err = floorLib()
 	case "luafn":
 		_, err = io.WriteString(os.Stdout, redisstore.LuaFunction+"\n")
 	case "ports":

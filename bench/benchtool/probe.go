@@ -17,7 +17,8 @@ import (
 //	p_empty   nothing (Redis's cost of an FCALL with these arguments)
 //	p_time    + TIME
 //	p_args    + every zone's arguments read as take reads them
-//	p_floor   TIME, GET and SET PX of a constant per key (no Lua work)
+//	p_floor   TIME, GET and SET PX of a constant per key (no Lua work:
+//	          floorFn, the floor bench/run.sh measures beside the decision)
 //	p_decode  p_args + GET and the stored state decoded
 //	p_codec   p_decode + the state encoded again and SET PX
 //	p_step    p_decode + the algorithm (which encodes) and SET PX
@@ -47,14 +48,7 @@ redis.register_function('p_args', function(keys, args)
   for i = 1, #keys do probe_args(args, ARGS * (i - 1)) end
   return 1
 end)
-redis.register_function('p_floor', function(keys, args)
-  probe_now()
-  for i = 1, #keys do
-    call('GET', keys[i])
-    call('SET', keys[i], 'abcdefghij', 'PX', 61000)
-  end
-  return 1
-end)
+redis.register_function('p_floor', ` + floorFn + `)
 local function probe_decode(key, alg)
   local full = call('GET', key)
   local raw
@@ -93,6 +87,29 @@ redis.register_function('p_step', function(keys, args)
   return 1
 end)
 `
+
+// floorFn is the floor of a decision: the commands it cannot do without
+// (TIME, and per zone GET and SET PX, the TTL as digits as take sends it),
+// on a constant of a state's size, and no Lua work. Its keys should be its
+// own: it overwrites what it finds.
+const floorFn = `function(keys, args)
+  local t = redis.call('TIME')
+  for i = 1, #keys do
+    redis.call('GET', keys[i])
+    redis.call('SET', keys[i], 'abcdefghij', 'PX', '61000')
+  end
+  return 1
+end`
+
+// floorFunction names the function of floorLib.
+const floorFunction = "sluice_floor"
+
+// floorLib prints a library of the floor alone (bench/run.sh loads it
+// beside the production library, whose function names it must not reuse).
+func floorLib() error {
+	_, err := io.WriteString(os.Stdout, "#!lua name=sluice_bench_floor\nredis.register_function('"+floorFunction+"', "+floorFn+")\n")
+	return err
+}
 
 // probeLib prints the probe library.
 func probeLib() error {

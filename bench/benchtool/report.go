@@ -40,12 +40,19 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 
 	p("## HTTP throughput (medians of the rounds)\n\n")
 	calls := slices.ContainsFunc(st.rows, func(t targetRow) bool { return !math.IsNaN(t.calls) })
+	redisUs := slices.ContainsFunc(st.rows, func(t targetRow) bool { return !math.IsNaN(t.redisUs) })
 	p("| target | req/s | p50 | p99 | × bare | rounds | Caddy CPU µs/req (Δ bare) | allocs/req (Δ bare) |")
 	if calls {
 		p(" Redis calls/req |")
 	}
+	if redisUs {
+		p(" Redis µs/decision |")
+	}
 	p(" CPU cores: Caddy + Redis + load gen. | check |\n|---|--:|--:|--:|--:|--:|--:|--:|")
 	if calls {
+		p("--:|")
+	}
+	if redisUs {
 		p("--:|")
 	}
 	p("--:|---|\n")
@@ -59,6 +66,9 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 		if calls {
 			p(" %s |", fmtCalls(t.calls))
 		}
+		if redisUs {
+			p(" %s |", fmtUs(t.redisUs))
+		}
 		p(" %s | %s |\n", cpu, t.check)
 	}
 	p("\n`× bare` is the target's median req/s over bare Caddy's median req/s. ")
@@ -68,6 +78,9 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 	p("CPU: cores used during the run (medians of the rounds) by Caddy, Redis and the load generator (wrk or redis-benchmark); a sum near the machine's core count means the run was CPU-bound, well below it means it waited (round trips, locks). ")
 	if calls {
 		p("Redis calls/req: the decision scripts Redis ran (INFO commandstats: FCALL, EVALSHA, EVAL) per request over all rounds; below 1 when the deny cache or a local allowance answered without Redis. ")
+	}
+	if redisUs {
+		p("Redis µs/decision: Redis's time inside the decision scripts per call (INFO commandstats, `usec` over `calls` of FCALL, FCALL_RO, EVALSHA and EVAL, reset by CONFIG RESETSTAT before each run), over the runs the medians use; it counts the time Redis waited for a core inside a call. ")
 	}
 	p("check: the responses were what the target expects (200s, or 429s for the refusing targets) and Sluice's own counters show no store error and no failed-open decision (beyond the requests in flight when wrk stops, whose store calls are cancelled).\n\n")
 
@@ -95,6 +108,20 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 			p(" ⚠ The machine was not idle during some runs: read the ratios of those rounds with care.")
 		}
 		p("\n\n")
+	}
+
+	if len(st.decide) > 0 {
+		p("## Inside Redis: a decision against its floor (target decide)\n\n")
+		p("| case | rounds | decision µs | floor µs | decision / floor | decision CPU µs | floor CPU µs | CPU decision / floor |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, c := range decideCases {
+			d := st.decideRow(c.kase, c.keys)
+			if d == nil {
+				continue
+			}
+			p("| %s | %d | %s | %s | %s | %s | %s | %s |\n", c.what, d.runs, fmtUs(d.take), fmtUs(d.floor), fmtRatio(d.ratio),
+				fmtUs(d.takeCPU), fmtUs(d.floorCPU), fmtRatio(d.cpuRate))
+		}
+		p("\nredis-benchmark -P 16 of the production function (FCALL, one zone's or three zones' arguments as Caddy sends them) and of its floor (a Function doing TIME, and per zone GET and SET PX of a constant, on keys of its own, with the same arguments), one after the other in every round. µs: `usec_per_call` of INFO commandstats (reset before each run), which counts the time Redis waited for a core inside a call; CPU µs: Redis's main thread CPU per call (INFO cpu), which a busy machine does not inflate but which includes reading and writing the network. Medians of the rounds; the ratios are each round's decision over the same round's floor, medians. Hot key: 1e9 events a minute; 100,000 keys: 1000 events a day, filled before the rounds, so every visit reads and writes a live state.\n\n")
 	}
 
 	p("## Budgets\n\n| budget | measured | verdict |\n|---|---|---|\n")
@@ -159,6 +186,22 @@ func fmtDelta(v, base float64) string {
 		s += fmt.Sprintf(" (%+.1f)", v-base)
 	}
 	return s
+}
+
+// fmtUs renders µs per call, "–" when unknown.
+func fmtUs(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// fmtRatio renders a ratio, "–" when unknown.
+func fmtRatio(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("×%.2f", v)
 }
 
 // fmtCalls renders Redis calls per request.

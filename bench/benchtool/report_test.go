@@ -18,16 +18,20 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden.md from the c
 // errors, a refusing target that let requests through, a short raw line,
 // a missed allocation and memory budget, budgets not measured);
 // testdata/issue15 is a one-round run of issue 15's targets (many keys,
-// the local allowance, Redis calls per request) on a busy machine. The
-// golden files of full and partial were written by the report before it
-// was split into statistics, budgets and rendering, and rewritten with
-// -update when issue 15 added its budgets (Caddy CPU per request, Redis
-// calls per request) and columns. The memconc and redisconc runs of
-// testdata/full (issue 16's targets) are not measured: each is its round's
-// mem1 or redis1 run scaled (req/s ×0.97 and ×0.78), to show their rows and
-// budgets in the report.
+// the local allowance, Redis calls per request) on a busy machine;
+// testdata/issue29 a one-round run of bare Caddy, one Redis zone and the
+// target decide (Redis's time per decision, the decision against its
+// floor), short runs on a busy machine. The golden files of full and
+// partial were written by the report before it was split into statistics,
+// budgets and rendering, and rewritten with -update when issue 15 added
+// its budgets (Caddy CPU per request, Redis calls per request) and
+// columns, and when issue 29 added its budgets (Redis's time per decision)
+// and named the many-key targets by no count. The memconc and redisconc
+// runs of testdata/full (issue 16's targets) are not measured: each is its
+// round's mem1 or redis1 run scaled (req/s ×0.97 and ×0.78), to show their
+// rows and budgets in the report.
 func TestReportGolden(t *testing.T) {
-	for _, dir := range []string{"full", "partial", "issue15"} {
+	for _, dir := range []string{"full", "partial", "issue15", "issue29"} {
 		t.Run(dir, func(t *testing.T) {
 			got := captureReport(t, filepath.Join("testdata", dir))
 			golden := filepath.Join("testdata", dir+".golden.md")

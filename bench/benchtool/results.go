@@ -36,6 +36,9 @@ type sample struct {
 	// redisCalls is the decision scripts Redis ran (FCALL, EVALSHA, EVAL:
 	// INFO commandstats) during the run; NaN when not measured.
 	redisCalls float64
+	// redisUsec is Redis's time inside them, µs (usec of INFO
+	// commandstats); NaN when not measured.
+	redisUsec float64
 }
 
 // target describes one row of the table.
@@ -53,8 +56,8 @@ var targets = []target{
 	{"redis1", "Redis, 1 zone, never refusing", "ok"},
 	{"redis3", "Redis, 3 zones, never refusing", "ok"},
 	{"redisconc", "Redis, 1 zone + a concurrency zone, never refusing", "ok"},
-	{"redis1k", "Redis, 1 zone, 10,000 keys (a key per client)", "ok"},
-	{"redis3k", "Redis, 3 zones, 10,000 keys", "ok"},
+	{"redis1k", "Redis, 1 zone, many keys (a key per client)", "ok"},
+	{"redis3k", "Redis, 3 zones, many keys", "ok"},
 	{"redislocal", "Redis, 1 zone, one hot key, `local_allowance`", "ok"},
 	{"redisdeny", "Redis, refusing everything", "429"},
 	{"rb_plain", "redis-benchmark FCALL (decision ceiling, -c50)", ""},
@@ -70,6 +73,17 @@ type results struct {
 	gobench  []goBench           // gobench.txt, if any
 	memKeys  []memKey            // memkey.txt, if any
 	profiles []byte              // profiles.txt, if any
+	decide   []decideRun         // decide.tsv, if any
+}
+
+// decideRun is one run of the target decide (a line of decide.tsv): the
+// decision or its floor, one case and key space, in Redis.
+type decideRun struct {
+	round          int
+	kase, keys, fn string  // tb1|gcra1|z3, hot|many, take|floor
+	calls, usec    float64 // INFO commandstats
+	cpuUs          float64 // Redis's main thread CPU over the run, µs
+	other          float64 // cores other processes used meanwhile
 }
 
 var (
@@ -94,23 +108,51 @@ func readResults(dir string) (*results, error) {
 	r.gobench, _ = readGoBench(filepath.Join(dir, "gobench.txt"))
 	r.memKeys, _ = readMemKeys(filepath.Join(dir, "memkey.txt"))
 	r.profiles, _ = os.ReadFile(filepath.Join(dir, "profiles.txt"))
+	r.decide, _ = readDecide(filepath.Join(dir, "decide.tsv"))
 	return r, nil
 }
 
 func readSamples(path string) (map[string][]sample, error) {
+	out := map[string][]sample{}
+	err := readRows(path, 5, func(fs []string, num func(int) float64) {
+		r, _ := strconv.Atoi(fs[0])
+		s := sample{round: r, target: fs[1], rps: num(2), p50: num(3), p99: num(4), requests: num(5),
+			non2xx: num(6), sockErrs: num(7), mallocs: num(8), allocBytes: num(9),
+			allowed: num(10), refused: num(11), failed: num(12), storeErrs: num(13),
+			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18), redisCalls: num(19),
+			redisUsec: num(20)}
+		out[s.target] = append(out[s.target], s)
+	})
+	return out, err
+}
+
+func readDecide(path string) ([]decideRun, error) {
+	var out []decideRun
+	err := readRows(path, 8, func(fs []string, num func(int) float64) {
+		r, _ := strconv.Atoi(fs[0])
+		out = append(out, decideRun{round: r, kase: fs[1], keys: fs[2], fn: fs[3],
+			calls: num(4), usec: num(5), cpuUs: num(6), other: num(7)})
+	})
+	return out, err
+}
+
+// readRows calls row with the fields of each line of a table of
+// whitespace-separated fields that has at least minFields fields, but its
+// header (its first field "round"); num reads a field as a number (NaN
+// when it is missing or not one).
+func readRows(path string, minFields int, row func(fs []string, num func(int) float64)) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
-	out := map[string][]sample{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) < 5 || fs[0] == "round" {
+		if len(fs) < minFields || fs[0] == "round" {
 			continue
 		}
-		num := func(i int) float64 {
+		row(fs, func(i int) float64 {
 			if i >= len(fs) {
 				return math.NaN()
 			}
@@ -119,15 +161,9 @@ func readSamples(path string) (map[string][]sample, error) {
 				return math.NaN()
 			}
 			return v
-		}
-		r, _ := strconv.Atoi(fs[0])
-		s := sample{round: r, target: fs[1], rps: num(2), p50: num(3), p99: num(4), requests: num(5),
-			non2xx: num(6), sockErrs: num(7), mallocs: num(8), allocBytes: num(9),
-			allowed: num(10), refused: num(11), failed: num(12), storeErrs: num(13),
-			otherCPU: num(14), steal: num(15), caddyCPU: num(16), redisCPU: num(17), genCPU: num(18), redisCalls: num(19)}
-		out[s.target] = append(out[s.target], s)
+		})
 	}
-	return out, sc.Err()
+	return sc.Err()
 }
 
 // goBench is one line of `go test -bench` output.

@@ -21,6 +21,8 @@ type stats struct {
 
 	rows []targetRow // the throughput table: the targets with runs, in targets' order
 
+	decide []decideRow // the target decide's table, in decideCases' order
+
 	rounds   int        // the highest round number
 	perRound []roundRow // every run, per round
 	others   []float64  // other processes' cores during every run
@@ -41,7 +43,31 @@ type targetRow struct {
 	// calls is the decision scripts Redis ran per request (over all
 	// runs), NaN when not measured.
 	calls float64
-	check string
+	// redisUs is Redis's time per decision script (over the runs the
+	// medians use), µs; NaN when not measured.
+	redisUs float64
+	check   string
+}
+
+// decideRow is one case of the target decide: the decision's and its
+// floor's time per call inside Redis (usec_per_call; CPU: Redis's main
+// thread), medians of the rounds, and the ratios of the two measured in
+// the same round (medians).
+type decideRow struct {
+	kase, keys                 string
+	runs                       int
+	take, floor, ratio         float64
+	takeCPU, floorCPU, cpuRate float64
+}
+
+// decideCases are the target decide's cases, as bench/run.sh names them.
+var decideCases = []struct{ kase, keys, what string }{
+	{"tb1", "hot", "1 zone token bucket, hot key"},
+	{"tb1", "many", "1 zone token bucket, 100,000 keys"},
+	{"gcra1", "hot", "1 zone GCRA, hot key"},
+	{"gcra1", "many", "1 zone GCRA, 100,000 keys"},
+	{"z3", "hot", "3 zones (TB, TB, SW), hot key"},
+	{"z3", "many", "3 zones (TB, TB, SW), 100,000 keys"},
 }
 
 // roundRow is one target's runs, one cell per round (nil: none).
@@ -79,7 +105,7 @@ func computeStats(r *results) *stats {
 			caddyCPU: median(field(ss, func(s sample) float64 { return s.caddyCPU })),
 			redisCPU: median(field(ss, func(s sample) float64 { return s.redisCPU })),
 			genCPU:   median(field(ss, func(s sample) float64 { return s.genCPU })),
-			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(), calls: math.NaN(),
+			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(), calls: math.NaN(), redisUs: math.NaN(),
 			check: check(t, ss, r.conns)}
 		if t.expect != "" { // an HTTP target
 			row.calls = callsPerRequest(ss)
@@ -89,8 +115,11 @@ func computeStats(r *results) *stats {
 				row.allocsBase, row.usBase = bareAllocs, bareUs
 			}
 		}
+		row.redisUs = usPerCall(ss)
 		st.rows = append(st.rows, row)
 	}
+
+	st.decide = decideStats(r.decide)
 
 	for _, ss := range st.all {
 		for _, s := range ss {
@@ -116,6 +145,58 @@ func computeStats(r *results) *stats {
 		st.perRound = append(st.perRound, row)
 	}
 	return st
+}
+
+// decideStats computes the target decide's table. One zone's floor is
+// measured once (case tb1) and serves GCRA too.
+func decideStats(runs []decideRun) []decideRow {
+	type at struct {
+		kase, keys, fn string
+		round          int
+	}
+	by := map[at]decideRun{}
+	for _, r := range runs {
+		by[at{r.kase, r.keys, r.fn, r.round}] = r
+	}
+	var out []decideRow
+	for _, c := range decideCases {
+		fc := c.kase
+		if fc == "gcra1" {
+			fc = "tb1"
+		}
+		row := decideRow{kase: c.kase, keys: c.keys}
+		var take, floor, ratio, takeCPU, floorCPU, cpuRatio []float64
+		for _, r := range runs {
+			if r.kase != c.kase || r.keys != c.keys || r.fn != "take" || r.calls <= 0 {
+				continue
+			}
+			row.runs++
+			t, tc := r.usec/r.calls, r.cpuUs/r.calls
+			take, takeCPU = append(take, t), append(takeCPU, tc)
+			if f, ok := by[at{fc, c.keys, "floor", r.round}]; ok && f.calls > 0 {
+				fu, fcpu := f.usec/f.calls, f.cpuUs/f.calls
+				floor, floorCPU = append(floor, fu), append(floorCPU, fcpu)
+				ratio, cpuRatio = append(ratio, t/fu), append(cpuRatio, tc/fcpu)
+			}
+		}
+		if row.runs == 0 {
+			continue
+		}
+		row.take, row.floor, row.ratio = median(take), median(floor), median(ratio)
+		row.takeCPU, row.floorCPU, row.cpuRate = median(takeCPU), median(floorCPU), median(cpuRatio)
+		out = append(out, row)
+	}
+	return out
+}
+
+// decideRow returns the target decide's row of a case, nil if none.
+func (st *stats) decideRow(kase, keys string) *decideRow {
+	for i := range st.decide {
+		if st.decide[i].kase == kase && st.decide[i].keys == keys {
+			return &st.decide[i]
+		}
+	}
+	return nil
 }
 
 // row returns the throughput row of target name, nil if it has none.
@@ -166,6 +247,22 @@ func callsPerRequest(ss []sample) float64 {
 		return math.NaN()
 	}
 	return calls / reqs
+}
+
+// usPerCall is Redis's time per decision script over runs, µs (NaN when no
+// run measured it or Redis ran none).
+func usPerCall(ss []sample) float64 {
+	var usec, calls float64
+	for _, s := range ss {
+		if !math.IsNaN(s.redisUsec) && !math.IsNaN(s.redisCalls) {
+			usec += s.redisUsec
+			calls += s.redisCalls
+		}
+	}
+	if calls == 0 {
+		return math.NaN()
+	}
+	return usec / calls
 }
 
 // allocsPerRequest is Caddy's heap allocations per request over runs.

@@ -135,9 +135,29 @@ end
 -- every zone has.
 local vals, resets, raws, fulls, zs, out, okr = {}, {}, {}, {}, {}, {}, {}
 
--- admitfmt[k]: string.format's format of an admission's k integers, made
--- on first use.
-local admitfmt = {}
+-- admitfmt[key]: string.format's format of an admission's reply (memo).
+-- key is b x 256 + k: k integers (4 per zone, and the instant of a
+-- refundable take), and b a bit per zone, the first zone's highest, set
+-- for a zone that allowed with no wait, whose allowed and retry-after the
+-- format writes as the digits 1 and 0 (each %d is a sprintf, the dearest
+-- part of the reply). Requests of more than 32 zones set no bit and make
+-- their format each time. fa holds the integers the format reads.
+local admitfmt, admitFormat = memo(function(key)
+  local k = key % 256
+  local bits, n, parts = (key - k) / 256, (k - k % REPLY) / REPLY, {}
+  for i = n, 1, -1 do
+    local b = bits % 2
+    bits = (bits - b) / 2
+    if b == 1 then
+      parts[i] = '1 %d 0 %d'
+    else
+      parts[i] = '%d %d %d %d'
+    end
+  end
+  if k > REPLY * n then parts[n + 1] = '%d' end
+  return table.concat(parts, ' ')
+end)
+local fa = {}
 
 local inflightTTL = '300000' -- ms
 
@@ -155,6 +175,7 @@ local function take(keys, argv, base)
   local lastval, lastreset -- the last zone's state, when it is written
   local lastraw, lastfull -- the last zone's values, as raws and fulls
   local conc = false -- a concurrency zone takes a slot
+  local flying = false -- a zone takes a charge in flight
   for i = 1, n do
     local b = base + ARGS * (i - 1)
     local sp = argv[b + A_SPEC]
@@ -219,6 +240,7 @@ local function take(keys, argv, base)
       if i < n then resets[i] = false end
     else
       local inflight = mode == MODE_INFLIGHT or mode == MODE_REPORT_ONLY_INFLIGHT
+      if inflight then flying = true end
       if inflight or mode == MODE_REFUNDABLE or mode == MODE_REPORT_ONLY_REFUNDABLE then wantnow = true end
       local p = 0
       if ot then p = ot.p end
@@ -287,7 +309,7 @@ local function take(keys, argv, base)
   end
   if lastreset then store(keys[n], lastval, lastreset) end
   -- the charges taken in flight, if every zone allowed
-  if all then
+  if all and flying then
     for i = 1, n do
       local b = base + ARGS * (i - 1)
       local mode = argv[b + A_MODE]
@@ -327,16 +349,30 @@ local function take(keys, argv, base)
     end
     return out
   end
-  local k = REPLY * n
+  local k, j, key = REPLY * n, 0, 0
+  local lit = n <= 32
+  for o = 1, k, REPLY do
+    if lit and out[o] == 1 and out[o + 2] == 0 then
+      key = key * 2 + 1
+      fa[j + 1], fa[j + 2] = out[o + 1], out[o + 3]
+      j = j + 2
+    else
+      key = key * 2
+      fa[j + 1], fa[j + 2], fa[j + 3], fa[j + 4] = out[o], out[o + 1], out[o + 2], out[o + 3]
+      j = j + 4
+    end
+  end
   if wantnow then
-    k = k + 1
-    out[k] = now
+    k, j = k + 1, j + 1
+    fa[j] = now
   end
-  local f = admitfmt[k]
-  if not f then
+  local f
+  if lit then
+    key = key * 256 + k
+    f = admitfmt[key] or admitFormat(key)
+  else
     f = '%d' .. string.rep(' %d', k - 1)
-    admitfmt[k] = f
   end
-  okr.ok = fmt(f, unpk(out, 1, k))
+  okr.ok = fmt(f, unpk(fa, 1, j))
   return okr
 end
