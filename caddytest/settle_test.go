@@ -246,6 +246,22 @@ func TestSettleEstimatesInFlightMemory(t *testing.T) {
 	checkEstimatesInFlight(t, up)
 }
 
+// TestSettleBehindEncode is TestSettleOpenAIMemory in a site that also
+// compresses (`encode gzip`, which runs after rate_limit): the client asks
+// for gzip, and the amounts are still read (the request goes on with
+// Accept-Encoding: identity, so neither the upstream nor encode compress).
+func TestSettleBehindEncode(t *testing.T) {
+	site := strings.Replace(tokenSite, "\trate_limit {", "\tencode gzip\n\trate_limit {", 1)
+	for _, stream := range []bool{false, true} {
+		t.Run("stream="+strconv.FormatBool(stream), func(t *testing.T) {
+			up := newOpenAIUpstream(t, 300)
+			zone := zoneName("tokens_encode")
+			load(t, newTester(t), config("", site, "ZONE", zone, "APP", up.Listener.Addr().String(), "EVENTS", "1000", "COST", "100", "STORE", ""))
+			checkTokenBudget(t, up, zone, stream)
+		})
+	}
+}
+
 // TestSettleOpenAIRedis is TestSettleOpenAIMemory on the Redis store: the
 // settle is the script's (lua/settle.lua), queued on the pipeline.
 func TestSettleOpenAIRedis(t *testing.T) {
