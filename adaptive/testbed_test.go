@@ -22,14 +22,18 @@ const (
 	testbedWorkers = 8
 	testbedMedian  = 50 * time.Millisecond
 	testbedSigma   = 0.4
-	testbedTimeout = time.Second // the client's: later answers are not goodput
+	// testbedHeavySigma is the heavy tail's (TestTestbedHeavyTail): the
+	// same knee, the capacity by the same definition.
+	testbedHeavySigma = 0.8
+	testbedTimeout    = time.Second // the client's: later answers are not goodput
 )
 
 var testbedTable = flag.Bool("testbed.table", false, "print the testbed's table (make bench)")
 
-// testbedCapacity is the upstream's throughput at its knee, per second.
-func testbedCapacity() float64 {
-	mean := float64(testbedMedian) * math.Exp(testbedSigma*testbedSigma/2)
+// testbedCapacity is the throughput at the knee, per second, of the
+// upstream whose service time has the tail sigma.
+func testbedCapacity(sigma float64) float64 {
+	mean := float64(testbedMedian) * math.Exp(sigma*sigma/2)
 	return testbedWorkers / (mean / float64(time.Second))
 }
 
@@ -112,10 +116,11 @@ func (e *events) add(ev event)         { heap.Push(e, ev) }
 func (e *events) next() (ev event)     { return heap.Pop(e).(event) }
 func (p phase) rate(c float64) float64 { return p.load * c }
 
-// runTestbed runs the phases through a limiter made by mk (nil: no limit).
-func runTestbed(phases []phase, mk func() *Limiter, seed uint64) []phaseResult {
+// runTestbed runs the phases through a limiter made by mk (nil: no limit),
+// on the upstream whose service time has the tail sigma.
+func runTestbed(phases []phase, mk func() *Limiter, seed uint64, sigma float64) []phaseResult {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	capacity := testbedCapacity()
+	capacity := testbedCapacity(sigma)
 	var l *Limiter
 	if mk != nil {
 		l = mk()
@@ -125,7 +130,7 @@ func runTestbed(phases []phase, mk func() *Limiter, seed uint64) []phaseResult {
 	var queue []event // waiting for a worker
 	busy := 0
 	service := func() time.Duration {
-		return time.Duration(float64(testbedMedian) * math.Exp(testbedSigma*rng.NormFloat64()))
+		return time.Duration(float64(testbedMedian) * math.Exp(sigma*rng.NormFloat64()))
 	}
 	start := time.Duration(0)
 	for pi, ph := range phases {
@@ -221,33 +226,26 @@ func contenders() []contender {
 	return cs
 }
 
-// TestTestbed runs every controller, no limit and a fixed limit on the
-// testbed over testbedSeeds, prints its tables (the first seed's phases,
-// then the goals over every seed), and checks the default controller
-// against the goals, each seed: at 3× overload, goodput at least 90% of
-// capacity and admitted p99 at most 2× the unloaded p99 (where no limit's
-// goodput collapses); the limit within ±25% of the knee within 10 s of
-// the overload starting and its mean from then on within ±25% of the
-// knee; within 10 s of it ending, the limit back within
-// ±25% of where the same load held it before the overload, never below
-// the knee's −25% on the way, and still there in the last 10 s (no
-// drift). Below capacity (0.5×, 0.8×, the step down), fewer than 0.1% of
-// the arrivals refused, over the seeds.
-func TestTestbed(t *testing.T) {
-	capacity := testbedCapacity()
+// testbedRuns runs every contender over testbedSeeds on the upstream whose
+// service time has the tail sigma, prints its tables (the first seed's
+// phases, then the goals over every seed: -testbed.table to stdout, else
+// to the test's log), and returns the results by limiter and seed with
+// each seed's unloaded p99 (no limit's, at 0.5x).
+func testbedRuns(t *testing.T, sigma float64) (all map[string][][]phaseResult, unloaded func(seed int) time.Duration) {
+	capacity := testbedCapacity(sigma)
 	var b strings.Builder
-	fmt.Fprintf(&b, "capacity %.0f req/s (%d workers, %s median service, sigma %.1f); client timeout %s; seed %d\n", capacity, testbedWorkers, testbedMedian, testbedSigma, testbedTimeout, testbedSeeds[0])
+	fmt.Fprintf(&b, "capacity %.0f req/s (%d workers, %s median service, sigma %.1f); client timeout %s; seed %d\n", capacity, testbedWorkers, testbedMedian, sigma, testbedTimeout, testbedSeeds[0])
 	fmt.Fprintf(&b, "| limiter | phase | goodput/s | %% of capacity | admitted p50 | admitted p99 | refused | limit mean (min-max) | limit first within ±25%% of the knee after |\n|---|---|---|---|---|---|---|---|---|\n")
 	var g strings.Builder
 	fmt.Fprintf(&g, "\ngoals over seeds %d-%d: refused (all seeds' refusals / arrivals); the worst seed's goodput, p99 and times\n", testbedSeeds[0], testbedSeeds[len(testbedSeeds)-1])
 	fmt.Fprintf(&g, "| limiter | refused at 0.5x | at 0.8x | at 0.5x after | 3x goodput | 3x admitted p99 / unloaded p99 | 3x limit mean after 10 s (each seed's, least-most) | limit within ±25%% of the knee after the overload starts | back within ±25%% of its 0.5x level after the overload ends |\n|---|---|---|---|---|---|---|---|---|\n")
-	all := map[string][][]phaseResult{} // by limiter, by seed
+	all = map[string][][]phaseResult{} // by limiter, by seed
 	for _, c := range contenders() {
 		for _, seed := range testbedSeeds {
-			all[c.name] = append(all[c.name], runTestbed(testbedPhases, c.mk, seed))
+			all[c.name] = append(all[c.name], runTestbed(testbedPhases, c.mk, seed, sigma))
 		}
 	}
-	unloaded := func(seed int) time.Duration { return all["no limit"][seed][0].pct(0.99) }
+	unloaded = func(seed int) time.Duration { return all["no limit"][seed][0].pct(0.99) }
 	for _, c := range contenders() {
 		for i, r := range all[c.name][0] {
 			secs := testbedPhases[i].len.Seconds()
@@ -287,24 +285,30 @@ func TestTestbed(t *testing.T) {
 	} else {
 		t.Log("\n" + b.String() + g.String())
 	}
+	return all, unloaded
+}
 
+// TestTestbed runs every controller, no limit and a fixed limit on the
+// testbed over testbedSeeds, prints its tables (the first seed's phases,
+// then the goals over every seed), and checks the default controller
+// against the goals, each seed: at 3× overload, goodput at least 90% of
+// capacity and admitted p99 at most 2× the unloaded p99 (where no limit's
+// goodput collapses); the limit within ±25% of the knee within 10 s of
+// the overload starting and its mean from then on within ±25% of the
+// knee; within 10 s of it ending, the limit back within
+// ±25% of where the same load held it before the overload, never below
+// the knee's −25% on the way, and still there in the last 10 s (no
+// drift). Below capacity (0.5×, 0.8×, the step down), fewer than 0.1% of
+// the arrivals refused, over the seeds.
+func TestTestbed(t *testing.T) {
+	capacity := testbedCapacity(testbedSigma)
+	all, unloaded := testbedRuns(t, testbedSigma)
+	checkOverload(t, all, unloaded, capacity)
 	for s, seed := range testbedSeeds {
-		if g := float64(all["no limit"][s][testbedOver].good) / testbedPhases[testbedOver].len.Seconds(); g > 0.5*capacity {
-			t.Errorf("seed %d: no limit at 3x: goodput %.0f/s; the testbed should collapse it (capacity %.0f)", seed, g, capacity)
-		}
 		res := all[DefaultController][s]
 		over, down := res[testbedOver], res[testbedDown]
 		if g := float64(over.good) / testbedPhases[testbedOver].len.Seconds(); g < 0.9*capacity {
 			t.Errorf("seed %d: %s at 3x: goodput %.0f/s, want at least 90%% of %.0f", seed, DefaultController, g, capacity)
-		}
-		if p := over.pct(0.99); p > 2*unloaded(s) {
-			t.Errorf("seed %d: %s at 3x: admitted p99 %s, want at most 2x the unloaded p99 %s", seed, DefaultController, p, unloaded(s))
-		}
-		if d := over.settle; d < 0 || d > 10*time.Second {
-			t.Errorf("seed %d: %s at 3x: the limit came within ±25%% of the knee after %s, want within 10s", seed, DefaultController, since(d))
-		}
-		if m := over.meanLimit(100); math.Abs(m-testbedWorkers) > 0.25*testbedWorkers {
-			t.Errorf("seed %d: %s at 3x: the limit's mean after the first 10s %.1f, want within ±25%% of the knee %d", seed, DefaultController, m, testbedWorkers)
 		}
 		level := res[0].meanLimit(0)
 		if d := back(res); d < 0 || d > 10*time.Second {
@@ -320,6 +324,46 @@ func TestTestbed(t *testing.T) {
 	for _, i := range testbedBelow {
 		if refused, arrived := refusedOver(all[DefaultController], i); float64(refused) > 0.001*float64(arrived) {
 			t.Errorf("%s at %s: %d of %d refused over the seeds, want under 0.1%%", DefaultController, testbedPhases[i].name, refused, arrived)
+		}
+	}
+}
+
+// TestTestbedHeavyTail runs the testbed on an upstream with a heavier
+// tail (testbedHeavySigma) and checks the goals the default controller
+// meets there, each seed: no limit collapses at 3x; the admitted p99 at 3x
+// at most 2x the unloaded p99; the limit within ±25% of the knee within
+// 10 s of the overload starting and its mean from then on within ±25% of
+// the knee; and fewer than 0.1% refused at 0.5x. Goodput at 3x and the
+// refusals at 0.8x and after the overload miss their goals on this tail
+// (docs/adaptive.md says why); the tables show them.
+func TestTestbedHeavyTail(t *testing.T) {
+	capacity := testbedCapacity(testbedHeavySigma)
+	all, unloaded := testbedRuns(t, testbedHeavySigma)
+	checkOverload(t, all, unloaded, capacity)
+	if refused, arrived := refusedOver(all[DefaultController], 0); float64(refused) > 0.001*float64(arrived) {
+		t.Errorf("%s at %s: %d of %d refused over the seeds, want under 0.1%%", DefaultController, testbedPhases[0].name, refused, arrived)
+	}
+}
+
+// checkOverload checks the overload's goals that hold on either tail, each
+// seed: no limit's goodput collapses; the default controller's admitted
+// p99 at most 2x the unloaded p99, its limit within ±25% of the knee
+// within 10 s and its mean from then on within ±25% of the knee.
+func checkOverload(t *testing.T, all map[string][][]phaseResult, unloaded func(int) time.Duration, capacity float64) {
+	t.Helper()
+	for s, seed := range testbedSeeds {
+		if g := float64(all["no limit"][s][testbedOver].good) / testbedPhases[testbedOver].len.Seconds(); g > 0.5*capacity {
+			t.Errorf("seed %d: no limit at 3x: goodput %.0f/s; the testbed should collapse it (capacity %.0f)", seed, g, capacity)
+		}
+		over := all[DefaultController][s][testbedOver]
+		if p := over.pct(0.99); p > 2*unloaded(s) {
+			t.Errorf("seed %d: %s at 3x: admitted p99 %s, want at most 2x the unloaded p99 %s", seed, DefaultController, p, unloaded(s))
+		}
+		if d := over.settle; d < 0 || d > 10*time.Second {
+			t.Errorf("seed %d: %s at 3x: the limit came within ±25%% of the knee after %s, want within 10s", seed, DefaultController, since(d))
+		}
+		if m := over.meanLimit(100); math.Abs(m-testbedWorkers) > 0.25*testbedWorkers {
+			t.Errorf("seed %d: %s at 3x: the limit's mean after the first 10s %.1f, want within ±25%% of the knee %d", seed, DefaultController, m, testbedWorkers)
 		}
 	}
 }
@@ -364,7 +408,7 @@ func TestTestbedBelowCapacityLong(t *testing.T) {
 				phases = append([]phase{{"0.5x", 0.5, 20 * time.Second}, {"3x", 3, 30 * time.Second}}, phases...)
 			}
 			for seed := range uint64(3) {
-				r := runTestbed(phases, func() *Limiter { return NewLimiter(s) }, seed)[len(phases)-1]
+				r := runTestbed(phases, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[len(phases)-1]
 				if float64(r.refused) > 0.001*float64(r.arrived) {
 					t.Errorf("%.1fx (after 3x: %t), seed %d: %d of %d refused, want under 0.1%%", load, overload, seed, r.refused, r.arrived)
 				}
@@ -386,7 +430,7 @@ func TestTestbedKneeRefusesBelowCapacity(t *testing.T) {
 			s, _ := Settings{Minimum: n, Maximum: n, Initial: n}.Resolve()
 			refused, arrived := 0, 0
 			for seed := range uint64(3) {
-				r := runTestbed([]phase{{"long", load, 5 * time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed)[0]
+				r := runTestbed([]phase{{"long", load, 5 * time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
 				refused += r.refused
 				arrived += r.arrived
 			}
@@ -406,7 +450,7 @@ func TestTestbedKneeRefusesBelowCapacity(t *testing.T) {
 func TestTestbedSustainedOverload(t *testing.T) {
 	s, _ := Settings{}.Resolve()
 	res := runTestbed([]phase{{"0.5x", 0.5, 20 * time.Second}, {"3x long", 3, 4 * time.Minute}, {"3x last minute", 3, time.Minute}},
-		func() *Limiter { return NewLimiter(s) }, 3)
+		func() *Limiter { return NewLimiter(s) }, 3, testbedSigma)
 	mean := func(ns []int64) float64 {
 		var sum int64
 		for _, n := range ns {
@@ -433,8 +477,8 @@ func TestTestbedSustainedOverload(t *testing.T) {
 func TestTestbedStartsInOverload(t *testing.T) {
 	s, _ := Settings{}.Resolve()
 	for _, seed := range testbedSeeds {
-		r := runTestbed([]phase{{"3x", 3, time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed)[0]
-		m, good := r.meanLimit(300), float64(r.good)/time.Minute.Seconds()/testbedCapacity()
+		r := runTestbed([]phase{{"3x", 3, time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
+		m, good := r.meanLimit(300), float64(r.good)/time.Minute.Seconds()/testbedCapacity(testbedSigma)
 		t.Logf("seed %d: limit mean over the last 30 s %.1f, goodput %.0f%%", seed, m, 100*good)
 		if math.Abs(m-testbedWorkers) > 0.5*testbedWorkers || good < 0.8 {
 			t.Errorf("seed %d: limit mean %.1f over the last 30 s, goodput %.0f%% of capacity; want within ±50%% of the knee %d and at least 80%%", seed, m, 100*good, testbedWorkers)
