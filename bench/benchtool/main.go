@@ -1,22 +1,7 @@
 // Command benchtool is the Go half of the benchmark harness (bench/run.sh,
-// `make bench`): the small jobs that are awkward in a shell script.
-//
-//	benchtool lua                 print the decision as an EVAL script (redisstore.LuaScript)
-//	benchtool lualib              print the production decision library (redisstore.LuaLibrary)
-//	benchtool probelib            print the production library with the probe functions
-//	                              of bench/redis-probe.sh (probe.go)
-//	benchtool luafn               print the name of its function (redisstore.LuaFunction)
-//	benchtool floorlib            print a library of the floor function alone (probe.go's floorFn,
-//	                              named sluice_floor)
-//	benchtool ports N             print N free loopback TCP ports
-//	benchtool wait URL SECONDS    wait until URL answers (any status)
-//	benchtool snap ADMIN_URL      one line of counters from Caddy's admin endpoint:
-//	                              Go heap mallocs and bytes (/debug/vars) and
-//	                              Sluice's decision and store error counters (/metrics)
-//	benchtool fetch URL FILE      save URL's body to FILE (a pprof profile)
-//	benchtool cpu PID...          CPU ticks so far: the machine's busy and steal
-//	                              time (/proc/stat) and the given processes' (/proc/PID/stat)
-//	benchtool report DIR          the Markdown report of a run from DIR's raw files
+// `make bench`): the small jobs that are awkward in a shell script. Run it
+// without arguments for its subcommands (usageText); bench/README.md says
+// where the harness uses each.
 //
 // It uses only the standard library and the redisstore package (the script).
 package main
@@ -73,8 +58,29 @@ func main() {
 	}
 }
 
+// usageText lists the subcommands.
+const usageText = `usage: benchtool <subcommand>
+
+  benchtool lua                 print the decision as an EVAL script (redisstore.LuaScript)
+  benchtool lualib              print the production decision library (redisstore.LuaLibrary)
+  benchtool probelib            print the production library with the probe functions
+                                of bench/redis-probe.sh (probe.go)
+  benchtool luafn               print the name of its function (redisstore.LuaFunction)
+  benchtool floorlib            print a library of the floor function alone (probe.go's floorFn,
+                                named sluice_floor)
+  benchtool ports N             print N free loopback TCP ports
+  benchtool wait URL SECONDS    wait until URL answers (any status)
+  benchtool snap ADMIN_URL      one line of counters from Caddy's admin endpoint:
+                                Go heap mallocs and bytes (/debug/vars) and
+                                Sluice's decision and store error counters (/metrics)
+  benchtool fetch URL FILE      save URL's body to FILE (a pprof profile)
+  benchtool cpu PID...          CPU ticks so far: the machine's busy and steal
+                                time (/proc/stat) and the given processes' (/proc/PID/stat)
+  benchtool report DIR          the Markdown report of a run from DIR's raw files
+`
+
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool lua | ports N | wait URL SECONDS | snap ADMIN_URL | fetch URL FILE | cpu PID... | report DIR")
+	fmt.Fprint(os.Stderr, usageText)
 	os.Exit(2)
 }
 
