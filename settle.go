@@ -113,10 +113,9 @@ type usageRead struct {
 	body bodyKind
 	json jsonScan // the body's JSON, or the current event's data
 	sse  sseLines
-	// found: an amount was read (value); bad: an unusable one was;
-	// compressed: the body came compressed, unreadable as it streams.
-	found, bad, compressed bool
-	value                  int64
+	// found: an amount was read (value); bad: an unusable one was.
+	found, bad bool
+	value      int64
 }
 
 type bodyKind uint8
@@ -190,7 +189,7 @@ func readUsage(a *admission, p []byte) {
 				rd.body = bodyEvents
 			}
 			if ce := a.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-				rd.body, rd.compressed = bodyCompressed, true
+				rd.body = bodyCompressed
 			}
 		}
 		if rd.body == bodyCompressed {
@@ -233,7 +232,7 @@ func finishSettle(a *admission) {
 		}
 		reason := "settle: the response told no amount; the estimate stays"
 		switch {
-		case rd.compressed:
+		case rd.body == bodyCompressed:
 			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams; the estimate stays"
 		case rd.bad:
 			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53); the estimate stays"
