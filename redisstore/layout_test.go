@@ -114,7 +114,8 @@ func TestArgsAtTheirPositions(t *testing.T) {
 }
 
 // scriptValues returns the script's reply as an array: an admission's
-// status (lua/take.lua) as its integers, an array as it is.
+// status or packed integer (lua/take.lua) as its integers, an array as it
+// is.
 func scriptValues(cmd *redis.Cmd) ([]any, error) {
 	v, err := cmd.Result()
 	if err != nil {
@@ -123,6 +124,12 @@ func scriptValues(cmd *redis.Cmd) ([]any, error) {
 	switch v := v.(type) {
 	case []any:
 		return v, nil
+	case int64:
+		n, ok := packedAdmission(v)
+		if !ok {
+			return nil, fmt.Errorf("the script's admission %d is not one zone's", v)
+		}
+		return []any{n[0], n[1], n[2], n[3]}, nil
 	case string:
 		fields := strings.Fields(v)
 		out := make([]any, len(fields))

@@ -106,18 +106,22 @@ end)
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
 -- is formatted by Redis with snprintf (%.17g), which costs more than the
--- rest of the SET (an integer's %d costs little); a decision's TTLs
--- repeat.
+-- rest of the SET (an integer's %d costs little). store rounds a TTL up to
+-- a grid, so the TTLs of many keys repeat.
 local ttls, ttl = memo(function(px) return fmt('%d', px) end)
 
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
--- margin, deletes the key when there is no state (val nil), or writes
--- nothing (val false: a concurrency zone, whose lease is written by
--- concurrency_commit).
+-- margin, rounded up to a multiple of the power of 16 that is at most a
+-- sixteenth of it (KeyTTL in script.go mirrors it), deletes the key when
+-- there is no state (val nil), or writes nothing (val false: a concurrency
+-- zone, whose lease is written by concurrency_commit).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
-    local px = reset + margin
+    local px, q = reset + margin, 16
+    while px >= q * 256 do q = q * 16 end
+    local r = px % q
+    if r > 0 then px = px + q - r end
     call('SET', key, val, 'PX', ttls[px] or ttl(px))
   elseif val == nil then
     call('DEL', key)
@@ -348,6 +352,19 @@ local function take(keys, argv, base)
       out[o + i] = r
     end
     return out
+  end
+  if n == 1 and not wantnow and out[1] == 1 and out[3] == 0 then
+    -- one zone allowed with no wait: one integer (see atop)
+    local rem, reset = out[2], out[4]
+    if rem >= 0 and reset >= 0 then
+      if reset < 65536 and rem < 34359738368 then
+        return (rem * 65536 + reset) * 4
+      elseif reset < 16777216 and rem < 134217728 then
+        return (rem * 16777216 + reset) * 4 + 1
+      elseif reset < 4294967296 and rem < 524288 then
+        return (rem * 4294967296 + reset) * 4 + 2
+      end
+    end
   end
   local k, j, key = REPLY * n, 0, 0
   local lit = n <= 32
