@@ -46,13 +46,10 @@ func TestTypedReplyReadAsRaw(t *testing.T) {
 	}
 }
 
-// TestAdmissionReplyOfMixedZones: an admission's status reply writes a
-// zone that allowed with no wait as the digits 1 and 0 around its numbers
-// (lua/take.lua's admitfmt), and every other zone's four integers; one
-// request of three zones mixing them (a zone allowing at once, refundable,
-// so the reply ends with Redis's time; a report-only zone refusing; a
-// delayed zone admitted after a wait) is read zone by zone, twice, so the
-// second call reads the kept format.
+// TestAdmissionReplyOfMixedZones: an admission's array of several zones
+// (lua/take.lua) mixing a zone allowing at once, refundable, so the reply
+// ends with Redis's time, a report-only zone refusing and a delayed zone
+// admitted after a wait is read zone by zone, twice.
 func TestAdmissionReplyOfMixedZones(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newTestStore(t, srv.URL(), "", time.Second, 0)

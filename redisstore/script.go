@@ -1,11 +1,9 @@
 package redisstore
 
 import (
-	"bytes"
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -323,56 +321,4 @@ func KeyTTL(resetAfter time.Duration) time.Duration {
 		q *= 16
 	}
 	return time.Duration((px+q-1)/q*q) * time.Millisecond
-}
-
-// decodeAdmission reads the reply of a request that no enforcing zone
-// refused (lua/take.lua): a RESP status (or, from a typed command,
-// appendRESP's bulk string) holding decimal integers separated by spaces,
-// replyPerZone per zone (as zoneDecision reads them), then, when a zone was
-// taken refundable, Redis's time, every decision's At.
-func decodeAdmission(b []byte, reqs []algorithms.Request, out []algorithms.Decision) error {
-	r := respReader{b: b}
-	t, body, err := r.line()
-	if err != nil {
-		return err
-	}
-	if t == '$' {
-		n, ok := atoi(body)
-		switch {
-		case !ok || r.i+int(n)+2 > len(b):
-			return errMalformed
-		case n < 0:
-			return errors.New("redis: the script returned nil")
-		}
-		body = b[r.i : r.i+int(n)]
-	}
-	next := func() (int64, bool) {
-		end := bytes.IndexByte(body, ' ')
-		if end < 0 {
-			end = len(body)
-		}
-		v, ok := atoi(body[:end])
-		body = body[min(end+1, len(body)):]
-		return v, ok
-	}
-	var v [replyPerZone]int64
-	for i := range reqs {
-		for j := range v {
-			var ok bool
-			if v[j], ok = next(); !ok {
-				return fmt.Errorf("redis: the script's admission %q has too few integers for %d zones", b, len(reqs))
-			}
-		}
-		out[i] = zoneDecision(&reqs[i], v)
-	}
-	if len(body) > 0 {
-		now, ok := next()
-		if !ok || len(body) > 0 {
-			return fmt.Errorf("redis: the script's admission %q has too many integers for %d zones", b, len(reqs))
-		}
-		for i := range reqs {
-			out[i].At = now
-		}
-	}
-	return nil
 }
