@@ -79,7 +79,7 @@ func TestAdmissionReplyOfMixedZones(t *testing.T) {
 
 // TestPackedAdmissionReply: a one-zone admission with no wait comes as one
 // integer when its remaining and reset-after fit one of the three packings
-// (lua/take.lua), as a status otherwise; both read back as the same
+// (lua/take.lua), as an array otherwise; both read back as the same
 // numbers. Each case is a fresh key charged once at a fixed time.
 func TestPackedAdmissionReply(t *testing.T) {
 	srv := redistest.Start(t)
