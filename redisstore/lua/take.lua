@@ -57,8 +57,8 @@
 -- one integer instead (no table for Redis to read), its remaining and
 -- reset-after packed: (remaining x 2^k + reset-after) x 4 + s, where k is
 -- 16, 24 or 32 for s 0, 1 or 2, the first whose bounds they fit (the whole
--- below 2^53); the array when none fits (script.go's packedAdmission reads
--- it). When an enforcing zone refused, the array goes on with what the
+-- below 2^53; script.go's packedAdmission reads it), or the array when none
+-- fits. When an enforcing zone refused, the array goes on with what the
 -- deny cache needs to answer the same client's next requests as this
 -- script would (package denycache): the time it decided at (now, ms), then
 -- each zone's stored value as it stands after the call (a refusal writes
