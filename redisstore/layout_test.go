@@ -113,8 +113,8 @@ func TestArgsAtTheirPositions(t *testing.T) {
 	}
 }
 
-// scriptValues returns the script's reply as an array: an admission's
-// status (lua/take.lua) as its integers, an array as it is.
+// scriptValues returns the script's reply as an array: a packed
+// admission (lua/take.lua) as its integers, an array as it is.
 func scriptValues(cmd *redis.Cmd) ([]any, error) {
 	v, err := cmd.Result()
 	if err != nil {
@@ -123,25 +123,20 @@ func scriptValues(cmd *redis.Cmd) ([]any, error) {
 	switch v := v.(type) {
 	case []any:
 		return v, nil
-	case string:
-		fields := strings.Fields(v)
-		out := make([]any, len(fields))
-		for i, f := range fields {
-			n, err := strconv.ParseInt(f, 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("the script's admission %q: %v", v, err)
-			}
-			out[i] = n
+	case int64:
+		n, ok := packedAdmission(v)
+		if !ok {
+			return nil, fmt.Errorf("the script's admission %d is not one zone's", v)
 		}
-		return out, nil
+		return []any{n[0], n[1], n[2], n[3]}, nil
 	}
 	return nil, fmt.Errorf("the script returned %T", v)
 }
 
-// TestDecodeAdmission: an admission's status reply is read as the array
-// of the same integers is, from go-redis's raw bytes and from a typed
-// command's reply written back (a bulk string); a reply of the wrong
-// length is refused.
+// TestDecodeAdmission: an admission's array is read with Redis's time at
+// its end, a packed one-zone admission as the array of its numbers, from
+// go-redis's raw bytes and from a typed command's reply written back; a
+// reply of the wrong length or form is refused.
 func TestDecodeAdmission(t *testing.T) {
 	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9}
 	reqs := []algorithms.Request{{Limit: l, Cost: 1}, {Limit: l, Cost: 1}}
@@ -153,18 +148,19 @@ func TestDecodeAdmission(t *testing.T) {
 	if want[1].ResetAfter != 86400000000*time.Millisecond || want[0].At != 1800000000123 || !want[0].Allowed {
 		t.Fatalf("the array's decisions: %+v", want)
 	}
-	status := "1 8 0 428 1 2 -3 86400000000 1800000000123"
-	for _, b := range [][]byte{[]byte("+" + status + "\r\n"), appendRESP(nil, status)} {
-		got := make([]algorithms.Decision, 2)
-		if err := decodeRaw(b, reqs, got, false, nil); err != nil {
+	want[0].At = 0
+	packed := int64(8<<16+428) << 2
+	for _, b := range [][]byte{[]byte(":" + strconv.FormatInt(packed, 10) + "\r\n"), appendRESP(nil, packed)} {
+		got := make([]algorithms.Decision, 1)
+		if err := decodeRaw(b, reqs[:1], got, false, nil); err != nil {
 			t.Fatalf("%q: %v", b, err)
 		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("%q:\n got %+v\nwant %+v", b, got, want)
+		if fmt.Sprint(got[0]) != fmt.Sprint(want[0]) {
+			t.Fatalf("%q:\n got %+v\nwant %+v", b, got[0], want[0])
 		}
 	}
-	for _, bad := range []string{"+1 8 0\r\n", "+1 8 0 428 1 2 -3 4 5 6\r\n", "+1 8 0 428 1 2 -3 x\r\n", "+\r\n"} {
-		if err := decodeRaw([]byte(bad), reqs, make([]algorithms.Decision, 2), false, nil); err == nil {
+	for _, bad := range [][]byte{appendRESP(nil, array[:3]), appendRESP(nil, append(array, int64(4))), []byte("+1 8 0 428 1 2 -3 86400000000\r\n"), appendRESP(nil, packed)} {
+		if err := decodeRaw(bad, reqs, make([]algorithms.Decision, 2), false, nil); err == nil {
 			t.Errorf("%q: read without an error", bad)
 		}
 	}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -45,13 +46,10 @@ func TestTypedReplyReadAsRaw(t *testing.T) {
 	}
 }
 
-// TestAdmissionReplyOfMixedZones: an admission's status reply writes a
-// zone that allowed with no wait as the digits 1 and 0 around its numbers
-// (lua/take.lua's admitfmt), and every other zone's four integers; one
-// request of three zones mixing them (a zone allowing at once, refundable,
-// so the reply ends with Redis's time; a report-only zone refusing; a
-// delayed zone admitted after a wait) is read zone by zone, twice, so the
-// second call reads the kept format.
+// TestAdmissionReplyOfMixedZones: an admission's array of several zones
+// (lua/take.lua) mixing a zone allowing at once, refundable, so the reply
+// ends with Redis's time, a report-only zone refusing and a delayed zone
+// admitted after a wait is read zone by zone, twice.
 func TestAdmissionReplyOfMixedZones(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newTestStore(t, srv.URL(), "", time.Second, 0)
@@ -76,5 +74,71 @@ func TestAdmissionReplyOfMixedZones(t *testing.T) {
 			d[2].Delay <= wantWait-time.Second/2 || d[2].Delay > wantWait {
 			t.Errorf("round %d: the delayed zone: %+v, want admitted after a wait of about %v", round, d[2], wantWait)
 		}
+	}
+}
+
+// TestPackedAdmissionReply: a one-zone admission with no wait comes as one
+// integer when its remaining and reset-after fit one of the three packings
+// (lua/take.lua), as an array otherwise; both read back as the same
+// numbers. Each case is a fresh key charged once at a fixed time.
+func TestPackedAdmissionReply(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := testCtx(t)
+	const day = 24 * time.Hour
+	for i, tc := range []struct {
+		events, cost int64
+		window       time.Duration
+		packed       bool
+		rem          int64
+		reset        time.Duration
+	}{
+		{10, 1, 10 * time.Second, true, 9, time.Second},                           // reset below 2^16 ms
+		{10, 1, time.Hour, true, 9, 6 * time.Minute},                              // below 2^24
+		{10, 1, 30 * day, true, 9, 3 * day},                                       // below 2^32
+		{10, 1, 1000 * day, false, 9, 100 * day},                                  // 2^32 or more
+		{200_000_000, 20_000_000, time.Hour, false, 180_000_000, 6 * time.Minute}, // remaining too large for its reset
+		{200_000_000, 1, time.Hour, true, 199_999_999, time.Millisecond},
+	} {
+		l := limit(t, tc.events, tc.window, 0)
+		r := algorithms.Request{Limit: l, Cost: tc.cost}
+		cmd := twinScript.Run(ctx, c, []string{"packed:" + strconv.Itoa(i)}, luaArgs([]any{int64(1_800_000_000_000)}, false, r)...)
+		v, err := cmd.Result()
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if _, isInt := v.(int64); isInt != tc.packed {
+			t.Errorf("case %d: reply %T %v, want packed %v", i, v, v, tc.packed)
+		}
+		got := make([]algorithms.Decision, 1)
+		if err := decodeRaw(appendRESP(nil, v), []algorithms.Request{r}, got, false, nil); err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if d := got[0]; !d.Allowed || d.Delay != 0 || d.Remaining != tc.rem || d.ResetAfter != tc.reset {
+			t.Errorf("case %d: %+v, want allowed, remaining %d, reset-after %v", i, d, tc.rem, tc.reset)
+		}
+	}
+	for _, bad := range []string{":-4\r\n", ":3\r\n", ":x\r\n"} {
+		if err := decodeRaw([]byte(bad), make([]algorithms.Request, 1), make([]algorithms.Decision, 1), false, nil); err == nil {
+			t.Errorf("%q: read without an error", bad)
+		}
+	}
+	if err := decodeRaw([]byte(":4\r\n"), make([]algorithms.Request, 2), make([]algorithms.Decision, 2), false, nil); err == nil {
+		t.Error("a packed admission read for two zones")
+	}
+}
+
+// TestKeyTTL: a write's TTL is never shorter than the time to full plus a
+// second, and less than 17/16 of it; the TTLs of nearby resets are one.
+func TestKeyTTL(t *testing.T) {
+	for _, ms := range []int64{-5, 0, 1, 3095, 3096, 64535, 64536, 719_000, 720_000, 86_400_000, 1 << 40} {
+		reset := time.Duration(ms) * time.Millisecond
+		base := time.Duration(max(ms, 0)+1000) * time.Millisecond
+		if got := KeyTTL(reset); got < base || got*16 >= base*17 {
+			t.Errorf("KeyTTL(%v) = %v, want in [%v, 17/16 of it)", reset, got, base)
+		}
+	}
+	if a, b := KeyTTL(720_000*time.Millisecond), KeyTTL(723_000*time.Millisecond); a != b {
+		t.Errorf("KeyTTL of 720s and 723s: %v and %v, want one TTL", a, b)
 	}
 }

@@ -1,14 +1,13 @@
 package redisstore
 
 import (
-	"bytes"
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -279,54 +278,47 @@ func zoneOptions(l algorithms.Limit) string {
 	return string(b)
 }
 
-// decodeAdmission reads the reply of a request that no enforcing zone
-// refused (lua/take.lua): a RESP status (or, from a typed command,
-// appendRESP's bulk string) holding decimal integers separated by spaces,
-// replyPerZone per zone (as zoneDecision reads them), then, when a zone was
-// taken refundable, Redis's time, every decision's At.
-func decodeAdmission(b []byte, reqs []algorithms.Request, out []algorithms.Decision) error {
+// packedAdmission returns the four numbers of a one-zone admission that
+// lua/take.lua packed into one integer (a zone allowed with no wait whose
+// remaining and reset-after fit): (remaining x 2^k + reset-after) x 4 +
+// s, where k is 16, 24 or 32 for s 0, 1 or 2.
+func packedAdmission(v int64) ([replyPerZone]int64, bool) {
+	s := v & 3
+	if v < 0 || s == 3 {
+		return [replyPerZone]int64{}, false
+	}
+	k := 16 + 8*s
+	v >>= 2
+	return [replyPerZone]int64{1, v >> k, 0, v & (1<<k - 1)}, true
+}
+
+// decodePacked reads a one-zone admission packed into an integer reply
+// (packedAdmission).
+func decodePacked(b []byte, reqs []algorithms.Request, out []algorithms.Decision) error {
 	r := respReader{b: b}
-	t, body, err := r.line()
+	v, err := r.integer()
 	if err != nil {
 		return err
 	}
-	if t == '$' {
-		n, ok := atoi(body)
-		switch {
-		case !ok || r.i+int(n)+2 > len(b):
-			return errMalformed
-		case n < 0:
-			return errors.New("redis: the script returned nil")
-		}
-		body = b[r.i : r.i+int(n)]
+	n, ok := packedAdmission(v)
+	if !ok || len(reqs) != 1 {
+		return fmt.Errorf("redis: the script's admission %d is not one zone's", v)
 	}
-	next := func() (int64, bool) {
-		end := bytes.IndexByte(body, ' ')
-		if end < 0 {
-			end = len(body)
-		}
-		v, ok := atoi(body[:end])
-		body = body[min(end+1, len(body)):]
-		return v, ok
-	}
-	var v [replyPerZone]int64
-	for i := range reqs {
-		for j := range v {
-			var ok bool
-			if v[j], ok = next(); !ok {
-				return fmt.Errorf("redis: the script's admission %q has too few integers for %d zones", b, len(reqs))
-			}
-		}
-		out[i] = zoneDecision(&reqs[i], v)
-	}
-	if len(body) > 0 {
-		now, ok := next()
-		if !ok || len(body) > 0 {
-			return fmt.Errorf("redis: the script's admission %q has too many integers for %d zones", b, len(reqs))
-		}
-		for i := range reqs {
-			out[i].At = now
-		}
-	}
+	out[0] = zoneDecision(&reqs[0], n)
 	return nil
+}
+
+// KeyTTL is the TTL that a decision's write gives a key whose time back to
+// full is resetAfter (lua/take.lua's store, which it mirrors): resetAfter
+// plus a second, so that an expired key and a full one mean the same,
+// rounded up to a multiple of the power of 16 that is at most a sixteenth
+// of it, so that the TTLs of many keys repeat (the script keeps their
+// digits). It is less than 17/16 of resetAfter plus a second.
+func KeyTTL(resetAfter time.Duration) time.Duration {
+	px := max(resetAfter.Milliseconds(), 0) + 1000
+	q := int64(16)
+	for px >= q*256 {
+		q *= 16
+	}
+	return time.Duration((px+q-1)/q*q) * time.Millisecond
 }

@@ -596,10 +596,11 @@ func zoneDecision(r *algorithms.Request, n [replyPerZone]int64) algorithms.Decis
 // allowed (1/0), remaining, retry-after and reset-after in ms; after them,
 // on a refusal, Redis's time and each zone's stored value, kept in ref when
 // it is not nil; or, on an admission with a refundable zone, Redis's time
-// alone. Redis's time, when the reply has it, is every decision's At.
+// alone. Redis's time, when the reply has it, is every decision's At. One
+// zone allowed with no wait comes as one integer instead (decodePacked).
 func decodeRaw(b []byte, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
-	if len(b) > 0 && (b[0] == '+' || b[0] == '$') && !refund {
-		return decodeAdmission(b, reqs, out) // no enforcing zone refused
+	if len(b) > 0 && b[0] == ':' && !refund {
+		return decodePacked(b, reqs, out) // one zone allowed with no wait
 	}
 	r := respReader{b: b}
 	n, err := r.arrayLen()

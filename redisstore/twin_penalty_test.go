@@ -168,9 +168,9 @@ func (tw *twin) penaltyStep(limits []algorithms.Limit, costs []int64, adv int64,
 			t.Fatalf("%s\nzone %d: DecodeState(%q) = %+v %v, which encodes back as %q", tw.history(), i, raw, st, ok, encodeState(st))
 		}
 		if written[i] {
-			want := decs[i].ResetAfter.Milliseconds() + 1000
+			want := KeyTTL(decs[i].ResetAfter).Milliseconds()
 			if got := pttl(t, tw.c, z.key); got > want || got < want-250 {
-				t.Fatalf("%s\nzone %d PTTL %dms, want %dms (reset-after + 1000ms margin)", tw.history(), i, got, want)
+				t.Fatalf("%s\nzone %d PTTL %dms, want %dms (KeyTTL of reset-after %v)", tw.history(), i, got, want, decs[i].ResetAfter)
 			}
 		}
 	}

@@ -50,20 +50,21 @@
 --
 -- It returns, per zone, four integers: allowed (1/0), remaining, retry-after
 -- (ms; for an admission, the wait of a delayed one: algorithms/delay.go)
--- and reset-after (ms). When no enforcing zone refused, they come as one
--- status reply, the integers' decimal digits separated by spaces (one
--- string.format of integers: a status costs Redis less than an array, and
--- go-redis reads it without allocating, unlike a bulk string). When an
--- enforcing zone refused, they come as an array of integers, which goes on
--- with what the deny cache needs to answer the same client's next
--- requests as this script would (package denycache): the time it decided
--- at (now, ms), then each zone's stored value as it stands after the call
--- (a refusal writes nothing but a penalty that starts, so it is the value
--- read, or the penalty written): "" for none, 0 for a value longer than
--- 1024 bytes (a long sliding log, not worth the bandwidth). A request that
--- is allowed gets the four integers per zone, and then, when a zone's mode
--- is 3 or 4, the time it decided at (what a refund of its charges names),
--- as one more integer of its status.
+-- and reset-after (ms), as an array of integers. A request that is allowed
+-- gets the four integers per zone, and then, when a zone's mode is 3, 4, 6
+-- or 7, the time it decided at (what a refund of its charges names). A
+-- request of one zone that allowed with no wait, and no time to add, gets
+-- one integer instead (no table for Redis to read), its remaining and
+-- reset-after packed: (remaining x 2^k + reset-after) x 4 + s, where k is
+-- 16, 24 or 32 for s 0, 1 or 2, the first whose bounds they fit (the whole
+-- below 2^53; script.go's packedAdmission reads it), or the array when none
+-- fits. When an enforcing zone refused, the array goes on with what the
+-- deny cache needs to answer the same client's next requests as this
+-- script would (package denycache): the time it decided at (now, ms), then
+-- each zone's stored value as it stands after the call (a refusal writes
+-- nothing but a penalty that starts, so it is the value read, or the
+-- penalty written): "" for none, 0 for a value longer than 1024 bytes (a
+-- long sliding log, not worth the bandwidth).
 --
 -- Every algorithm's step returns allowed, remaining, retry-after,
 -- reset-after and the value to store (nil: delete the key); its refund
@@ -106,18 +107,22 @@ end)
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
 -- is formatted by Redis with snprintf (%.17g), which costs more than the
--- rest of the SET (an integer's %d costs little); a decision's TTLs
--- repeat.
+-- rest of the SET (an integer's %d costs little). store rounds a TTL up to
+-- a grid, so the TTLs of many keys repeat.
 local ttls, ttl = memo(function(px) return fmt('%d', px) end)
 
 -- store writes a state with a TTL of its time to full (reset, ms) plus the
--- margin, deletes the key when there is no state (val nil), or writes
--- nothing (val false: a concurrency zone, whose lease is written by
--- concurrency_commit).
+-- margin, rounded up to a multiple of the power of 16 that is at most a
+-- sixteenth of it (KeyTTL in script.go mirrors it), deletes the key when
+-- there is no state (val nil), or writes nothing (val false: a concurrency
+-- zone, whose lease is written by concurrency_commit).
 local function store(key, val, reset)
   if val then
     if reset < 0 then reset = 0 end
-    local px = reset + margin
+    local px, q = reset + margin, 16
+    while px >= q * 256 do q = q * 16 end
+    local r = px % q
+    if r > 0 then px = px + q - r end
     call('SET', key, val, 'PX', ttls[px] or ttl(px))
   elseif val == nil then
     call('DEL', key)
@@ -127,37 +132,12 @@ end
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
 -- (false: refunded, nothing to write), the algorithm's value it was decided
 -- against and the stored value after the call (for the deny cache); and of
--- every zone, its spec's parse (zs). out holds the reply's numbers, okr
--- an admission's status reply.
+-- every zone, its spec's parse (zs). out holds the reply's numbers.
 -- Overwritten by every call: in a Redis Function library they outlive the
 -- call (holding a value each until the next), so a decision allocates no
 -- table. The last zone needs none of the first four: when it decides,
 -- every zone has.
-local vals, resets, raws, fulls, zs, out, okr = {}, {}, {}, {}, {}, {}, {}
-
--- admitfmt[key]: string.format's format of an admission's reply (memo).
--- key is b x 256 + k: k integers (4 per zone, and the instant of a
--- refundable take), and b a bit per zone, the first zone's highest, set
--- for a zone that allowed with no wait, whose allowed and retry-after the
--- format writes as the digits 1 and 0 (each %d is a sprintf, the dearest
--- part of the reply). Requests of more than 32 zones set no bit and make
--- their format each time. fa holds the integers the format reads.
-local admitfmt, admitFormat = memo(function(key)
-  local k = key % 256
-  local bits, n, parts = (key - k) / 256, (k - k % REPLY) / REPLY, {}
-  for i = n, 1, -1 do
-    local b = bits % 2
-    bits = (bits - b) / 2
-    if b == 1 then
-      parts[i] = '1 %d 0 %d'
-    else
-      parts[i] = '%d %d %d %d'
-    end
-  end
-  if k > REPLY * n then parts[n + 1] = '%d' end
-  return table.concat(parts, ' ')
-end)
-local fa = {}
+local vals, resets, raws, fulls, zs, out = {}, {}, {}, {}, {}, {}
 
 local inflightTTL = '300000' -- ms
 
@@ -349,30 +329,24 @@ local function take(keys, argv, base)
     end
     return out
   end
-  local k, j, key = REPLY * n, 0, 0
-  local lit = n <= 32
-  for o = 1, k, REPLY do
-    if lit and out[o] == 1 and out[o + 2] == 0 then
-      key = key * 2 + 1
-      fa[j + 1], fa[j + 2] = out[o + 1], out[o + 3]
-      j = j + 2
-    else
-      key = key * 2
-      fa[j + 1], fa[j + 2], fa[j + 3], fa[j + 4] = out[o], out[o + 1], out[o + 2], out[o + 3]
-      j = j + 4
+  if n == 1 and not wantnow and out[1] == 1 and out[3] == 0 then
+    -- one zone allowed with no wait: one packed integer (see atop)
+    local rem, reset = out[2], out[4]
+    if rem >= 0 and reset >= 0 then
+      if reset < 65536 and rem < 34359738368 then
+        return (rem * 65536 + reset) * 4
+      elseif reset < 16777216 and rem < 134217728 then
+        return (rem * 16777216 + reset) * 4 + 1
+      elseif reset < 4294967296 and rem < 524288 then
+        return (rem * 4294967296 + reset) * 4 + 2
+      end
     end
   end
+  local k = REPLY * n
   if wantnow then
-    k, j = k + 1, j + 1
-    fa[j] = now
+    k = k + 1
+    out[k] = now
   end
-  local f
-  if lit then
-    key = key * 256 + k
-    f = admitfmt[key] or admitFormat(key)
-  else
-    f = '%d' .. string.rep(' %d', k - 1)
-  end
-  okr.ok = fmt(f, unpk(fa, 1, j))
-  return okr
+  out[k + 1] = nil -- the array ends here (out outlives the call)
+  return out
 end
