@@ -4,13 +4,16 @@
 -- take(KEYS, ARGV, base); the Redis Function library defines all of it
 -- once, when it loads, and its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[base + ARGS(i-1) + 1..ARGS]
--- (the layout is written by script.go's argCache) are: the zone's spec,
--- cost, mode and, for a refund, the instant of the charge to give back (Unix
--- ms; 0: unknown; '0' for a take). The spec is the limit's static part,
+-- KEYS[i] is zone i's state key and ARGV[base + i] its one argument (the
+-- layout is written by script.go's argCache): four fields joined by SEP,
+-- the zone's spec, cost, mode and, for a refund, the instant of the charge
+-- to give back (Unix ms; 0: unknown; UNKNOWN_INSTANT for a take). The spec
+-- is the limit's static part,
 -- "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (common.lua,
--- opts: '0' for none; a penalty, a delay): a zone sends the same string on
--- every call, so take parses it once and keeps the result (specs). The
+-- opts: '0' for none; a penalty, a delay). A take's argument repeats call
+-- after call, so take parses each distinct one once and keeps its parse
+-- (zargs); one that varies by call (a refund's instant, a concurrency
+-- zone's lease id) is parsed on every call and kept by nothing. The
 -- modes: 0 take, 1 refund, 2 take for a report-only
 -- zone, 3 take whose charge may be refunded (a zone counting only some
 -- response statuses, a request that may wait), 4 the same for a
@@ -72,17 +75,17 @@
 -- the arithmetic of a decision.
 
 -- The layout's numbers, defined by script.go and checked against it
--- (TestLuaLayoutMatchesGo): a zone's ARGS arguments (A_*, their positions
--- past the zone's base), the modes, the concurrency algorithm's id as sent,
--- and REPLY numbers per zone in the reply.
-local ARGS = 4
-local A_SPEC, A_COST, A_MODE, A_AT = 1, 2, 3, 4
+-- (TestLuaLayoutMatchesGo): the separator of a zone's argument's fields,
+-- the modes, a take's instant, the concurrency algorithm's id as sent, and
+-- REPLY numbers per zone in the reply.
+local SEP = ','
 local MODE_TAKE, MODE_REFUND, MODE_REPORT_ONLY = '0', '1', '2'
 local MODE_REFUNDABLE, MODE_REPORT_ONLY_REFUNDABLE = '3', '4'
 local MODE_RENEW = '5'
 local MODE_INFLIGHT, MODE_REPORT_ONLY_INFLIGHT = '6', '7'
 local MODE_REFUND_INFLIGHT, MODE_SETTLE_INFLIGHT = '8', '9'
 local MODE_SETTLE = '10'
+local UNKNOWN_INSTANT = '0'
 local ALG_CONCURRENCY = 5
 local REPLY = 4
 
@@ -92,9 +95,9 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
   [4] = sliding_log_refund, [5] = concurrency_release}
 
--- specs maps a spec (ARGV, A_SPEC) to its parse (memo): {algorithm id,
--- events, window, capacity, options (nil: none)}; nil for a malformed spec
--- or an unknown algorithm.
+-- specs maps a spec (a zone argument's first field) to its parse (memo):
+-- {algorithm id, events, window, capacity, options (nil: none)}; nil for a
+-- malformed spec or an unknown algorithm.
 local specs, spec = memo(function(s)
   local a, e, w, c, o = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
   a = tonum(a)
@@ -102,6 +105,51 @@ local specs, spec = memo(function(s)
     return nil
   end
   return {a, tonum(e), tonum(w), tonum(c), opts(o)}
+end)
+
+-- zonepat matches a zone's argument, capturing its four fields.
+local zonepat
+do
+  local f = '([^' .. SEP .. ']+)'
+  zonepat = '^' .. f .. SEP .. f .. SEP .. f .. SEP .. f .. '$'
+end
+
+-- unkept[i] holds the parse of zone i's argument when it is not kept;
+-- like zs, it outlives the call in a Redis Function library.
+local unkept = {}
+
+-- zargs maps a zone's argument s to its parse (memo): its spec's five
+-- fields as specs has them, then its cost (a concurrency zone's: its lease
+-- id, a string), mode, instant, and cost as sent; nil for a malformed
+-- argument or an unknown algorithm. A parse whose instant is not
+-- UNKNOWN_INSTANT (a refund's), or a concurrency zone's, is written to
+-- unkept[i] (zone i's) and not kept.
+local zargs, zarg = memo(function(s, i)
+  local sp, c, m, at = string.match(s, zonepat)
+  local z = sp and (specs[sp] or spec(sp))
+  if not z then
+    return nil
+  end
+  local alg, cost = z[1], c
+  if alg ~= ALG_CONCURRENCY then
+    cost = nums[c] or num(c)
+    if not cost then
+      return nil
+    end
+  end
+  local t, varies = nil, at ~= UNKNOWN_INSTANT or alg == ALG_CONCURRENCY
+  if varies then
+    t = unkept[i]
+    if not t then
+      t = {}
+      unkept[i] = t
+    end
+  else
+    t = {}
+  end
+  t[1], t[2], t[3], t[4], t[5] = alg, z[2], z[3], z[4], z[5]
+  t[6], t[7], t[8], t[9] = cost, m, at, c
+  return t, varies
 end)
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
@@ -127,7 +175,7 @@ end
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
 -- (false: refunded, nothing to write), the algorithm's value it was decided
 -- against and the stored value after the call (for the deny cache); and of
--- every zone, its spec's parse (zs). out holds the reply's numbers, okr
+-- every zone, its argument's parse (zs). out holds the reply's numbers, okr
 -- an admission's status reply.
 -- Overwritten by every call: in a Redis Function library they outlive the
 -- call (holding a value each until the next), so a decision allocates no
@@ -177,23 +225,20 @@ local function take(keys, argv, base)
   local conc = false -- a concurrency zone takes a slot
   local flying = false -- a zone takes a charge in flight
   for i = 1, n do
-    local b = base + ARGS * (i - 1)
-    local sp = argv[b + A_SPEC]
-    local z = specs[sp] or spec(sp)
+    local s = argv[base + i]
+    local z = zargs[s] or zarg(s, i)
     if not z then
-      return redis.error_reply('sluice: unknown algorithm or malformed zone spec ' .. tostring(sp))
+      return redis.error_reply('sluice: unknown algorithm or malformed zone argument ' .. tostring(s))
     end
     zs[i] = z
     local alg, events, w, capacity, ot = z[1], z[2], z[3], z[4], z[5]
+    local cost, mode, s5 = z[6], z[7], z[9]
     local step = steps[alg]
-    local s5 = argv[b + A_COST]
-    local cost = s5
     local full, raw, pen = nil, nil, 0
     if alg == ALG_CONCURRENCY then
       -- a concurrency zone: its key as its value, its lease id as its cost
       conc, raw = true, keys[i]
     else
-      cost = nums[s5] or num(s5)
       full = call('GET', keys[i])
       if full == false then
         full = nil
@@ -201,14 +246,13 @@ local function take(keys, argv, base)
         raw, pen = unpen(full)
       end
     end
-    local mode = argv[b + A_MODE]
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == MODE_RENEW then
       if alg == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
       if i < n then resets[i] = false end
     elseif mode == MODE_SETTLE then
       -- settled to an amount: a charge on top may outlive the key's TTL
-      local at, amount = string.match(argv[b + A_AT], '^(%d+):(%d+)$')
+      local at, amount = string.match(z[8], '^(%d+):(%d+)$')
       settle(keys[i], s5)
       reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(at) or 0, ot)
       if reset then
@@ -221,7 +265,7 @@ local function take(keys, argv, base)
       reset = 0
       if i < n then resets[i] = false end
     elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
-      local at = tonum(argv[b + A_AT]) or 0
+      local at = tonum(z[8]) or 0
       if mode ~= MODE_REFUND and alg ~= ALG_CONCURRENCY then settle(keys[i], s5) end
       if mode == MODE_SETTLE_INFLIGHT then
         reset = false -- kept: nothing to give back
@@ -311,11 +355,10 @@ local function take(keys, argv, base)
   -- the charges taken in flight, if every zone allowed
   if all and flying then
     for i = 1, n do
-      local b = base + ARGS * (i - 1)
-      local mode = argv[b + A_MODE]
+      local mode = zs[i][7]
       if (mode == MODE_INFLIGHT or mode == MODE_REPORT_ONLY_INFLIGHT) and out[REPLY * (i - 1) + 1] == 1 then
         local fk = keys[i] .. ':f'
-        call('INCRBY', fk, argv[b + A_COST])
+        call('INCRBY', fk, zs[i][9])
         call('PEXPIRE', fk, inflightTTL)
       end
     end
@@ -324,10 +367,9 @@ local function take(keys, argv, base)
   -- refund's or a renewal's, whose zones report allowed)
   if all and conc then
     for i = 1, n do
-      local b = base + ARGS * (i - 1)
-      local mode = argv[b + A_MODE]
+      local mode = zs[i][7]
       if zs[i][1] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
-        concurrency_commit(keys[i], zs[i][3], argv[b + A_COST])
+        concurrency_commit(keys[i], zs[i][3], zs[i][9])
       end
     end
   end
