@@ -35,8 +35,14 @@ local patterns = {[0] = '^(%-?%d+):(%-?%d+):(%d+)$', [1] = '^g(%-?%d+):(%d+):(%d
 local atis = {[0] = 2, [1] = 1, [2] = 3}
 local function probe_args(argv, i)
   local s = argv[i]
-  local z = zargs[s] or zarg(s, i)
-  return z[1], z[2], z[3], z[4], z[6], z[5]
+  local z = zargs[s]
+  local cost
+  if z then
+    cost = z[6]
+  else
+    z, cost = zone(s)
+  end
+  return z[1], z[2], z[3], z[4], cost, z[5]
 end
 redis.register_function('p_empty', function(keys, args) return 1 end)
 redis.register_function('p_time', function(keys, args) probe_now() return 1 end)

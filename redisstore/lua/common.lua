@@ -17,15 +17,14 @@ local function bind()
 end
 
 -- memo returns a cache of f's results, read on the hot path as
--- `c[k] or miss(k, ...)`: miss computes f(k, ...) and keeps it, unless it
--- is nil or f's second result is true (a result for this call only). The
--- cache is emptied when it reaches 1000 entries, so keys that vary cannot
--- grow it without bound.
+-- `c[k] or miss(k)`: miss(k, ...) computes f(k, ...) and keeps it (unless
+-- nil). The cache is emptied when it reaches 1000 entries, so keys that
+-- vary cannot grow it without bound.
 local function memo(f)
   local c, n = {}, 0
   local function miss(k, ...)
-    local v, once = f(k, ...)
-    if v ~= nil and not once then
+    local v = f(k, ...)
+    if v ~= nil then
       if n >= 1000 then
         for key in pairs(c) do c[key] = nil end
         n = 0

@@ -107,24 +107,27 @@ local specs, spec = memo(function(s)
   return {a, tonum(e), tonum(w), tonum(c), opts(o)}
 end)
 
--- zonepat matches a zone's argument, capturing its four fields.
+-- zonepat matches a zone's argument, capturing its four fields (the last
+-- takes the rest: '.' costs string.match less than a set).
 local zonepat
 do
   local f = '([^' .. SEP .. ']+)'
-  zonepat = '^' .. f .. SEP .. f .. SEP .. f .. SEP .. f .. '$'
+  zonepat = '^' .. f .. SEP .. f .. SEP .. f .. SEP .. '(.+)$'
 end
 
--- unkept[i] holds the parse of zone i's argument when it is not kept;
--- like zs, it outlives the call in a Redis Function library.
-local unkept = {}
+-- zargs maps a take's argument to its parse (memo): its spec's five fields
+-- as specs has them, then its cost, mode, instant and cost as sent.
+-- keep(s, t) keeps t as the parse of s.
+local zargs, keep = memo(function(_, t) return t end)
 
--- zargs maps a zone's argument s to its parse (memo): its spec's five
--- fields as specs has them, then its cost (a concurrency zone's: its lease
--- id, a string), mode, instant, and cost as sent; nil for a malformed
--- argument or an unknown algorithm. A parse whose instant is not
--- UNKNOWN_INSTANT (a refund's), or a concurrency zone's, is written to
--- unkept[i] (zone i's) and not kept.
-local zargs, zarg = memo(function(s, i)
+-- zone parses a zone's argument s: it returns its spec's parse (specs),
+-- cost (a concurrency zone's: its lease id, a string), mode, instant and
+-- cost as sent; nil for a malformed argument or an unknown algorithm. The
+-- parse of a take's argument (its instant UNKNOWN_INSTANT, not a
+-- concurrency zone's) it keeps in zargs and returns in place of the
+-- spec's; the others vary by call (a refund's instant, a lease id), so
+-- nothing keeps them and no table is made for them.
+local function zone(s)
   local sp, c, m, at = string.match(s, zonepat)
   local z = sp and (specs[sp] or spec(sp))
   if not z then
@@ -136,21 +139,12 @@ local zargs, zarg = memo(function(s, i)
     if not cost then
       return nil
     end
-  end
-  local t, varies = nil, at ~= UNKNOWN_INSTANT or alg == ALG_CONCURRENCY
-  if varies then
-    t = unkept[i]
-    if not t then
-      t = {}
-      unkept[i] = t
+    if at == UNKNOWN_INSTANT then
+      z = keep(s, {alg, z[2], z[3], z[4], z[5], cost, m, at, c})
     end
-  else
-    t = {}
   end
-  t[1], t[2], t[3], t[4], t[5] = alg, z[2], z[3], z[4], z[5]
-  t[6], t[7], t[8], t[9] = cost, m, at, c
-  return t, varies
-end)
+  return z, cost, m, at, c
+end
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
 -- is formatted by Redis with snprintf (%.17g), which costs more than the
@@ -175,13 +169,16 @@ end
 -- What the second pass needs of zone i < #KEYS: its value and reset-after
 -- (false: refunded, nothing to write), the algorithm's value it was decided
 -- against and the stored value after the call (for the deny cache); and of
--- every zone, its argument's parse (zs). out holds the reply's numbers, okr
+-- every zone, its spec's parse (zs). out holds the reply's numbers, okr
 -- an admission's status reply.
 -- Overwritten by every call: in a Redis Function library they outlive the
 -- call (holding a value each until the next), so a decision allocates no
 -- table. The last zone needs none of the first four: when it decides,
 -- every zone has.
 local vals, resets, raws, fulls, zs, out, okr = {}, {}, {}, {}, {}, {}, {}
+-- leases[i]: a concurrency zone's lease id to record if every zone allows
+-- (false: a release or a renewal); read for concurrency zones only.
+local leases = {}
 
 -- admitfmt[key]: string.format's format of an admission's reply (memo).
 -- key is b x 256 + k: k integers (4 per zone, and the instant of a
@@ -226,18 +223,24 @@ local function take(keys, argv, base)
   local flying = false -- a zone takes a charge in flight
   for i = 1, n do
     local s = argv[base + i]
-    local z = zargs[s] or zarg(s, i)
-    if not z then
-      return redis.error_reply('sluice: unknown algorithm or malformed zone argument ' .. tostring(s))
+    local z = zargs[s]
+    local cost, mode, at, s5
+    if z then
+      cost, mode, at, s5 = z[6], z[7], z[8], z[9]
+    else
+      z, cost, mode, at, s5 = zone(s)
+      if not z then
+        return redis.error_reply('sluice: unknown algorithm or malformed zone argument ' .. tostring(s))
+      end
     end
     zs[i] = z
     local alg, events, w, capacity, ot = z[1], z[2], z[3], z[4], z[5]
-    local cost, mode, s5 = z[6], z[7], z[9]
     local step = steps[alg]
     local full, raw, pen = nil, nil, 0
     if alg == ALG_CONCURRENCY then
       -- a concurrency zone: its key as its value, its lease id as its cost
       conc, raw = true, keys[i]
+      leases[i] = mode ~= MODE_REFUND and mode ~= MODE_RENEW and cost
     else
       full = call('GET', keys[i])
       if full == false then
@@ -252,9 +255,9 @@ local function take(keys, argv, base)
       if i < n then resets[i] = false end
     elseif mode == MODE_SETTLE then
       -- settled to an amount: a charge on top may outlive the key's TTL
-      local at, amount = string.match(z[8], '^(%d+):(%d+)$')
+      local t, amount = string.match(at, '^(%d+):(%d+)$')
       settle(keys[i], s5)
-      reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(at) or 0, ot)
+      reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(t) or 0, ot)
       if reset then
         if pen ~= 0 then
           val = penalized(pen, val)
@@ -265,7 +268,7 @@ local function take(keys, argv, base)
       reset = 0
       if i < n then resets[i] = false end
     elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
-      local at = tonum(z[8]) or 0
+      at = tonum(at) or 0
       if mode ~= MODE_REFUND and alg ~= ALG_CONCURRENCY then settle(keys[i], s5) end
       if mode == MODE_SETTLE_INFLIGHT then
         reset = false -- kept: nothing to give back
@@ -352,7 +355,8 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
-  -- the charges taken in flight, if every zone allowed
+  -- the charges taken in flight, if every zone allowed (a take's, whose
+  -- parse zs[i] has its mode and cost)
   if all and flying then
     for i = 1, n do
       local mode = zs[i][7]
@@ -367,9 +371,8 @@ local function take(keys, argv, base)
   -- refund's or a renewal's, whose zones report allowed)
   if all and conc then
     for i = 1, n do
-      local mode = zs[i][7]
-      if zs[i][1] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
-        concurrency_commit(keys[i], zs[i][3], zs[i][9])
+      if zs[i][1] == ALG_CONCURRENCY and leases[i] and out[REPLY * (i - 1) + 1] == 1 then
+        concurrency_commit(keys[i], zs[i][3], leases[i])
       end
     end
   end
