@@ -60,20 +60,20 @@ trap 'kill $rpid 2>/dev/null; wait $rpid; rm -rf "$tmp"' EXIT
 cli() { redis-cli -p "$port" "$@"; }
 for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.2; done
 
-# A zone's arguments (redisstore/script.go's layout): its spec
-# "<algorithm>:<events>:<window>:<capacity>:<options>", cost, mode, instant;
-# or, for a library of the layout before (8 arguments a zone: "local ARGS = 8"
-# in its code), algorithm, events, window, capacity, cost, mode, options,
-# instant.
+# A zone's argument (redisstore/script.go's layout): one, its spec
+# "<algorithm>:<events>:<window>:<capacity>:<options>", cost, mode and
+# instant joined by commas. A library of a layout before says in its code
+# "local ARGS = 4" (those four fields as four arguments) or "local ARGS = 8"
+# (algorithm, events, window, capacity, cost, mode, options, instant).
 hot=(1000000000 60000 1000000000)
 many=(1000 86400000 1000)
 zone() { # layout algorithm keyspace
 	local -n lim=$3
-	if [[ $1 == old ]]; then
-		echo "$2 ${lim[0]} ${lim[1]} ${lim[2]} 1 0 0 0"
-	else
-		echo "$2:${lim[0]}:${lim[1]}:${lim[2]}:0 1 0 0"
-	fi
+	case $1 in
+	8) echo "$2 ${lim[0]} ${lim[1]} ${lim[2]} 1 0 0 0" ;;
+	4) echo "$2:${lim[0]}:${lim[1]}:${lim[2]}:0 1 0 0" ;;
+	*) echo "$2:${lim[0]}:${lim[1]}:${lim[2]}:0,1,0,0" ;;
+	esac
 }
 args() { # layout case keyspace
 	local k='{41-cb007107}'
@@ -102,8 +102,7 @@ declare -a layouts takes
 for li in "${!LIBS[@]}"; do
 	sed "s/register_function('p_\([a-z]*\)'/register_function('p_\1_$li'/" "${LIBS[$li]}" | cli -x function load >/dev/null
 	takes[li]=sluice_take_$(head -1 "${LIBS[$li]}" | sed 's/.*name=probe_sluice_//')
-	layouts[li]=new
-	grep -q '^local ARGS = 8$' "${LIBS[$li]}" && layouts[li]=old
+	layouts[li]=$(sed -n 's/^local ARGS = \([0-9]*\)$/\1/p' "${LIBS[$li]}" | head -1)
 done
 declare -A res wall
 # p_floor writes a constant over the keys' states: with it, every case

@@ -170,16 +170,17 @@ done
 redis-cli -h 127.0.0.1 -p "$P_REDIS" ping >/dev/null || die "redis-server did not start (see $OUT/redis.log)"
 
 # The production decision, loaded as Sluice loads it (a Redis Function
-# library); its ARGV per redisstore's script arguments (lua/take.lua): the
-# zone's spec "<algorithm>:<events>:<window ms>:<capacity>:<options>" (token
-# bucket, no options), cost 1, mode 0 (take), instant 0 (a take's). One KEYS
-# entry, a production-shaped key. An admission replies with a status, its
-# integers separated by spaces, allowed first.
+# library); its ARGV per redisstore's script arguments (lua/take.lua): one
+# per zone, its spec "<algorithm>:<events>:<window ms>:<capacity>:<options>"
+# (token bucket, no options), cost 1, mode 0 (take) and instant 0 (a
+# take's), joined by commas. One KEYS entry, a production-shaped key. An
+# admission replies with a status, its integers separated by spaces,
+# allowed first.
 LIB=$("$BT" lualib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
 FN=$("$BT" luafn)
 [[ "$LIB" == sluice_* ]] || die "FUNCTION LOAD failed: $LIB"
 RB_KEY='sluice:v1:rb:{127.0.0.1}'
-RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0:1000000000:60000:1000000000:0 1 0 0)
+RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0:1000000000:60000:1000000000:0,1,0,0)
 probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
 [[ "$probe" == "1 "* ]] || die "FCALL of the production decision did not allow: $probe"
 # The floor beside it (target decide): TIME, and per zone GET and SET PX.
@@ -387,9 +388,9 @@ decide_args() { # case keys floor|take: FCALL's key count, keys and arguments
 	if [[ $2 == many ]]; then k='{__rand_int__}' lim=1000:86400000:1000; fi
 	[[ $3 == floor ]] && p=sluice:v1:f
 	case $1 in
-	tb1) echo 1 "${p}tb:$k" "0:$lim:0" 1 0 0 ;;
-	gcra1) echo 1 "${p}g:$k" "1:$lim:0" 1 0 0 ;;
-	z3) echo 3 "${p}a:$k" "${p}b:$k" "${p}c:$k" "0:$lim:0" 1 0 0 "0:$lim:0" 1 0 0 "2:$lim:0" 1 0 0 ;;
+	tb1) echo 1 "${p}tb:$k" "0:$lim:0,1,0,0" ;;
+	gcra1) echo 1 "${p}g:$k" "1:$lim:0,1,0,0" ;;
+	z3) echo 3 "${p}a:$k" "${p}b:$k" "${p}c:$k" "0:$lim:0,1,0,0" "0:$lim:0,1,0,0" "2:$lim:0,1,0,0" ;;
 	esac
 }
 decide_run() { # round case keys fn calls: one run; appends a line to decide.tsv (round > 0)

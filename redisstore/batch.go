@@ -50,15 +50,20 @@ type call struct {
 	timer    *time.Timer     // fires at deadline, then at the grace's end; kept with the call, no allocation per wait
 	// argv is the script call as sent: the command and the function (or
 	// the script's SHA), set by the sender; the number of keys; the keys
-	// (bytes of keyb, or strings); then the arguments. Kept with the call,
-	// so a decision builds it without allocating.
+	// (bytes of keyb, or strings); then the arguments (bytes of argb, or
+	// strings). Kept with the call, so a decision builds it without
+	// allocating.
 	argv  []any
 	nkeys int
 	keyb  []byte
 	// keys are the keys of argv, as strings over keyb's bytes; argv holds
 	// pointers to them (a string or a slice in an interface would be
 	// copied to the heap; a pointer is not).
-	keys  [maxCallKeys]string
+	keys [maxCallKeys]string
+	// argb and zargs are the same for the script's arguments, one per zone
+	// (argCache).
+	argb  []byte
+	zargs [maxCallKeys]string
 	reply replyBuf             // the reply's raw RESP (resp.go)
 	raw   *redis.RawWriteToCmd // copies the reply into reply; reused while argv keeps its array and length
 	cmd   redis.Cmder          // as sent: raw, or a typed command sent again (function.go's retry)
@@ -93,7 +98,8 @@ func numKeysArg(n int) any {
 	return strconv.Itoa(n)
 }
 
-// maxCallKeys is the most keys a call carries without allocating them.
+// maxCallKeys is the most keys (and zones' arguments) a call carries
+// without allocating them.
 const maxCallKeys = 8
 
 // setKeys starts c's argv with the keys of reqs (appendZoneKey).
@@ -104,32 +110,46 @@ func (c *call) setKeys(s *Store, reqs []algorithms.Request) {
 }
 
 // setKeysBy starts c's argv with n keys, the i-th appended to a buffer by
-// key(b, i).
-//
-// The keys are strings over keyb's bytes (unsafe.String), so building them
-// copies nothing: keyb is not written again until the call is reused, by
-// which time go-redis has written the command, and nothing keeps the
-// strings (function.go's retry, which sends a typed command, copies them).
-// key does not escape: a closure passed here is not allocated.
+// key(b, i) (appendBuilt, over keyb).
 func (c *call) setKeysBy(n int, key func(b []byte, i int) []byte) {
 	c.argv = append(c.argv[:0], nil, nil, numKeysArg(n))
 	c.nkeys = n
-	if n > maxCallKeys { // rare: keys of so many zones are strings of their own
+	c.appendBuilt(&c.keyb, &c.keys, n, key)
+}
+
+// addArgsBy appends n script arguments to c's argv, the i-th appended to a
+// buffer by arg(b, i) (appendBuilt, over argb): argCache's writers.
+func (c *call) addArgsBy(n int, arg func(b []byte, i int) []byte) {
+	c.appendBuilt(&c.argb, &c.zargs, n, arg)
+}
+
+// appendBuilt appends n strings to c's argv, the i-th appended to *buf by
+// f(b, i).
+//
+// The strings are strs's, over buf's bytes (unsafe.String), so building
+// them copies nothing: buf is not written again until the call is reused,
+// by which time go-redis has written the command, and nothing keeps the
+// strings (function.go's retry, which sends a typed command, copies the
+// keys; the arguments it sends as they are, before the call is reused).
+// f does not escape: a closure passed here is not allocated.
+func (c *call) appendBuilt(buf *[]byte, strs *[maxCallKeys]string, n int, f func(b []byte, i int) []byte) {
+	if n > maxCallKeys { // rare: so many zones' strings are strings of their own
 		for i := range n {
-			c.argv = append(c.argv, string(key(nil, i)))
+			c.argv = append(c.argv, string(f(nil, i)))
 		}
 		return
 	}
-	c.keyb = c.keyb[:0]
+	b := (*buf)[:0]
 	var ends [maxCallKeys]int
 	for i := range n {
-		c.keyb = key(c.keyb, i)
-		ends[i] = len(c.keyb)
+		b = f(b, i)
+		ends[i] = len(b)
 	}
+	*buf = b
 	from := 0
 	for i, end := range ends[:n] {
-		c.keys[i] = unsafe.String(&c.keyb[from], end-from)
-		c.argv = append(c.argv, &c.keys[i])
+		strs[i] = unsafe.String(&b[from], end-from)
+		c.argv = append(c.argv, &strs[i])
 		from = end
 	}
 }
@@ -233,6 +253,7 @@ func getCall(ctx context.Context, deadline time.Time) *call {
 func putCall(c *call) {
 	clear(c.argv)
 	clear(c.keys[:])
+	clear(c.zargs[:])
 	c.argv, c.nkeys = c.argv[:0], 0
 	c.ctx, c.cmd, c.onDone = nil, nil, nil
 	if cap(c.reply.b) > 64<<10 {

@@ -189,9 +189,9 @@ func TestPipelineDeadlines(t *testing.T) {
 	}
 }
 
-// TestArgsCacheKeepsTheLayout: the cached arguments are the script's four
-// per zone (lua/take.lua, script.go): the spec (algorithm id, events,
-// window, capacity, the options), cost, mode and the charge's instant (a
+// TestArgsCacheKeepsTheLayout: a zone's argument (lua/take.lua,
+// script.go) joins, in order, the spec (algorithm id, events, window,
+// capacity, the options), cost, mode and the charge's instant (a
 // refund's); for random limits (colliding in the cache), penalties, delays,
 // costs and modes.
 func TestArgsCacheKeepsTheLayout(t *testing.T) {
@@ -242,17 +242,14 @@ func TestArgsCacheKeepsTheLayout(t *testing.T) {
 		if l.Delay > 0 && r.NoDelay {
 			opts += "n1"
 		}
-		got := fmt.Sprint(a.appendArgs(nil, []algorithms.Request{r}, refund))
-		want := fmt.Sprintf("[%d:%d:%d:%d:%s %d %s 0]", alg, l.Events, l.Window, l.Capacity(), opts, r.Cost, mode)
+		got := string(a.appendTake(nil, &r, refund))
+		want := fmt.Sprintf("%d:%d:%d:%d:%s,%d,%s,0", alg, l.Events, l.Window, l.Capacity(), opts, r.Cost, mode)
 		if got != want {
 			t.Fatalf("step %d, %+v refund %v: args %s, want %s", i, r, refund, got, want)
 		}
-		if got, n := a.appendArgs(nil, []algorithms.Request{r}, refund), argsPerZone; len(got) != n {
-			t.Fatalf("%d arguments per zone, argsPerZone %d", len(got), n)
-		}
 		at := rng.Int64N(1 << 42)
-		got = fmt.Sprint(a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: r.Cost, At: at}}))
-		want = fmt.Sprintf("[%d:%d:%d:%d:%s %d 1 %d]", alg, l.Events, l.Window, l.Capacity(), base, r.Cost, at)
+		got = string(a.appendRefund(nil, &algorithms.Refund{Limit: l, Cost: r.Cost, At: at}))
+		want = fmt.Sprintf("%d:%d:%d:%d:%s,%d,1,%d", alg, l.Events, l.Window, l.Capacity(), base, r.Cost, at)
 		if got != want {
 			t.Fatalf("step %d, refund of %+v at %d: args %s, want %s", i, r, at, got, want)
 		}

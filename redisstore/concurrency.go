@@ -380,7 +380,7 @@ func (k *slotKeeper) send(ops []slotOp, retry []slotOp) []slotOp {
 		renewals = true
 		c := &calls[i]
 		c.setKeysBy(1, func(b []byte, _ int) []byte { return append(b, op.key...) })
-		c.argv = s.argc.appendRenewal(c.argv, &op.req)
+		c.addArgsBy(1, func(b []byte, _ int) []byte { return s.argc.appendRenewal(b, &op.req) })
 		c.argv[0], c.argv[1] = name, fn
 		c.cmd = c.rawCmd(false)
 		_ = pipe.Process(ctx, c.cmd)

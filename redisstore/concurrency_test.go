@@ -183,7 +183,7 @@ func TestConcurrencyTwin(t *testing.T) {
 			slices.Sort(ids)
 			id := ids[rng.IntN(len(ids))]
 			keys = []string{key}
-			args = testArgs.appendRenewal(args, &algorithms.Request{Limit: cl, Cost: 1, Holder: id})
+			args = append(args, string(testArgs.appendRenewal(nil, &algorithms.Request{Limit: cl, Cost: 1, Holder: id})))
 			if _, err := runTwin(ctx, c, keys, args...); err != nil {
 				t.Fatalf("step %d (renew): %v", step, err)
 			}

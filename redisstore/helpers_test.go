@@ -248,9 +248,21 @@ func timedTake(t testing.TB, ctx context.Context, s *Store, reqs []algorithms.Re
 var testArgs argCache
 
 // luaArgs appends the script arguments of reqs (production's writer) to
-// args.
+// args: takes, or (refund) the refunds of a cross-slot veto.
 func luaArgs(args []any, refund bool, reqs ...algorithms.Request) []any {
-	return testArgs.appendArgs(args, reqs, refund)
+	for i := range reqs {
+		args = append(args, string(testArgs.appendTake(nil, &reqs[i], refund)))
+	}
+	return args
+}
+
+// refundArgs appends the script arguments of refunds (production's
+// writer) to args.
+func refundArgs(args []any, refunds ...algorithms.Refund) []any {
+	for i := range refunds {
+		args = append(args, string(testArgs.appendRefund(nil, &refunds[i])))
+	}
+	return args
 }
 
 // hashTag returns the hash tag of one of our keys: the text between its

@@ -44,7 +44,7 @@ func TestCountAndConcurrencyInRedis(t *testing.T) {
 	// A renewal through the script: the lease is kept, nothing charged.
 	c := getCall(context.Background(), time.Now().Add(s.timeout))
 	c.setKeysBy(1, func(b []byte, _ int) []byte { return append(b, slots...) })
-	c.argv = s.argc.appendRenewal(c.argv, &first[1])
+	c.addArgsBy(1, func(b []byte, _ int) []byte { return s.argc.appendRenewal(b, &first[1]) })
 	if _, err := s.batch.do(c); err != nil || c.replyErr() != nil {
 		t.Fatalf("renewal: %v %v", err, c.replyErr())
 	}

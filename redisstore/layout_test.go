@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,20 +17,20 @@ import (
 )
 
 // TestLuaLayoutMatchesGo: every constant the Lua sources name in capitals
-// (local NAME, ... = value, ...) is the Go definition of that number of the
-// script's layout, each Go definition is named in take.lua, and take.lua
-// compares no mode, and indexes no argument or reply, by a bare number.
+// (local NAME, ... = value, ...) is the Go definition of that number (or
+// separator) of the script's layout, each Go definition is named in
+// take.lua, and take.lua compares no mode, and indexes no argument or
+// reply, by a bare number.
 func TestLuaLayoutMatchesGo(t *testing.T) {
-	str := func(v any) string { return "'" + v.(string) + "'" }
+	str := func(v string) string { return "'" + v + "'" }
 	num := func(n int) string { return strconv.Itoa(n) }
 	want := map[string]string{
-		"ARGS": num(argsPerZone), "REPLY": num(replyPerZone),
-		"A_SPEC": num(argSpec), "A_COST": num(argCost), "A_MODE": num(argMode), "A_AT": num(argInstant),
+		"SEP": str(string(argSep)), "REPLY": num(replyPerZone),
 		"MODE_TAKE": str(modeTake), "MODE_REFUND": str(modeRefund), "MODE_REPORT_ONLY": str(modeReportOnly),
 		"MODE_REFUNDABLE": str(modeRefundable), "MODE_REPORT_ONLY_REFUNDABLE": str(modeReportOnlyRefundable),
 		"MODE_RENEW": str(modeRenew), "MODE_INFLIGHT": str(modeInFlight), "MODE_REPORT_ONLY_INFLIGHT": str(modeReportOnlyInFlight),
 		"MODE_REFUND_INFLIGHT": str(modeRefundInFlight), "MODE_SETTLE_INFLIGHT": str(modeSettleInFlight),
-		"MODE_SETTLE":     str(modeSettle),
+		"MODE_SETTLE": str(modeSettle), "UNKNOWN_INSTANT": str(unknownInstant),
 		"ALG_CONCURRENCY": strconv.Itoa(int(algorithms.Concurrency)),
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (.+)$`)
@@ -75,8 +76,8 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 	for _, bare := range []*regexp.Regexp{
 		regexp.MustCompile(`mode [~=]= '`),               // a mode by its digit
 		regexp.MustCompile(`(alg|\]\[1\]) [~=]= '?\d\b`), // an algorithm id by its digit
-		regexp.MustCompile(`\b\d+ \* \(?i\b`),            // an argument's or a reply's stride
-		regexp.MustCompile(`\[b \+ \d\]`),                // an argument's position
+		regexp.MustCompile(`\b\d+ \* \(?i\b`),            // a reply's stride
+		regexp.MustCompile(`argv\[[^\]]*\d`),             // an argument's position
 	} {
 		if loc := bare.FindIndex(take); loc != nil {
 			t.Errorf("lua/take.lua, line %d: a bare number of the layout (%s)", 1+strings.Count(string(take[:loc[0]]), "\n"), bare)
@@ -84,31 +85,29 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 	}
 }
 
-// TestArgsAtTheirPositions: the arguments appendArgs, appendRefunds and
-// appendRenewal write stand at the positions the constants name.
-func TestArgsAtTheirPositions(t *testing.T) {
+// TestArgsFields: appendTake, appendRefund and appendRenewal write a
+// zone's four fields in take.lua's order (spec, cost or holder id, mode,
+// instant), joined by argSep, which no field holds.
+func TestArgsFields(t *testing.T) {
 	var a argCache
 	l := algorithms.Limit{Algorithm: algorithms.TokenBucket, Events: 7, Window: 3000, Burst: 9, Penalty: 60000}
-	take := a.appendArgs(nil, []algorithms.Request{{Limit: l, Cost: 3, Refundable: true}}, false)
-	refund := a.appendRefunds(nil, []algorithms.Refund{{Limit: l, Cost: 2, At: 12345}})
-	renew := a.appendRenewal(nil, &algorithms.Request{Limit: l, Holder: 99})
-	for _, args := range [][]any{take, refund, renew} {
-		if len(args) != argsPerZone {
-			t.Fatalf("%d arguments, argsPerZone %d", len(args), argsPerZone)
-		}
-	}
-	at := func(args []any, pos int) any { return args[pos-1] }
+	cl := algorithms.Limit{Algorithm: algorithms.Concurrency, Events: 4, Window: 30000}
+	spec, cspec := "0:7:3000:9:p60000", "5:4:30000:"+strconv.FormatInt(cl.Capacity(), 10)+":0"
+	const holder = 1<<63 + 5 // past 2^53: it must travel as its digits
 	for _, c := range []struct {
-		got, want any
+		got  []byte
+		want []string
 	}{
-		{at(take, argSpec), strconv.Itoa(int(algorithms.TokenBucket)) + ":7:3000:9:p60000"},
-		{at(take, argCost), int64(3)}, {at(take, argMode), modeRefundable},
-		{at(take, argInstant), unknownInstant},
-		{at(refund, argCost), int64(2)}, {at(refund, argMode), modeRefund}, {at(refund, argInstant), int64(12345)},
-		{at(renew, argMode), modeRenew},
+		{a.appendTake(nil, &algorithms.Request{Limit: l, Cost: 3, Refundable: true}, false), []string{spec, "3", modeRefundable, unknownInstant}},
+		{a.appendTake(nil, &algorithms.Request{Limit: l, Cost: 3, InFlight: true}, true), []string{spec, "3", modeRefundInFlight, unknownInstant}},
+		{a.appendTake(nil, &algorithms.Request{Limit: cl, Cost: 1, Holder: holder}, false), []string{cspec, "9223372036854775813", modeTake, unknownInstant}},
+		{a.appendRefund(nil, &algorithms.Refund{Limit: l, Cost: 2, At: 12345}), []string{spec, "2", modeRefund, "12345"}},
+		{a.appendRefund(nil, &algorithms.Refund{Limit: l, Cost: 2, At: 12345, Keep: true}), []string{spec, "2", modeSettleInFlight, "12345"}},
+		{a.appendRefund(nil, &algorithms.Refund{Limit: l, Cost: 2, At: 12345, Settle: true, Settled: 1}), []string{spec, "2", modeSettle, "12345:1"}},
+		{a.appendRenewal(nil, &algorithms.Request{Limit: cl, Holder: holder}), []string{cspec, "9223372036854775813", modeRenew, unknownInstant}},
 	} {
-		if c.got != c.want {
-			t.Errorf("argument %v (%T), want %v (%T)", c.got, c.got, c.want, c.want)
+		if got := strings.Split(string(c.got), string(argSep)); !slices.Equal(got, c.want) {
+			t.Errorf("argument %q: fields %q, want %q", c.got, got, c.want)
 		}
 	}
 }

@@ -72,7 +72,7 @@ func (s *Store) refundCall(refunds []algorithms.Refund) *call {
 	c.setKeysBy(len(refunds), func(b []byte, i int) []byte {
 		return s.appendKey(b, refunds[i].Zone, refunds[i].Key)
 	})
-	c.argv = s.argc.appendRefunds(c.argv, refunds)
+	c.addArgsBy(len(refunds), func(b []byte, i int) []byte { return s.argc.appendRefund(b, &refunds[i]) })
 	return c
 }
 

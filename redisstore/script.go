@@ -87,36 +87,31 @@ func luaLibrary() (name, code string) {
 	return name, code
 }
 
-// The script's arguments per zone (ARGV, lua/take.lua), argsPerZone of
-// them, in this order:
+// The script's argument per zone (ARGV, lua/take.lua): one string, its
+// fields joined by argSep (a byte none of them holds), in this order:
 //
-//	1  the zone's spec, the static part of its limit:
-//	   "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (for a
-//	   concurrency zone, algorithm id 5, its slots, its lease, its slots,
-//	   and "0"). The options are "0" for none, else fields of a letter and
-//	   digits (zoneOptions: "p900000" a penalty of 900000 ms, "d3000" a
-//	   delay of 3000 ms, "a2" delay_after 2, "n1" this request may not
-//	   wait). The script parses a spec once and keeps its parse.
-//	2  cost; for a concurrency zone, its request's holder id instead (the
-//	   decimal digits of a uint64, kept a string in Lua: ids exceed 2^53;
-//	   costArg)
-//	3  mode (the mode values below)
-//	4  for a refund, the instant of the charge (Unix ms; "0": unknown);
-//	   for a settle (mode 10), "<instant>:<amount>"; "0" for a take or a
-//	   renewal
+//	spec     the static part of the zone's limit:
+//	         "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (for a
+//	         concurrency zone, algorithm id 5, its slots, its lease, its
+//	         slots, and "0"). The options are "0" for none, else fields of a
+//	         letter and digits (zoneOptions: "p900000" a penalty of 900000
+//	         ms, "d3000" a delay of 3000 ms, "a2" delay_after 2, "n1" this
+//	         request may not wait).
+//	cost     for a concurrency zone, its request's holder id instead (the
+//	         decimal digits of a uint64, kept a string in Lua: ids exceed
+//	         2^53)
+//	mode     the mode values below
+//	instant  for a refund, the instant of the charge (Unix ms; "0":
+//	         unknown); for a settle (mode 10), "<instant>:<amount>"; "0"
+//	         for a take or a renewal
 //
-// lua/take.lua names each number (TestLuaLayoutMatchesGo); appendArgs,
-// appendRefunds and appendRenewal are the one place that writes them.
-
-// The positions of a zone's arguments past its base (1-based, as Lua
-// indexes ARGV), and argsPerZone, their number.
-const (
-	argSpec = iota + 1
-	argCost
-	argMode
-	argInstant
-	argsPerZone = iota
-)
+// A take's argument repeats call after call: the script parses each
+// distinct one once and keeps its parse. One whose instant is not "0" (a
+// refund's) or that holds a holder id (a concurrency zone's) is parsed on
+// every call. lua/take.lua names argSep and the modes
+// (TestLuaLayoutMatchesGo); appendTake, appendRefund and appendRenewal are
+// the one place that writes the argument.
+const argSep = ','
 
 // replyPerZone is the count of numbers per zone that open the script's
 // reply: allowed, remaining, retry-after and reset-after (zoneDecision).
@@ -127,120 +122,118 @@ const replyPerZone = 4
 // collide only cost a format on a miss.
 const argEntries = 256
 
-// limitArgs is one limit's formatted arguments.
+// limitArgs is one limit's formatted spec.
 type limitArgs struct {
 	limit algorithms.Limit
 	// the spec, and the spec of a request that may not wait
-	head [2]any
+	head [2]string
 }
 
-// argCache maps limits to their formatted arguments. Safe for concurrent
-// use; a miss replaces the entry.
+// argCache maps limits to their formatted specs. Safe for concurrent use;
+// a miss replaces the entry.
 type argCache struct {
 	entries [argEntries]atomic.Pointer[limitArgs]
 }
 
-// The script's modes (argMode), and argInstant of a take. A
-// concurrency zone's take (modeTake or modeReportOnly; it is never
-// refundable: its slot goes back by a release, not a refund) records its
-// lease; modeRefund releases it (a Cluster veto in another slot); modeRenew
-// extends it (concurrency.go's lease worker). The modes are one numbering
-// for every kind of zone: take.lua reads no mode two ways.
-var (
+// The script's modes, and the instant of a take. A concurrency zone's take
+// (modeTake or modeReportOnly; it is never refundable: its slot goes back
+// by a release, not a refund) records its lease; modeRefund releases it (a
+// Cluster veto in another slot); modeRenew extends it (concurrency.go's
+// lease worker). The modes are one numbering for every kind of zone:
+// take.lua reads no mode two ways.
+const (
 	// 0 take, 1 refund (a concurrency zone: release its slot), 2 take for
 	// a report-only zone
-	modeTake, modeRefund, modeReportOnly any = "0", "1", "2"
+	modeTake, modeRefund, modeReportOnly = "0", "1", "2"
 	// a take whose charge may be refunded (Request.Refundable: the reply
 	// carries the time of the decision); the same for a report-only zone
-	modeRefundable, modeReportOnlyRefundable any = "3", "4"
+	modeRefundable, modeReportOnlyRefundable = "3", "4"
 	// renew a concurrency zone's slot (nothing for a rate zone)
-	modeRenew any = "5"
+	modeRenew = "5"
 	// a take whose charge stays in flight until settled (Request.InFlight;
 	// refundable too); the same for a report-only zone
-	modeInFlight, modeReportOnlyInFlight any = "6", "7"
+	modeInFlight, modeReportOnlyInFlight = "6", "7"
 	// refund a charge taken in flight; settle one and keep it (Refund.Keep)
-	modeRefundInFlight, modeSettleInFlight any = "8", "9"
+	modeRefundInFlight, modeSettleInFlight = "8", "9"
 	// settle one to the amount its response reported (Refund.Settle:
 	// lua/settle.lua)
-	modeSettle     any = "10"
-	unknownInstant any = "0"
+	modeSettle     = "10"
+	unknownInstant = "0"
 )
 
-// appendArgs appends the script arguments of reqs, argsPerZone per zone, in
-// order: takes, or (refund) the refunds of a cross-slot veto, whose
-// instants are unknown.
-func (a *argCache) appendArgs(args []any, reqs []algorithms.Request, refund bool) []any {
-	for i := range reqs {
-		r := &reqs[i]
-		h := a.head(r.Limit)
-		mode, spec := modeTake, h[0]
-		if r.NoDelay {
-			spec = h[1]
-		}
-		switch {
-		case refund && r.InFlight:
-			mode = modeRefundInFlight
-		case refund:
-			mode = modeRefund
-		case r.ReportOnly && r.InFlight:
-			mode = modeReportOnlyInFlight
-		case r.InFlight:
-			mode = modeInFlight
-		case r.ReportOnly && r.Refundable:
-			mode = modeReportOnlyRefundable
-		case r.ReportOnly:
-			mode = modeReportOnly
-		case r.Refundable:
-			mode = modeRefundable
-		}
-		args = append(args, spec, costArg(r), mode, unknownInstant)
-	}
-	return args
-}
-
-// appendRefunds appends the script arguments of refunds, argsPerZone per
-// zone, in order. A concurrency zone has no charge to refund (its slot is
-// released: Store.Release); Store.Refund leaves such refunds out.
-func (a *argCache) appendRefunds(args []any, refunds []algorithms.Refund) []any {
-	for i := range refunds {
-		r := &refunds[i]
-		h := a.head(r.Limit)
-		mode, at := modeRefund, any(r.At)
-		switch {
-		case r.Settle:
-			// The instant and the amount in one argument: settles are
-			// rare beside takes, and the layout stays one for all.
-			mode, at = modeSettle, strconv.FormatInt(r.At, 10)+":"+strconv.FormatInt(max(r.Settled, 0), 10)
-		case r.Keep:
-			mode = modeSettleInFlight
-		case r.InFlight:
-			mode = modeRefundInFlight
-		}
-		args = append(args, h[0], r.Cost, mode, at)
-	}
-	return args
-}
-
-// appendRenewal appends the script arguments, argsPerZone of them, of the
-// renewal of r's lease (a concurrency zone's request still running).
-func (a *argCache) appendRenewal(args []any, r *algorithms.Request) []any {
+// appendTake appends the script argument of r to b: a take, or (refund)
+// the refund of a cross-slot veto, whose instant is unknown.
+func (a *argCache) appendTake(b []byte, r *algorithms.Request, refund bool) []byte {
 	h := a.head(r.Limit)
-	return append(args, h[0], r.Holder, modeRenew, unknownInstant)
-}
-
-// costArg is argCost of a take: its cost, or a concurrency
-// zone's holder id (lua/concurrency.lua). The one place the layout differs
-// by kind.
-func costArg(r *algorithms.Request) any {
-	if r.Limit.Algorithm == algorithms.Concurrency {
-		return r.Holder
+	mode, spec := modeTake, h[0]
+	if r.NoDelay {
+		spec = h[1]
 	}
-	return r.Cost
+	switch {
+	case refund && r.InFlight:
+		mode = modeRefundInFlight
+	case refund:
+		mode = modeRefund
+	case r.ReportOnly && r.InFlight:
+		mode = modeReportOnlyInFlight
+	case r.InFlight:
+		mode = modeInFlight
+	case r.ReportOnly && r.Refundable:
+		mode = modeReportOnlyRefundable
+	case r.ReportOnly:
+		mode = modeReportOnly
+	case r.Refundable:
+		mode = modeRefundable
+	}
+	b = append(append(b, spec...), argSep)
+	if r.Limit.Algorithm == algorithms.Concurrency {
+		// the one place the layout differs by kind (lua/concurrency.lua)
+		b = strconv.AppendUint(b, r.Holder, 10)
+	} else {
+		b = strconv.AppendInt(b, r.Cost, 10)
+	}
+	return appendTail(b, mode, unknownInstant)
 }
 
-// head returns l's formatted arguments, formatting them on a miss. The
+// appendRefund appends the script argument of r to b. A concurrency zone
+// has no charge to refund (its slot is released: Store.Release);
+// Store.Refund leaves such refunds out.
+func (a *argCache) appendRefund(b []byte, r *algorithms.Refund) []byte {
+	mode := modeRefund
+	switch {
+	case r.Settle:
+		mode = modeSettle
+	case r.Keep:
+		mode = modeSettleInFlight
+	case r.InFlight:
+		mode = modeRefundInFlight
+	}
+	b = append(append(b, a.head(r.Limit)[0]...), argSep)
+	b = append(append(append(strconv.AppendInt(b, r.Cost, 10), argSep), mode...), argSep)
+	b = strconv.AppendInt(b, r.At, 10)
+	if r.Settle {
+		// The instant and the amount in one field: settles are rare beside
+		// takes, and the layout stays one for all.
+		b = strconv.AppendInt(append(b, ':'), max(r.Settled, 0), 10)
+	}
+	return b
+}
+
+// appendRenewal appends the script argument of the renewal of r's lease (a
+// concurrency zone's request still running) to b.
+func (a *argCache) appendRenewal(b []byte, r *algorithms.Request) []byte {
+	b = append(append(b, a.head(r.Limit)[0]...), argSep)
+	return appendTail(strconv.AppendUint(b, r.Holder, 10), modeRenew, unknownInstant)
+}
+
+// appendTail appends the last two fields of an argument, mode and instant.
+func appendTail(b []byte, mode, instant string) []byte {
+	return append(append(append(append(b, argSep), mode...), argSep), instant...)
+}
+
+// head returns l's formatted specs, formatting them on a miss. The
 // algorithms' numeric values travel here: they must not change.
-func (a *argCache) head(l algorithms.Limit) *[2]any {
+func (a *argCache) head(l algorithms.Limit) *[2]string {
 	x := uint64(l.Events)*0x9e3779b97f4a7c15 ^ uint64(l.Window)*0xbf58476d1ce4e5b9 ^ uint64(l.Burst)*0x94d049bb133111eb ^ uint64(l.Algorithm)
 	entry := &a.entries[(x^x>>29)%argEntries]
 	if e := entry.Load(); e != nil && e.limit == l {
@@ -255,7 +248,7 @@ func (a *argCache) head(l algorithms.Limit) *[2]any {
 	if l.Delay > 0 {
 		noWait += "n1"
 	}
-	e := &limitArgs{limit: l, head: [2]any{string(b), noWait}}
+	e := &limitArgs{limit: l, head: [2]string{string(b), noWait}}
 	entry.Store(e)
 	return &e.head
 }

@@ -510,7 +510,7 @@ func (s *Store) run(ctx context.Context, keys []string, reqs []algorithms.Reques
 // (nothing for a refund), and a refusal's states into ref when it is not
 // nil. It consumes c.
 func (s *Store) runCall(b *batcher, c *call, reqs []algorithms.Request, out []algorithms.Decision, refund bool, ref *refusal) error {
-	c.argv = s.argc.appendArgs(c.argv, reqs, refund)
+	c.addArgsBy(len(reqs), func(b []byte, i int) []byte { return s.argc.appendTake(b, &reqs[i], refund) })
 	if owned, err := b.do(c); err != nil {
 		if owned {
 			putCall(c)

@@ -38,7 +38,7 @@ func TestVectorsLua(t *testing.T) {
 					// The refund (or settle), then the key's view (a take
 					// of cost 0).
 					rf := algorithms.Refund{Limit: s.Limit, Cost: s.Cost, At: s.At, Settle: s.Settle, Settled: s.Settled}
-					if _, err := runTwin(ctx, c, []string{key}, testArgs.appendRefunds([]any{s.Now}, []algorithms.Refund{rf})...); err != nil {
+					if _, err := runTwin(ctx, c, []string{key}, refundArgs([]any{s.Now}, rf)...); err != nil {
 						t.Fatalf("step %d: refund: %v", i, err)
 					}
 				}

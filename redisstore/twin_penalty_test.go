@@ -191,7 +191,7 @@ func (tw *twin) refund(l algorithms.Limit, i int, cost, at, adv int64) {
 	z := tw.zones[i]
 	tw.record(fmt.Sprintf("step %d: +%dms now=%d refund zone %d: %s cost %d charged at %d state %q", tw.steps, adv, tw.now, i, limitString(l), cost, at, z.raw))
 	ttlBefore := pttl(t, tw.c, z.key)
-	args := testArgs.appendRefunds([]any{strconv.FormatInt(tw.now, 10)}, []algorithms.Refund{{Limit: l, Cost: cost, At: at}})
+	args := refundArgs([]any{strconv.FormatInt(tw.now, 10)}, algorithms.Refund{Limit: l, Cost: cost, At: at})
 	if _, err := runTwin(tw.ctx, tw.c, []string{z.key}, args...); err != nil {
 		t.Fatalf("%s\nscript: %v", tw.history(), err)
 	}

@@ -100,7 +100,7 @@ func (tw *twin) settle(l algorithms.Limit, cost, actual, at, adv int64) bool {
 	tw.now += adv
 	z := tw.zones[0]
 	tw.record(fmt.Sprintf("step %d: +%dms now=%d settle: %s cost %d to %d charged at %d state %q", tw.steps, adv, tw.now, limitString(l), cost, actual, at, z.raw))
-	args := testArgs.appendRefunds([]any{strconv.FormatInt(tw.now, 10)}, []algorithms.Refund{{Limit: l, Cost: cost, At: at, Settle: true, Settled: actual}})
+	args := refundArgs([]any{strconv.FormatInt(tw.now, 10)}, algorithms.Refund{Limit: l, Cost: cost, At: at, Settle: true, Settled: actual})
 	if _, err := runTwin(tw.ctx, tw.c, []string{z.key}, args...); err != nil {
 		t.Fatalf("%s\nscript: %v", tw.history(), err)
 	}

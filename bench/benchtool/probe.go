@@ -33,19 +33,22 @@ end
 local patterns = {[0] = '^(%-?%d+):(%-?%d+):(%d+)$', [1] = '^g(%-?%d+):(%d+):(%d+)$',
   [2] = '^s(%d+):(%d+):(%-?%d+):(%d+)$'}
 local atis = {[0] = 2, [1] = 1, [2] = 3}
-local function probe_args(argv, b)
-  local sp = argv[b + A_SPEC]
-  local z = specs[sp] or spec(sp)
-  local s5 = argv[b + A_COST]
-  local cost = nums[s5] or num(s5)
-  local mode = argv[b + A_MODE]
+local function probe_args(argv, i)
+  local s = argv[i]
+  local z = zargs[s]
+  local cost
+  if z then
+    cost = z[6]
+  else
+    z, cost = zone(s)
+  end
   return z[1], z[2], z[3], z[4], cost, z[5]
 end
 redis.register_function('p_empty', function(keys, args) return 1 end)
 redis.register_function('p_time', function(keys, args) probe_now() return 1 end)
 redis.register_function('p_args', function(keys, args)
   probe_now()
-  for i = 1, #keys do probe_args(args, ARGS * (i - 1)) end
+  for i = 1, #keys do probe_args(args, i) end
   return 1
 end)
 redis.register_function('p_floor', ` + floorFn + `)
@@ -58,7 +61,7 @@ end
 redis.register_function('p_decode', function(keys, args)
   probe_now()
   for i = 1, #keys do
-    local alg = probe_args(args, ARGS * (i - 1))
+    local alg = probe_args(args, i)
     probe_decode(keys[i], alg)
   end
   return 1
@@ -66,7 +69,7 @@ end)
 redis.register_function('p_codec', function(keys, args)
   probe_now()
   for i = 1, #keys do
-    local alg, events, w = probe_args(args, ARGS * (i - 1))
+    local alg, events, w = probe_args(args, i)
     local at, f1, f2, last = probe_decode(keys[i], alg)
     if not at then at, f1, f2, last = now, 1, nil, w end
     if alg ~= 2 then f2 = nil end
@@ -77,7 +80,7 @@ end)
 redis.register_function('p_step', function(keys, args)
   probe_now()
   for i = 1, #keys do
-    local alg, events, w, capacity, cost, ot = probe_args(args, ARGS * (i - 1))
+    local alg, events, w, capacity, cost, ot = probe_args(args, i)
     local full = call('GET', keys[i])
     local raw
     if full then raw = unpen(full) end

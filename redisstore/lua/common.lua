@@ -17,13 +17,13 @@ local function bind()
 end
 
 -- memo returns a cache of f's results, read on the hot path as
--- `c[k] or miss(k)`: miss computes f(k) and keeps it (unless nil). The
--- cache is emptied when it reaches 1000 entries, so keys that vary cannot
--- grow it without bound.
+-- `c[k] or miss(k)`: miss(k, ...) computes f(k, ...) and keeps it (unless
+-- nil). The cache is emptied when it reaches 1000 entries, so keys that
+-- vary cannot grow it without bound.
 local function memo(f)
   local c, n = {}, 0
-  local function miss(k)
-    local v = f(k)
+  local function miss(k, ...)
+    local v = f(k, ...)
     if v ~= nil then
       if n >= 1000 then
         for key in pairs(c) do c[key] = nil end

@@ -4,13 +4,16 @@
 -- take(KEYS, ARGV, base); the Redis Function library defines all of it
 -- once, when it loads, and its function sets `now` and calls take.
 --
--- KEYS[i] is zone i's state key. For zone i, ARGV[base + ARGS(i-1) + 1..ARGS]
--- (the layout is written by script.go's argCache) are: the zone's spec,
--- cost, mode and, for a refund, the instant of the charge to give back (Unix
--- ms; 0: unknown; '0' for a take). The spec is the limit's static part,
+-- KEYS[i] is zone i's state key and ARGV[base + i] its one argument (the
+-- layout is written by script.go's argCache): four fields joined by SEP,
+-- the zone's spec, cost, mode and, for a refund, the instant of the charge
+-- to give back (Unix ms; 0: unknown; UNKNOWN_INSTANT for a take). The spec
+-- is the limit's static part,
 -- "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (common.lua,
--- opts: '0' for none; a penalty, a delay): a zone sends the same string on
--- every call, so take parses it once and keeps the result (specs). The
+-- opts: '0' for none; a penalty, a delay). A take's argument repeats call
+-- after call, so take parses each distinct one once and keeps its parse
+-- (zargs); one that varies by call (a refund's instant, a concurrency
+-- zone's lease id) is parsed on every call and kept by nothing. The
 -- modes: 0 take, 1 refund, 2 take for a report-only
 -- zone, 3 take whose charge may be refunded (a zone counting only some
 -- response statuses, a request that may wait), 4 the same for a
@@ -73,17 +76,17 @@
 -- the arithmetic of a decision.
 
 -- The layout's numbers, defined by script.go and checked against it
--- (TestLuaLayoutMatchesGo): a zone's ARGS arguments (A_*, their positions
--- past the zone's base), the modes, the concurrency algorithm's id as sent,
--- and REPLY numbers per zone in the reply.
-local ARGS = 4
-local A_SPEC, A_COST, A_MODE, A_AT = 1, 2, 3, 4
+-- (TestLuaLayoutMatchesGo): the separator of a zone's argument's fields,
+-- the modes, a take's instant, the concurrency algorithm's id as sent, and
+-- REPLY numbers per zone in the reply.
+local SEP = ','
 local MODE_TAKE, MODE_REFUND, MODE_REPORT_ONLY = '0', '1', '2'
 local MODE_REFUNDABLE, MODE_REPORT_ONLY_REFUNDABLE = '3', '4'
 local MODE_RENEW = '5'
 local MODE_INFLIGHT, MODE_REPORT_ONLY_INFLIGHT = '6', '7'
 local MODE_REFUND_INFLIGHT, MODE_SETTLE_INFLIGHT = '8', '9'
 local MODE_SETTLE = '10'
+local UNKNOWN_INSTANT = '0'
 local ALG_CONCURRENCY = 5
 local REPLY = 4
 
@@ -93,9 +96,9 @@ local refunds = {[0] = token_bucket_refund, [1] = gcra_refund,
   [2] = sliding_window_refund, [3] = fixed_window_refund,
   [4] = sliding_log_refund, [5] = concurrency_release}
 
--- specs maps a spec (ARGV, A_SPEC) to its parse (memo): {algorithm id,
--- events, window, capacity, options (nil: none)}; nil for a malformed spec
--- or an unknown algorithm.
+-- specs maps a spec (a zone argument's first field) to its parse (memo):
+-- {algorithm id, events, window, capacity, options (nil: none)}; nil for a
+-- malformed spec or an unknown algorithm.
 local specs, spec = memo(function(s)
   local a, e, w, c, o = string.match(s, '^(%d+):(%d+):(%d+):(%d+):(.*)$')
   a = tonum(a)
@@ -104,6 +107,45 @@ local specs, spec = memo(function(s)
   end
   return {a, tonum(e), tonum(w), tonum(c), opts(o)}
 end)
+
+-- zonepat matches a zone's argument, capturing its four fields (the last
+-- takes the rest: '.' costs string.match less than a set).
+local zonepat
+do
+  local f = '([^' .. SEP .. ']+)'
+  zonepat = '^' .. f .. SEP .. f .. SEP .. f .. SEP .. '(.+)$'
+end
+
+-- zargs maps a take's argument to its parse (memo): its spec's five fields
+-- as specs has them, then its cost, mode, instant and cost as sent.
+-- keep(s, t) keeps t as the parse of s.
+local zargs, keep = memo(function(_, t) return t end)
+
+-- zone parses a zone's argument s: it returns its spec's parse (specs),
+-- cost (a concurrency zone's: its lease id, a string), mode, instant and
+-- cost as sent; nil for a malformed argument or an unknown algorithm. The
+-- parse of a take's argument (its instant UNKNOWN_INSTANT, not a
+-- concurrency zone's) it keeps in zargs and returns in place of the
+-- spec's; the others vary by call (a refund's instant, a lease id), so
+-- nothing keeps them and no table is made for them.
+local function zone(s)
+  local sp, c, m, at = string.match(s, zonepat)
+  local z = sp and (specs[sp] or spec(sp))
+  if not z then
+    return nil
+  end
+  local alg, cost = z[1], c
+  if alg ~= ALG_CONCURRENCY then
+    cost = nums[c] or num(c)
+    if not cost then
+      return nil
+    end
+    if at == UNKNOWN_INSTANT then
+      z = keep(s, {alg, z[2], z[3], z[4], z[5], cost, m, at, c})
+    end
+  end
+  return z, cost, m, at, c
+end
 
 -- ttls memoizes a TTL's decimal digits: a number argument of redis.call
 -- is formatted by Redis with snprintf (%.17g), which costs more than the
@@ -138,6 +180,9 @@ end
 -- table. The last zone needs none of the first four: when it decides,
 -- every zone has.
 local vals, resets, raws, fulls, zs, out = {}, {}, {}, {}, {}, {}
+-- leases[i]: a concurrency zone's lease id to record if every zone allows
+-- (false: a release or a renewal); read for concurrency zones only.
+local leases = {}
 
 local inflightTTL = '300000' -- ms
 
@@ -157,23 +202,26 @@ local function take(keys, argv, base)
   local conc = false -- a concurrency zone takes a slot
   local flying = false -- a zone takes a charge in flight
   for i = 1, n do
-    local b = base + ARGS * (i - 1)
-    local sp = argv[b + A_SPEC]
-    local z = specs[sp] or spec(sp)
-    if not z then
-      return redis.error_reply('sluice: unknown algorithm or malformed zone spec ' .. tostring(sp))
+    local s = argv[base + i]
+    local z = zargs[s]
+    local cost, mode, at, s5
+    if z then
+      cost, mode, at, s5 = z[6], z[7], z[8], z[9]
+    else
+      z, cost, mode, at, s5 = zone(s)
+      if not z then
+        return redis.error_reply('sluice: unknown algorithm or malformed zone argument ' .. tostring(s))
+      end
     end
     zs[i] = z
     local alg, events, w, capacity, ot = z[1], z[2], z[3], z[4], z[5]
     local step = steps[alg]
-    local s5 = argv[b + A_COST]
-    local cost = s5
     local full, raw, pen = nil, nil, 0
     if alg == ALG_CONCURRENCY then
       -- a concurrency zone: its key as its value, its lease id as its cost
       conc, raw = true, keys[i]
+      leases[i] = mode ~= MODE_REFUND and mode ~= MODE_RENEW and cost
     else
-      cost = nums[s5] or num(s5)
       full = call('GET', keys[i])
       if full == false then
         full = nil
@@ -181,16 +229,15 @@ local function take(keys, argv, base)
         raw, pen = unpen(full)
       end
     end
-    local mode = argv[b + A_MODE]
     local allowed, rem, retry, reset, val = 1, 0, 0, 0, nil
     if mode == MODE_RENEW then
       if alg == ALG_CONCURRENCY then concurrency_renew(raw, events, w, capacity, cost) end
       if i < n then resets[i] = false end
     elseif mode == MODE_SETTLE then
       -- settled to an amount: a charge on top may outlive the key's TTL
-      local at, amount = string.match(argv[b + A_AT], '^(%d+):(%d+)$')
+      local t, amount = string.match(at, '^(%d+):(%d+)$')
       settle(keys[i], s5)
-      reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(at) or 0, ot)
+      reset, val = settle_to(alg, raw, events, w, capacity, cost, tonum(amount) or cost, tonum(t) or 0, ot)
       if reset then
         if pen ~= 0 then
           val = penalized(pen, val)
@@ -201,7 +248,7 @@ local function take(keys, argv, base)
       reset = 0
       if i < n then resets[i] = false end
     elseif mode == MODE_REFUND or mode == MODE_REFUND_INFLIGHT or mode == MODE_SETTLE_INFLIGHT then
-      local at = tonum(argv[b + A_AT]) or 0
+      at = tonum(at) or 0
       if mode ~= MODE_REFUND and alg ~= ALG_CONCURRENCY then settle(keys[i], s5) end
       if mode == MODE_SETTLE_INFLIGHT then
         reset = false -- kept: nothing to give back
@@ -288,14 +335,14 @@ local function take(keys, argv, base)
     end
   end
   if lastreset then store(keys[n], lastval, lastreset) end
-  -- the charges taken in flight, if every zone allowed
+  -- the charges taken in flight, if every zone allowed (a take's, whose
+  -- parse zs[i] has its mode and cost)
   if all and flying then
     for i = 1, n do
-      local b = base + ARGS * (i - 1)
-      local mode = argv[b + A_MODE]
+      local mode = zs[i][7]
       if (mode == MODE_INFLIGHT or mode == MODE_REPORT_ONLY_INFLIGHT) and out[REPLY * (i - 1) + 1] == 1 then
         local fk = keys[i] .. ':f'
-        call('INCRBY', fk, argv[b + A_COST])
+        call('INCRBY', fk, zs[i][9])
         call('PEXPIRE', fk, inflightTTL)
       end
     end
@@ -304,10 +351,8 @@ local function take(keys, argv, base)
   -- refund's or a renewal's, whose zones report allowed)
   if all and conc then
     for i = 1, n do
-      local b = base + ARGS * (i - 1)
-      local mode = argv[b + A_MODE]
-      if zs[i][1] == ALG_CONCURRENCY and out[REPLY * (i - 1) + 1] == 1 and mode ~= MODE_REFUND and mode ~= MODE_RENEW then
-        concurrency_commit(keys[i], zs[i][3], argv[b + A_COST])
+      if zs[i][1] == ALG_CONCURRENCY and leases[i] and out[REPLY * (i - 1) + 1] == 1 then
+        concurrency_commit(keys[i], zs[i][3], leases[i])
       end
     end
   end
