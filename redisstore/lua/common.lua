@@ -10,10 +10,10 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max, fmt, spk
+local byte, char, unpk, tonum, call, min, max, fmt, spk, sunpk
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
-  min, max, fmt, spk = math.min, math.max, string.format, struct.pack
+  min, max, fmt, spk, sunpk = math.min, math.max, string.format, struct.pack, struct.unpack
 end
 
 -- memo returns a cache of f's results, read on the hot path as
@@ -106,23 +106,6 @@ end
 --   unit    0: 1 ms, 1: 1000 (a second), 2: 60000 (a minute), 3: 3600000 (an
 --           hour), the largest that divides the last field
 
--- be returns bytes i..j of s, at most 7 of them, as a big-endian unsigned
--- integer (0 if j < i). A value of 2^53 or more may be rounded, but never
--- below 2^53. One string.byte call returns them all; those past j are nil.
-local function be(s, i, j)
-  if j < i then
-    return 0
-  end
-  local v, b, c, d, e, f, g = byte(s, i, j)
-  if b then v = v * 256 + b end
-  if c then v = v * 256 + c end
-  if d then v = v * 256 + d end
-  if e then v = v * 256 + e end
-  if f then v = v * 256 + f end
-  if g then v = v * 256 + g end
-  return v
-end
-
 -- nbytes returns the count of bytes of v >= 0, big-endian without leading
 -- zeros (0 for 0).
 local function nbytes(v)
@@ -186,13 +169,23 @@ local function pack(alg, at, f1, f2, last)
   return spk(f, h, x, f1, last)
 end
 
+-- unpackfmt memoizes struct.unpack's formats of the binary states past
+-- their header, by the fields' lengths n1, n2 and nl (the last field's):
+-- key 64 x n1 + 8 x n2 + nl. ('I0' reads nothing and returns 0.)
+local unpackfmt, unpackFormat = memo(function(key)
+  local nl = key % 8
+  local n2 = (key - nl) / 8 % 8
+  local n1 = (key - nl - 8 * n2) / 64
+  return '>I5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
+end)
+
 -- load_state reads a stored state of algorithm alg: the binary form, or
 -- the text form matching pattern, whose capture number ati is the instant
 -- and the others are, in order, the first count, the second (the sliding
 -- window's) and the last field. It returns at, f1, f2 (0 without), last;
 -- nil when raw is another algorithm's or malformed.
 local function load_state(raw, alg, pattern, ati)
-  local h, b2, b3, b4, b5, b6, b7 = byte(raw, 1, 7)
+  local h, n2 = byte(raw, 1, 2)
   h = (h or 0) - 128
   if h < 0 then
     local c1, c2, c3, c4 = string.match(raw, pattern)
@@ -213,27 +206,23 @@ local function load_state(raw, alg, pattern, ati)
   end
   local k = h % 4
   local n1 = (h - k) / 4
-  local p, n2 = 2, 0
+  local p = 2
   if alg == 2 then -- the sliding window: two counts
-    n2 = b2
     if not n2 or n2 > 7 then
       return nil
     end
     p = 3
-    b2, b3, b4, b5, b6 = b3, b4, b5, b6, b7
+  else
+    n2 = 0
   end
-  local e1 = p + 4 + n1
-  local e2 = e1 + n2
-  local len = #raw
-  local rest = len - e2
-  if rest < 1 or rest > 7 then
+  local nl = #raw - p - 4 - n1 - n2
+  if nl < 1 or nl > 7 then
     return nil
   end
-  -- b2..b6 are the instant (rest >= 1: raw is long enough)
-  local f1, f2, last = be(raw, p + 5, e1), 0, be(raw, e2 + 1, len)
-  if n2 > 0 then
-    f2 = be(raw, e1 + 1, e2)
-  end
+  -- one struct.unpack reads every field (a value of 2^53 or more may be
+  -- rounded, but never below 2^53)
+  local key = 64 * n1 + 8 * n2 + nl
+  local x, f1, f2, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, p)
   if k == 1 then
     last = last * 1000
   elseif k == 2 then
@@ -244,7 +233,7 @@ local function load_state(raw, alg, pattern, ati)
   if f1 >= 9007199254740992 or f2 >= 9007199254740992 or last >= 9007199254740992 then
     return nil
   end
-  return 1600000000000 + (((b2 * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6, f1, f2, last
+  return 1600000000000 + x, f1, f2, last
 end
 
 -- The penalty (algorithms/penalty.go) prefixes a state: 'p', then the
@@ -266,7 +255,7 @@ local function unpen(full)
   if rest == '' then
     rest = nil
   end
-  return rest, be(full, 2, 7)
+  return rest, (sunpk('>I6', full, 2))
 end
 
 -- penalized returns the value storing val (nil: none) with a penalty that
