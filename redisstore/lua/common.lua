@@ -131,14 +131,9 @@ end
 -- fields' lengths (in a Redis Function library it outlives the call).
 local packfmt = {}
 
--- pack returns the binary state of algorithm alg: its instant at, counts f1
--- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead. One struct.pack writes it ('I0' writes nothing).
-local function pack(alg, at, f1, f2, last)
-  local x = at - 1600000000000
-  if x < 0 or x >= 1099511627776 then
-    return nil
-  end
+-- lasts memoizes, by the last field (a zone's window or scale: the same on
+-- every call), {its unit's id k, the field in that unit, its length}.
+local lasts, lastUnit = memo(function(last)
   local k, u = 0, 1
   if last % 3600000 == 0 then
     k, u = 3, 3600000
@@ -147,9 +142,20 @@ local function pack(alg, at, f1, f2, last)
   elseif last % 1000 == 0 then
     k, u = 1, 1000
   end
-  last = last / u
-  local n1, nl = nbytes(f1), nbytes(last)
-  local h = 128 + 32 * alg + 4 * n1 + k
+  return {k, last / u, nbytes(last / u)}
+end)
+
+-- pack returns the binary state of algorithm alg: its instant at, counts f1
+-- and (sliding window only) f2, and last > 0; nil when the text form is to
+-- be written instead. One struct.pack writes it ('I0' writes nothing).
+local function pack(alg, at, f1, f2, last)
+  local x = at - 1600000000000
+  if x < 0 or x >= 1099511627776 then
+    return nil
+  end
+  local l = lasts[last] or lastUnit(last)
+  local n1, nl = nbytes(f1), l[3]
+  local h = 128 + 32 * alg + 4 * n1 + l[1]
   if f2 then
     local n2 = nbytes(f2)
     local key = 512 + 64 * n1 + 8 * n2 + nl
@@ -158,7 +164,7 @@ local function pack(alg, at, f1, f2, last)
       f = '>BBI5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
       packfmt[key] = f
     end
-    return spk(f, h, n2, x, f1, f2, last)
+    return spk(f, h, n2, x, f1, f2, l[2])
   end
   local key = 8 * n1 + nl
   local f = packfmt[key]
@@ -166,7 +172,7 @@ local function pack(alg, at, f1, f2, last)
     f = '>BI5I' .. n1 .. 'I' .. nl
     packfmt[key] = f
   end
-  return spk(f, h, x, f1, last)
+  return spk(f, h, x, f1, l[2])
 end
 
 -- unpackfmt memoizes struct.unpack's formats of the binary states past
