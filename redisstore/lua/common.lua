@@ -176,12 +176,15 @@ local function pack(alg, at, f1, f2, last)
 end
 
 -- unpackfmt memoizes struct.unpack's formats of the binary states past
--- their header, by the fields' lengths n1, n2 and nl (the last field's):
--- key 64 x n1 + 8 x n2 + nl. ('I0' reads nothing and returns 0.)
+-- their header, by the fields' lengths: key 8 x n1 + nl (nl: the last
+-- field's), or for the sliding window 512 + 64 x n1 + 8 x n2 + nl.
 local unpackfmt, unpackFormat = memo(function(key)
   local nl = key % 8
+  if key < 512 then
+    return '>I5I' .. (key - nl) / 8 .. 'I' .. nl
+  end
   local n2 = (key - nl) / 8 % 8
-  local n1 = (key - nl - 8 * n2) / 64
+  local n1 = (key - 512 - 8 * n2 - nl) / 64
   return '>I5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
 end)
 
@@ -212,23 +215,28 @@ local function load_state(raw, alg, pattern, ati)
   end
   local k = h % 4
   local n1 = (h - k) / 4
-  local p = 2
-  if alg == 2 then -- the sliding window: two counts
+  -- one struct.unpack reads every field (a value of 2^53 or more may be
+  -- rounded, but never below 2^53)
+  local x, f1, f2, last
+  if alg == 2 then -- the sliding window: two counts, n2 the second's length
     if not n2 or n2 > 7 then
       return nil
     end
-    p = 3
+    local nl = #raw - 7 - n1 - n2
+    if nl < 1 or nl > 7 then
+      return nil
+    end
+    local key = 512 + 64 * n1 + 8 * n2 + nl
+    x, f1, f2, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, 3)
   else
-    n2 = 0
+    local nl = #raw - 6 - n1
+    if nl < 1 or nl > 7 then
+      return nil
+    end
+    local key = 8 * n1 + nl
+    x, f1, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, 2)
+    f2 = 0
   end
-  local nl = #raw - p - 4 - n1 - n2
-  if nl < 1 or nl > 7 then
-    return nil
-  end
-  -- one struct.unpack reads every field (a value of 2^53 or more may be
-  -- rounded, but never below 2^53)
-  local key = 64 * n1 + 8 * n2 + nl
-  local x, f1, f2, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, p)
   if k == 1 then
     last = last * 1000
   elseif k == 2 then
