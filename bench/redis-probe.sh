@@ -24,7 +24,8 @@
 # counts see no cache misses, so a small key space measures the same code).
 #
 # Cases: one zone token bucket, one zone gcra, three zones (token bucket,
-# token bucket, sliding window); one hot key (1e9 events a minute, never
+# token bucket, sliding window); on request (PROBE_CASES), one zone sliding
+# window (sw1) or fixed window (fw1); one hot key (1e9 events a minute, never
 # refusing) and PROBE_KEYS (100,000) random keys (1000 events a day, so a key's state
 # outlives the time between its visits and is read and written each time;
 # no key is visited 1000 times in a run), filled by the production function
@@ -81,6 +82,8 @@ args() { # layout case keyspace
 	case $2 in
 	tb1) echo 1 "sluice:v1:a:$k" "$(zone "$1" 0 "$3")" ;;
 	gcra1) echo 1 "sluice:v1:g:$k" "$(zone "$1" 1 "$3")" ;;
+	sw1) echo 1 "sluice:v1:s:$k" "$(zone "$1" 2 "$3")" ;;
+	fw1) echo 1 "sluice:v1:f:$k" "$(zone "$1" 3 "$3")" ;;
 	z3) echo 3 "sluice:v1:a:$k" "sluice:v1:b:$k" "sluice:v1:c:$k" "$(zone "$1" 0 "$3")" "$(zone "$1" 0 "$3")" "$(zone "$1" 2 "$3")" ;;
 	esac
 }

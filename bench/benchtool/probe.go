@@ -31,8 +31,8 @@ local function probe_now()
   now = t[1] * 1000 + (us - us % 1000) / 1000
 end
 local patterns = {[0] = '^(%-?%d+):(%-?%d+):(%d+)$', [1] = '^g(%-?%d+):(%d+):(%d+)$',
-  [2] = '^s(%d+):(%d+):(%-?%d+):(%d+)$'}
-local atis = {[0] = 2, [1] = 1, [2] = 3}
+  [2] = '^s(%d+):(%d+):(%-?%d+):(%d+)$', [3] = '^f(%d+):(%-?%d+):(%d+)$'}
+local atis = {[0] = 2, [1] = 1, [2] = 3, [3] = 2}
 local function probe_args(argv, i)
   local s = argv[i]
   local z = zargs[s]

@@ -10,10 +10,10 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max, fmt, spk
+local byte, char, unpk, tonum, call, min, max, fmt, spk, sunpk
 local function bind()
   byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
-  min, max, fmt, spk = math.min, math.max, string.format, struct.pack
+  min, max, fmt, spk, sunpk = math.min, math.max, string.format, struct.pack, struct.unpack
 end
 
 -- memo returns a cache of f's results, read on the hot path as
@@ -106,23 +106,6 @@ end
 --   unit    0: 1 ms, 1: 1000 (a second), 2: 60000 (a minute), 3: 3600000 (an
 --           hour), the largest that divides the last field
 
--- be returns bytes i..j of s, at most 7 of them, as a big-endian unsigned
--- integer (0 if j < i). A value of 2^53 or more may be rounded, but never
--- below 2^53. One string.byte call returns them all; those past j are nil.
-local function be(s, i, j)
-  if j < i then
-    return 0
-  end
-  local v, b, c, d, e, f, g = byte(s, i, j)
-  if b then v = v * 256 + b end
-  if c then v = v * 256 + c end
-  if d then v = v * 256 + d end
-  if e then v = v * 256 + e end
-  if f then v = v * 256 + f end
-  if g then v = v * 256 + g end
-  return v
-end
-
 -- nbytes returns the count of bytes of v >= 0, big-endian without leading
 -- zeros (0 for 0).
 local function nbytes(v)
@@ -148,14 +131,9 @@ end
 -- fields' lengths (in a Redis Function library it outlives the call).
 local packfmt = {}
 
--- pack returns the binary state of algorithm alg: its instant at, counts f1
--- and (sliding window only) f2, and last > 0; nil when the text form is to
--- be written instead. One struct.pack writes it ('I0' writes nothing).
-local function pack(alg, at, f1, f2, last)
-  local x = at - 1600000000000
-  if x < 0 or x >= 1099511627776 then
-    return nil
-  end
+-- lasts memoizes, by the last field (a zone's window or scale: the same on
+-- every call), {its unit's id k, the field in that unit, its length}.
+local lasts, lastUnit = memo(function(last)
   local k, u = 0, 1
   if last % 3600000 == 0 then
     k, u = 3, 3600000
@@ -164,9 +142,20 @@ local function pack(alg, at, f1, f2, last)
   elseif last % 1000 == 0 then
     k, u = 1, 1000
   end
-  last = last / u
-  local n1, nl = nbytes(f1), nbytes(last)
-  local h = 128 + 32 * alg + 4 * n1 + k
+  return {k, last / u, nbytes(last / u)}
+end)
+
+-- pack returns the binary state of algorithm alg: its instant at, counts f1
+-- and (sliding window only) f2, and last > 0; nil when the text form is to
+-- be written instead. One struct.pack writes it ('I0' writes nothing).
+local function pack(alg, at, f1, f2, last)
+  local x = at - 1600000000000
+  if x < 0 or x >= 1099511627776 then
+    return nil
+  end
+  local l = lasts[last] or lastUnit(last)
+  local n1, nl = nbytes(f1), l[3]
+  local h = 128 + 32 * alg + 4 * n1 + l[1]
   if f2 then
     local n2 = nbytes(f2)
     local key = 512 + 64 * n1 + 8 * n2 + nl
@@ -175,7 +164,7 @@ local function pack(alg, at, f1, f2, last)
       f = '>BBI5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
       packfmt[key] = f
     end
-    return spk(f, h, n2, x, f1, f2, last)
+    return spk(f, h, n2, x, f1, f2, l[2])
   end
   local key = 8 * n1 + nl
   local f = packfmt[key]
@@ -183,8 +172,21 @@ local function pack(alg, at, f1, f2, last)
     f = '>BI5I' .. n1 .. 'I' .. nl
     packfmt[key] = f
   end
-  return spk(f, h, x, f1, last)
+  return spk(f, h, x, f1, l[2])
 end
+
+-- unpackfmt memoizes struct.unpack's formats of the binary states past
+-- their header, by the fields' lengths: key 8 x n1 + nl (nl: the last
+-- field's), or for the sliding window 512 + 64 x n1 + 8 x n2 + nl.
+local unpackfmt, unpackFormat = memo(function(key)
+  local nl = key % 8
+  if key < 512 then
+    return '>I5I' .. (key - nl) / 8 .. 'I' .. nl
+  end
+  local n2 = (key - nl) / 8 % 8
+  local n1 = (key - 512 - 8 * n2 - nl) / 64
+  return '>I5I' .. n1 .. 'I' .. n2 .. 'I' .. nl
+end)
 
 -- load_state reads a stored state of algorithm alg: the binary form, or
 -- the text form matching pattern, whose capture number ati is the instant
@@ -192,7 +194,7 @@ end
 -- window's) and the last field. It returns at, f1, f2 (0 without), last;
 -- nil when raw is another algorithm's or malformed.
 local function load_state(raw, alg, pattern, ati)
-  local h, b2, b3, b4, b5, b6, b7 = byte(raw, 1, 7)
+  local h, n2 = byte(raw, 1, 2)
   h = (h or 0) - 128
   if h < 0 then
     local c1, c2, c3, c4 = string.match(raw, pattern)
@@ -213,26 +215,27 @@ local function load_state(raw, alg, pattern, ati)
   end
   local k = h % 4
   local n1 = (h - k) / 4
-  local p, n2 = 2, 0
-  if alg == 2 then -- the sliding window: two counts
-    n2 = b2
+  -- one struct.unpack reads every field (a value of 2^53 or more may be
+  -- rounded, but never below 2^53)
+  local x, f1, f2, last
+  if alg == 2 then -- the sliding window: two counts, n2 the second's length
     if not n2 or n2 > 7 then
       return nil
     end
-    p = 3
-    b2, b3, b4, b5, b6 = b3, b4, b5, b6, b7
-  end
-  local e1 = p + 4 + n1
-  local e2 = e1 + n2
-  local len = #raw
-  local rest = len - e2
-  if rest < 1 or rest > 7 then
-    return nil
-  end
-  -- b2..b6 are the instant (rest >= 1: raw is long enough)
-  local f1, f2, last = be(raw, p + 5, e1), 0, be(raw, e2 + 1, len)
-  if n2 > 0 then
-    f2 = be(raw, e1 + 1, e2)
+    local nl = #raw - 7 - n1 - n2
+    if nl < 1 or nl > 7 then
+      return nil
+    end
+    local key = 512 + 64 * n1 + 8 * n2 + nl
+    x, f1, f2, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, 3)
+  else
+    local nl = #raw - 6 - n1
+    if nl < 1 or nl > 7 then
+      return nil
+    end
+    local key = 8 * n1 + nl
+    x, f1, last = sunpk(unpackfmt[key] or unpackFormat(key), raw, 2)
+    f2 = 0
   end
   if k == 1 then
     last = last * 1000
@@ -244,7 +247,7 @@ local function load_state(raw, alg, pattern, ati)
   if f1 >= 9007199254740992 or f2 >= 9007199254740992 or last >= 9007199254740992 then
     return nil
   end
-  return 1600000000000 + (((b2 * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6, f1, f2, last
+  return 1600000000000 + x, f1, f2, last
 end
 
 -- The penalty (algorithms/penalty.go) prefixes a state: 'p', then the
@@ -266,7 +269,7 @@ local function unpen(full)
   if rest == '' then
     rest = nil
   end
-  return rest, be(full, 2, 7)
+  return rest, (sunpk('>I6', full, 2))
 end
 
 -- penalized returns the value storing val (nil: none) with a penalty that

@@ -28,13 +28,18 @@ end
 -- fw_result's reset-after and value.
 local function fixed_window(raw, events, w, capacity, cost)
   local count, start, length = fw_load(raw, w)
-  if cost > events then
-    return 0, max(events - count, 0), w, fw_result(count, start, length)
-  elseif cost <= events - count then
-    count = count + cost
-    return 1, max(events - count, 0), 0, fw_result(count, start, length)
+  local allowed, retry = 0, w -- more than the limit: never admitted
+  if cost <= events then
+    if cost <= events - count then
+      allowed, retry, count = 1, 0, count + cost
+    else
+      retry = start + length - now
+    end
   end
-  return 0, max(events - count, 0), start + length - now, fw_result(count, start, length)
+  -- a comparison, not math.max: a call from Lua to C costs more
+  local rem = events - count
+  if rem < 0 then rem = 0 end
+  return allowed, rem, retry, fw_result(count, start, length)
 end
 
 -- fixed_window_refund takes cost off the window that counted the charge

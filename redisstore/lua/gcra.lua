@@ -4,10 +4,30 @@
 -- (see common.lua: the instant q, f1 = r, last = u), or, out of the binary
 -- range, "g<q>:<r>:<u>".
 
+-- gunits memoizes u by events, then window: a zone sends the same pair on
+-- every call, and their gcd costs several divisions. Emptied when it holds
+-- 1000 pairs, like memo.
+local gunits, ngunits = {}, 0
+
+-- gcra_units returns u, the emission interval ei (units) and tau, the
+-- bucket (capacity x ei units).
 local function gcra_units(events, w, capacity)
-  local g = gcd(events, w)
-  local u = idiv(events, g)
-  local ei = idiv(w, g)
+  local t = gunits[events]
+  local u = t and t[w]
+  if not u then
+    if ngunits >= 1000 then
+      gunits, ngunits = {}, 0
+    end
+    t = gunits[events]
+    if not t then
+      t = {}
+      gunits[events] = t
+    end
+    u = idiv(events, gcd(events, w))
+    t[w], ngunits = u, ngunits + 1
+  end
+  -- both quotients are integers, so the divisions are exact
+  local ei = w / (events / u)
   return u, ei, capacity * ei
 end
 
@@ -59,13 +79,16 @@ local function gcra(raw, events, w, capacity, cost, o)
   local room = tau
   if o then room = tau + o.d * u end
   local ahead, rest = gcra_load(raw, u)
-  local over = ahead > idiv(room, u) + 1
+  -- ahead > floor(room / u) + 1, without a division: a product of 2^53 or
+  -- more, rounded, still exceeds room
+  local over = (ahead - 1) * u > room
   local d = 0
   if ahead >= 0 and not over then
     d = ahead * u + rest
   end
   local need = cost * ei
-  local thr = threshold(o, tau, ei)
+  local thr = tau
+  if o then thr = threshold(o, tau, ei) end
   if cost > capacity then
     return gcra_result(0, w, ahead, rest, d, over, u, ei, thr)
   elseif over then
@@ -76,7 +99,13 @@ local function gcra(raw, events, w, capacity, cost, o)
     if o and o.d > 0 and o.n == 0 then retry = retry - o.d end
     return gcra_result(0, retry, ahead, rest, d, over, u, ei, thr)
   end
-  local wait, retry, ok = admit(o, d, need, tau, ei, u, 0)
+  local wait, retry, ok = 0, 0, true
+  if o then
+    wait, retry, ok = admit(o, d, need, tau, ei, u, 0)
+  elseif d + need > tau and need > 0 then
+    -- no options: admit's answer, without its calls
+    ok, retry = false, ceildiv(d + need - tau, u)
+  end
   if ok then
     d = d + need
     ahead = idiv(d, u)

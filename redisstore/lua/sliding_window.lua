@@ -11,7 +11,11 @@ local function sw_load(raw, n, w)
     a, p, c, sc = load_state(raw, 2, '^s(%d+):(%d+):(%-?%d+):(%d+)$', 3)
   end
   if p and sc > 0 then
-    prev, cur, s = min(p, n), min(c, n), a
+    -- comparisons, not math.min and math.max: a call from Lua to C costs
+    -- more than the comparison
+    prev, cur, s = p, c, a
+    if prev > n then prev = n end
+    if cur > n then cur = n end
     if sc ~= w then
       s = idiv(s, w) * w
       cur = cur + min(prev, n - cur)
@@ -20,7 +24,8 @@ local function sw_load(raw, n, w)
   else
     s, prev, cur = idiv(now, w) * w, 0, 0
   end
-  local vnow = max(now, s)
+  local vnow = now
+  if s > vnow then vnow = s end
   if vnow >= s + 2 * w then
     prev, cur, s = 0, 0, idiv(vnow, w) * w
   elseif vnow >= s + w then
@@ -38,7 +43,10 @@ local function sw_result(allowed, retry, s, prev, cur, vnow, n, w)
   elseif prev > 0 then
     full_at = s + w
   end
-  return allowed, max(n - cur - ceildiv(prev * (w - (vnow - s)), w), 0), retry, full_at - now,
+  local rem = n - cur
+  if prev > 0 then rem = rem - ceildiv(prev * (w - (vnow - s)), w) end
+  if rem < 0 then rem = 0 end
+  return allowed, rem, retry, full_at - now,
     pack(2, s, prev, cur, w) or string.format('s%.0f:%.0f:%.0f:%.0f', prev, cur, s, w)
 end
 

@@ -46,7 +46,9 @@ local function tb_advance(raw, events, w, capacity, o)
     if debt > room then debt = room end
     local elapsed = now - at
     if elapsed > 0 then
-      if elapsed >= ceildiv(debt, events) then
+      -- elapsed >= ceil(debt / events), without a division: a product of
+      -- 2^53 or more, rounded, still exceeds the debt
+      if elapsed * events >= debt then
         debt = 0
       else
         debt = debt - elapsed * events
@@ -70,17 +72,24 @@ end
 local function token_bucket(raw, events, w, capacity, cost, o)
   local debt, at = tb_advance(raw, events, w, capacity, o)
   local full = capacity * w
-  local thr = threshold(o, full, w)
-  if cost > capacity then
-    return 0, idiv(max(thr - debt, 0), w), w, tb_state(debt, at, events, w)
+  local thr = full
+  if o then thr = threshold(o, full, w) end
+  local allowed, retry = 0, w -- more than the capacity: never admitted
+  if cost <= capacity then
+    local need, wait, ok = cost * w, 0, true
+    if o then
+      wait, retry, ok = admit(o, debt, need, full, w, events, at - now)
+    elseif debt + need > full and need > 0 then
+      -- no options: admit's answer, without its calls
+      ok, retry = false, ceildiv(debt + need - full, events) + (at - now)
+    end
+    if ok then
+      allowed, retry, debt = 1, wait, debt + need
+    end
   end
-  local need = cost * w
-  local wait, retry, ok = admit(o, debt, need, full, w, events, at - now)
-  if ok then
-    debt = debt + need
-    return 1, idiv(max(thr - debt, 0), w), wait, tb_state(debt, at, events, w)
-  end
-  return 0, idiv(max(thr - debt, 0), w), retry, tb_state(debt, at, events, w)
+  local rem = 0
+  if debt < thr then rem = idiv(thr - debt, w) end
+  return allowed, rem, retry, tb_state(debt, at, events, w)
 end
 
 -- token_bucket_refund gives back cost, never below zero debt; it returns
