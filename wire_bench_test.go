@@ -27,7 +27,9 @@ import (
 // without allocating; the difference between two rows is the difference
 // between the two responses' costs in a real server. cpu-ns/op is the
 // process's CPU time per request (server, client and runtime), which the
-// other processes of a shared machine disturb less than ns/op. The caddy_* rows
+// other processes of a shared machine disturb less than ns/op. bare_fields
+// is bare with three static X-RateLimit-* fields: what net/http alone
+// spends on the default headers. The caddy_* rows
 // prepare each request as Caddy's server does (caddyhttp.PrepareRequest:
 // the replacer with its HTTP placeholders, the variables, client_ip) and
 // key on {client_ip}, as `make bench` does.
@@ -58,6 +60,7 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 		caddy       bool
 	}{
 		{"bare", "", false},
+		{"bare_fields", "", false},
 		{"headers_off", zone("wire_off", "headers off"), false},
 		{"legacy", zone("wire_legacy", ""), false},
 		{"draft", zone("wire_draft", "headers draft"), false},
@@ -72,15 +75,22 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 				h = newHandler(b, c.block, nil)
 				h.logger = zap.NewNop() // as in BenchmarkServeHTTPSideBySide
 			}
-			wireBench(b, h, c.caddy)
+			wireBench(b, h, c.caddy, c.name == "bare_fields")
 		})
 	}
 }
 
+// staticFields are three X-RateLimit-* fields as Sluice writes them, set by
+// the bare_fields row to price what net/http does with them alone.
+var staticFields = [...][2]string{
+	{hdrLimit, "1000000000"}, {hdrRemaining, "999999999"}, {hdrReset, "1764650000"},
+}
+
 // wireBench serves b.N requests, one at a time over one keep-alive
 // connection, through h (nil: none) in front of Caddy's `respond "ok"`;
-// with prepare, each request prepared as Caddy's server prepares it.
-func wireBench(b *testing.B, h *Handler, prepare bool) {
+// with prepare, each request prepared as Caddy's server prepares it; with
+// fields, the three staticFields set before the handlers run.
+func wireBench(b *testing.B, h *Handler, prepare, fields bool) {
 	srvCaddy := &caddyhttp.Server{}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		repl := caddy.NewReplacer()
@@ -91,6 +101,11 @@ func wireBench(b *testing.B, h *Handler, prepare bool) {
 			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
 		}
 		w.Header().Set("Server", "Caddy") // as Caddy's server does
+		if fields {
+			for i := range staticFields {
+				w.Header()[staticFields[i][0]] = staticFields[i][1:2:2]
+			}
+		}
 		var err error
 		if h == nil {
 			err = respondOK.ServeHTTP(w, r)

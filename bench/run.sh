@@ -173,16 +173,16 @@ redis-cli -h 127.0.0.1 -p "$P_REDIS" ping >/dev/null || die "redis-server did no
 # library); its ARGV per redisstore's script arguments (lua/take.lua): one
 # per zone, its spec "<algorithm>:<events>:<window ms>:<capacity>:<options>"
 # (token bucket, no options), cost 1, mode 0 (take) and instant 0 (a
-# take's), joined by commas. One KEYS entry, a production-shaped key. An
-# admission replies with a status, its integers separated by spaces,
-# allowed first.
+# take's), joined by commas. One KEYS entry, a production-shaped key. A
+# one-zone admission with no wait replies one packed integer; any other
+# reply is an array of integers, allowed first.
 LIB=$("$BT" lualib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
 FN=$("$BT" luafn)
 [[ "$LIB" == sluice_* ]] || die "FUNCTION LOAD failed: $LIB"
 RB_KEY='sluice:v1:rb:{127.0.0.1}'
 RB_ARGS=(FCALL "$FN" 1 "$RB_KEY" 0:1000000000:60000:1000000000:0,1,0,0)
-probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | head -n1)
-[[ "$probe" == "1 "* ]] || die "FCALL of the production decision did not allow: $probe"
+probe=$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${RB_ARGS[@]}" 2>&1 | tr '\n' ' ')
+[[ "$probe" =~ ^[0-9]+\ $ || "$probe" == "1 "* ]] || die "FCALL of the production decision did not allow: $probe"
 # The floor beside it (target decide): TIME, and per zone GET and SET PX.
 FLOOR_FN=sluice_floor
 lib=$("$BT" floorlib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REPLACE)
@@ -326,8 +326,9 @@ measure() {
 			-c "$CONNS" -n "$n" -P "$p" --csv "${RB_ARGS[@]}")
 		t1=$(now_ns) c1=$("$BT" cpu $SERVER_PIDS)
 		read -r calls usec < <(rstat)
-		# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-		res=$(tail -n1 "$TMP/gen.out" | tr -d '"' | awk -F, -v n="$n" '$2 > 0 { printf "%s %.0f %.0f %d 0 0 - - - - - -", $2, $5 * 1000, $7 * 1000, n }')
+		# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms";
+		# read from the end: the test's name holds the zone's argument, whose commas split it.
+		res=$(tail -n1 "$TMP/gen.out" | tr -d '"' | awk -F, -v n="$n" '$(NF-6) > 0 { printf "%s %.0f %.0f %d 0 0 - - - - - -", $(NF-6), $(NF-3) * 1000, $(NF-1) * 1000, n }')
 		[[ -n "$res" ]] || die "redis-benchmark gave no result for $t: $(tail -n3 "$TMP/gen.out")"
 		;;
 	*)
