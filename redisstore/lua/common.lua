@@ -10,9 +10,9 @@ local margin = 1000 -- ms a key outlives its return to full, so expired == full
 -- (x - x % 1 floors without a call). The library functions used on every
 -- call are upvalues, set by bind() on the first call: a Redis Function
 -- library sees no standard library while it loads.
-local byte, char, unpk, tonum, call, min, max, fmt, spk, sunpk
+local byte, char, tonum, call, min, max, fmt, spk, sunpk
 local function bind()
-  byte, char, unpk, tonum, call = string.byte, string.char, unpack, tonumber, redis.call
+  byte, char, tonum, call = string.byte, string.char, tonumber, redis.call
   min, max, fmt, spk, sunpk = math.min, math.max, string.format, struct.pack, struct.unpack
 end
 
