@@ -88,29 +88,20 @@ func luaLibrary() (name, code string) {
 }
 
 // The script's argument per zone (ARGV, lua/take.lua): one string, its
-// fields joined by argSep (a byte none of them holds), in this order:
+// fields joined by argSep (a byte none of them holds):
 //
-//	spec     the static part of the zone's limit:
-//	         "<algorithm id>:<events>:<window ms>:<capacity>:<options>" (for a
-//	         concurrency zone, algorithm id 5, its slots, its lease, its
-//	         slots, and "0"). The options are "0" for none, else fields of a
-//	         letter and digits (zoneOptions: "p900000" a penalty of 900000
-//	         ms, "d3000" a delay of 3000 ms, "a2" delay_after 2, "n1" this
-//	         request may not wait).
-//	cost     for a concurrency zone, its request's holder id instead (the
-//	         decimal digits of a uint64, kept a string in Lua: ids exceed
-//	         2^53)
+//	spec     "<algorithm id>:<events>:<window ms>:<capacity>:<options>",
+//	         the options "0" or letter-and-digits fields (zoneOptions)
+//	cost     for a concurrency zone, its holder id (a uint64's digits,
+//	         kept a string in Lua: ids exceed 2^53)
 //	mode     the mode values below
-//	instant  for a refund, the instant of the charge (Unix ms; "0":
-//	         unknown); for a settle (mode 10), "<instant>:<amount>"; "0"
-//	         for a take or a renewal
+//	instant  a refund's charge instant (Unix ms; "0": unknown), a settle's
+//	         "<instant>:<amount>", "0" for a take or a renewal
 //
-// A take's argument repeats call after call: the script parses each
-// distinct one once and keeps its parse. One whose instant is not "0" (a
-// refund's) or that holds a holder id (a concurrency zone's) is parsed on
-// every call. lua/take.lua names argSep and the modes
-// (TestLuaLayoutMatchesGo); appendTake, appendRefund and appendRenewal are
-// the one place that writes the argument.
+// The script keeps the parse of a take's argument, which repeats call after
+// call, and parses the others on every call. lua/take.lua names argSep and
+// the modes (TestLuaLayoutMatchesGo); appendTake, appendRefund and
+// appendRenewal are the one place that writes the argument.
 const argSep = ','
 
 // replyPerZone is the count of numbers per zone that open the script's
