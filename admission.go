@@ -58,8 +58,10 @@ type admission struct {
 	wantsStatus bool
 	// wantsBody: a control reads the response's body (atBody).
 	wantsBody bool
-	// settling is the settle zones' reading of the response (settle.go).
+	// settling is the settle zones' reading of the response (settle.go);
+	// strip keeps the usage event asked for from the client (settleask.go).
 	settling *settlement
+	strip    *usageStrip
 	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
 	// the request was passed on; header is the response's header, for the
 	// status hooks.
@@ -311,6 +313,11 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 				status = errorStatus(err)
 			}
 			sw.settle(status)
+		}
+		if a.strip != nil {
+			_ = a.strip.flush(sw.ResponseWriter)
+			stripPool.Put(a.strip)
+			a.strip = nil
 		}
 		sw.ResponseWriter, sw.hook = nil, nil
 		statusWriterPool.Put(sw)

@@ -370,15 +370,7 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 		case "on_exceed":
 			z.OnExceed, err = p.arg(field)
 		case "settle":
-			args := d.RemainingArgs()
-			switch {
-			case len(args) == 2 && args[0] == "header":
-				z.Settle = &Settle{Header: args[1]}
-			case len(args) == 2 && args[0] == "json":
-				z.Settle = &Settle{JSON: args[1]}
-			default:
-				return nil, p.errf("settle takes a source: header <name> or json <path> (settle json usage.total_tokens), got %q", strings.Join(args, " "))
-			}
+			z.Settle, err = p.settle()
 		case "penalty":
 			if v, err = p.arg(field); err == nil {
 				z.Penalty, err = p.duration(field, v)
@@ -489,6 +481,70 @@ func (p zoneParser) localAllowance() (*LocalAllowance, error) {
 type zoneParser struct {
 	d    *caddyfile.Dispenser
 	name string
+}
+
+// settle parses `settle header <name>` or `settle json <path>` and its
+// optional block of options.
+func (p zoneParser) settle() (*Settle, error) {
+	args := p.d.RemainingArgs()
+	var s *Settle
+	switch {
+	case len(args) == 2 && args[0] == "header":
+		s = &Settle{Header: args[1]}
+	case len(args) == 2 && args[0] == "json":
+		s = &Settle{JSON: args[1]}
+	default:
+		return nil, p.errf("settle takes a source: header <name> or json <path> (settle json usage.total_tokens), got %q", strings.Join(args, " "))
+	}
+	seen := map[string]bool{}
+	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
+		field := p.d.Val()
+		if seen[field] {
+			return nil, p.errf("settle: duplicate %s", field)
+		}
+		seen[field] = true
+		ok, err := p.settleRequestOption(s, field)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, p.errf("settle: unknown option %q (known: unknown, ask_usage)", field)
+		}
+	}
+	return s, nil
+}
+
+// settleRequestOption parses a settle option about the request: what a
+// response without an amount is charged (unknown), whether usage is asked
+// for (ask_usage). ok is false for another option.
+func (p zoneParser) settleRequestOption(s *Settle, field string) (ok bool, err error) {
+	switch field {
+	case "unknown":
+		args := p.d.RemainingArgs()
+		switch {
+		case len(args) == 1 && !strings.Contains(args[0], "{"):
+			s.Unknown, err = p.count("settle: unknown", args[0])
+		case len(args) == 2 && strings.Contains(args[0], "{"):
+			s.UnknownFrom = args[0]
+			if args[1] != "0" {
+				s.Unknown, err = p.count("settle: unknown's amount", args[1])
+			}
+		default:
+			err = p.errf("settle: unknown takes an amount, or a placeholder and an amount (unknown {http.rate_limit.request_json.max_tokens} 1000), got %q", strings.Join(args, " "))
+		}
+	case "ask_usage":
+		var v string
+		if v, err = p.arg("settle: ask_usage"); err == nil {
+			if v != "on" && v != "off" {
+				return true, p.errf("settle: ask_usage is on or off, got %q", v)
+			}
+			on := v == "on"
+			s.AskUsage = &on
+		}
+	default:
+		return false, nil
+	}
+	return true, err
 }
 
 func (p zoneParser) errf(format string, args ...any) error {

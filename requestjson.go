@@ -11,9 +11,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// requestJSONControl: a zone's key may read a field of the request's JSON
-// body, `{http.rate_limit.request_json.<path>}` (the model of an
-// OpenAI-style request: {http.rate_limit.request_json.model}). Before the
+// requestJSONControl: a zone's key, cost and settle's unknown charge may
+// read a field of the request's JSON body,
+// `{http.rate_limit.request_json.<path>}` (the model of an OpenAI-style
+// request: {http.rate_limit.request_json.model}; its max_tokens). Before the
 // zones are planned, the first requestJSONMax bytes of a JSON request body
 // are read, the string or whole number at each path used is set as that
 // placeholder (empty when absent, or beyond the bound), and the body is
@@ -33,10 +34,18 @@ const (
 	requestJSONMax    = 64 << 10
 )
 
-// compileRequestJSON collects the request JSON paths the zone's key reads.
+// compileRequestJSON collects the request JSON paths the zone reads: in
+// its key, its cost and its settle's unknown charge.
 func compileRequestJSON(z *zone, cfg *Zone) error {
+	fields := []struct{ name, v string }{{"cost", string(cfg.Cost)}}
+	if cfg.Settle != nil {
+		fields = append(fields, struct{ name, v string }{"settle", cfg.Settle.UnknownFrom})
+	}
 	for _, k := range cfg.Key {
-		for rest := k; ; {
+		fields = append(fields, struct{ name, v string }{"key", k})
+	}
+	for _, f := range fields {
+		for rest := f.v; ; {
 			i := strings.Index(rest, "{"+requestJSONPrefix)
 			if i < 0 {
 				break
@@ -44,9 +53,11 @@ func compileRequestJSON(z *zone, cfg *Zone) error {
 			rest = rest[i+1+len(requestJSONPrefix):]
 			path, _, ok := strings.Cut(rest, "}")
 			if !ok || path == "" || strings.Contains(path, "..") {
-				return fmt.Errorf("key: {%s%s}: write a dot path of keys ({%smodel})", requestJSONPrefix, path, requestJSONPrefix)
+				return fmt.Errorf("%s: {%s%s}: write a dot path of keys ({%smodel})", f.name, requestJSONPrefix, path, requestJSONPrefix)
 			}
-			z.requestJSON = append(z.requestJSON, path)
+			if !containsString(z.requestJSON, path) {
+				z.requestJSON = append(z.requestJSON, path)
+			}
 		}
 	}
 	return nil

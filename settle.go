@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -34,6 +35,7 @@ var settleControl = control{
 	},
 	hooks: hooks{
 		verdict: startSettle,
+		status:  settleStatus,
 		body:    readUsage,
 		exit:    finishSettle,
 	},
@@ -50,6 +52,10 @@ type settleZone struct {
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
 	log              *sampledLog
+	// unknown is the rule charging a response whose amount never arrives
+	// (settleunknown.go); asks: the usage is asked for (settleask.go).
+	unknown unknownRule
+	asks    bool
 }
 
 // compileSettle compiles a zone's settle source (zonemodel checked it).
@@ -58,7 +64,10 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if s == nil {
 		return nil
 	}
-	sz := &settleZone{spec: s.String(), path: s.Path(), log: newSampledLog(1, badValueInterval)}
+	sz := &settleZone{spec: s.String(), path: s.Path(), log: newSampledLog(1, badValueInterval), asks: s.Asks()}
+	if err := sz.unknown.compile(s); err != nil {
+		return err
+	}
 	if s.Header != "" {
 		sz.header = http.CanonicalHeaderKey(s.Header)
 		sz.trailer = http.TrailerPrefix + sz.header
@@ -91,7 +100,7 @@ func provisionSettle(h *Handler) (stages, error) {
 		return 0, nil
 	}
 	h.holdStore()
-	return joins(atVerdict, atBody, atExit), nil
+	return joins(atVerdict, atStatus, atBody, atExit), nil
 }
 
 // maxSettleReads bounds the settle zones read per request; a request in
@@ -103,6 +112,8 @@ const maxSettleReads = 4
 type settlement struct {
 	n     int
 	reads [maxSettleReads]usageRead
+	// status is the response's (statusUnknown: the client left first).
+	status int
 }
 
 // usageRead reads one settle zone's amount from a response.
@@ -141,7 +152,7 @@ func startSettle(a *admission) {
 		}
 		if st == nil {
 			st = settlementPool.Get().(*settlement)
-			st.n = 0
+			st.n, st.status = 0, statusUnknown
 		}
 		if st.n == maxSettleReads {
 			break
@@ -154,12 +165,32 @@ func startSettle(a *admission) {
 	if st != nil {
 		a.settling = st
 		a.wantsStatus, a.wantsBody = true, true
+		if st.asks() {
+			askUsage(a)
+		}
 		if st.readsBody() {
 			// A compressed body cannot be read as it streams: the
 			// upstream (and a later encode) is asked for the body as is.
 			a.r.Header.Set("Accept-Encoding", "identity")
 		}
 	}
+}
+
+// settleStatus records the response's status (status).
+func settleStatus(a *admission, status int) {
+	if a.settling != nil {
+		a.settling.status = status
+	}
+}
+
+// asks reports whether a settle zone asks for usage (settleask.go).
+func (st *settlement) asks() bool {
+	for i := 0; i < st.n; i++ {
+		if st.reads[i].sz.asks {
+			return true
+		}
+	}
+	return false
 }
 
 // readsBody reports whether a settle zone reads the response's body.
@@ -230,15 +261,22 @@ func finishSettle(a *admission) {
 		if rd.sz.missing != nil {
 			rd.sz.missing.Inc()
 		}
-		reason := "settle: the response told no amount; the estimate stays"
+		reason := "settle: the response told no amount"
 		switch {
 		case rd.body == bodyCompressed:
-			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams; the estimate stays"
+			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams"
 		case rd.bad:
-			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53); the estimate stays"
+			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53)"
 		}
-		rd.sz.log.log(a.h.logger, zap.WarnLevel, reason,
-			zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int64("estimate", c.req.Cost))
+		charged, rule := c.req.Cost, "the estimate stays (a response that is not 2xx)"
+		if st.status == statusUnknown || st.status >= 200 && st.status < 300 {
+			charged, rule = rd.sz.unknown.charge(a, c.req.Cost, c.req.Limit.Capacity()), "charged by the unknown rule"
+			c.told, c.settled = true, charged
+		}
+		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
+			rd.sz.log.write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
+				zap.Int64("estimate", c.req.Cost), zap.Int64("charged", charged), zap.String("rule", rule))
+		}
 	}
 	_ = a.res.give(settleAmounts, 0) // refunds only: no error
 	a.h.settled.notify()

@@ -70,6 +70,10 @@ func markRefusal(w http.ResponseWriter) {
 func (w *statusWriter) WriteHeader(status int) {
 	if status >= 200 || status == http.StatusSwitchingProtocols {
 		w.settle(status)
+		if s := w.hook.strip; s != nil && !s.decided {
+			s.decided = true
+			s.header(w.Header(), status)
+		}
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
@@ -77,6 +81,24 @@ func (w *statusWriter) WriteHeader(status int) {
 // Write reports an implicit 200 when nothing was written before.
 func (w *statusWriter) Write(b []byte) (int, error) {
 	w.settle(http.StatusOK)
+	if s := w.hook.strip; s != nil {
+		if !s.decided {
+			s.decided = true
+			s.header(w.Header(), http.StatusOK)
+		}
+		if !s.off {
+			// The zone reads every byte; the client gets them less the
+			// usage event it did not ask for (settleask.go).
+			err := s.write(w.ResponseWriter, b)
+			if w.body {
+				w.hook.bodyWritten(b)
+			}
+			if err != nil {
+				return 0, err
+			}
+			return len(b), nil
+		}
+	}
 	n, err := w.ResponseWriter.Write(b)
 	if w.body && n > 0 {
 		w.hook.bodyWritten(b[:n])
@@ -100,6 +122,10 @@ type writerOnly struct{ io.Writer }
 // flushes (http.ResponseController).
 func (w *statusWriter) FlushError() error {
 	w.settle(http.StatusOK)
+	if s := w.hook.strip; s != nil && !s.decided {
+		s.decided = true
+		s.header(w.Header(), http.StatusOK)
+	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 

@@ -323,6 +323,9 @@ func (c *Compiled) compileCost(cfg *Zone) error {
 	if ph.Placeholders() == nil {
 		return fmt.Errorf("cost must be a positive integer or a placeholder, got %q", raw)
 	}
+	if err := checkAmount("cost", ph); err != nil {
+		return err
+	}
 	c.CostFrom = &ph
 	if def > 0 {
 		c.Cost = def

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/identity"
 )
 
 // Settle is where a zone reads the actual amount a request spent, once its
@@ -20,7 +22,27 @@ type Settle struct {
 	// the data: events of a text/event-stream response (the last event
 	// carrying it wins). E.g. "usage.total_tokens".
 	JSON string `json:"json,omitempty"`
+
+	// Unknown is what a 2xx response whose amount never arrives is charged
+	// (the client left before it, the upstream stopped, the amount was
+	// unusable): this fixed amount, or with UnknownFrom, that field's
+	// value plus this amount; never less than the estimate. Default (both
+	// unset): the zone's capacity, its whole budget.
+	Unknown int64 `json:"unknown,omitempty"`
+	// UnknownFrom is a placeholder whose whole number, plus Unknown, is the
+	// charge when the amount never arrives: the request's output bound,
+	// {http.rate_limit.request_json.max_tokens}. A request without a
+	// usable value is charged as by the default (the capacity).
+	UnknownFrom string `json:"unknown_from,omitempty"`
+	// AskUsage: an OpenAI-shaped streamed request that does not ask for
+	// usage (stream_options.include_usage) is forwarded asking for it, and
+	// the usage event it adds is kept from the client; false forwards the
+	// request as it came. Only with a json source. Default: true.
+	AskUsage *bool `json:"ask_usage,omitempty"`
 }
+
+// Asks reports whether the zone adds the usage request (AskUsage).
+func (s *Settle) Asks() bool { return s.JSON != "" && (s.AskUsage == nil || *s.AskUsage) }
 
 // MaxSettlePath bounds the segments of a settle json path.
 const MaxSettlePath = 16
@@ -41,6 +63,39 @@ func (s *Settle) String() string {
 	return "json " + s.JSON
 }
 
+// checkUnknown checks the charge of a response without an amount.
+func (s *Settle) checkUnknown() error {
+	if s.Unknown < 0 || s.Unknown > MaxUnknown {
+		return fmt.Errorf("settle: unknown must be an amount from 0 to %d, got %d", MaxUnknown, s.Unknown)
+	}
+	if s.UnknownFrom == "" {
+		return nil
+	}
+	c, err := identity.Compile(s.UnknownFrom)
+	if err != nil || c.Placeholders() == nil {
+		return fmt.Errorf("settle: unknown %q: write a placeholder and an amount (unknown {%smax_tokens} 1000)", s.UnknownFrom, RequestJSONPrefix)
+	}
+	if err := checkAmount("settle: unknown", c); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MaxUnknown bounds a settle's unknown amount: 2^53, the largest settled.
+const MaxUnknown = 1 << 53
+
+// UnknownSpec renders the unknown charge's rule as the Caddyfile writes it
+// ("" for the default).
+func (s *Settle) UnknownSpec() string {
+	switch {
+	case s.UnknownFrom != "":
+		return fmt.Sprintf("%s %d", s.UnknownFrom, s.Unknown)
+	case s.Unknown > 0:
+		return fmt.Sprint(s.Unknown)
+	}
+	return ""
+}
+
 // checkSettle checks a zone's settle source and what it combines with.
 func (z *Zone) checkSettle() error {
 	s := z.Settle
@@ -58,6 +113,12 @@ func (z *Zone) checkSettle() error {
 		return errors.New("settle: set one source: header <name> or json <path>")
 	case s.Header != "" && strings.ContainsAny(s.Header, " \t\r\n:"):
 		return fmt.Errorf("settle: header %q is not a header name", s.Header)
+	}
+	if err := s.checkUnknown(); err != nil {
+		return err
+	}
+	if s.AskUsage != nil && *s.AskUsage && s.JSON == "" {
+		return errors.New("settle: ask_usage applies to a json source (the usage an OpenAI-shaped stream reports)")
 	}
 	if s.JSON != "" {
 		segs := s.Path()

@@ -1,0 +1,52 @@
+package sluice
+
+import (
+	"github.com/sluicehq/caddy-sluice/identity"
+)
+
+// unknownRule is what a settle zone charges a 2xx response (or one whose
+// client left before its status) when its amount never arrives: the
+// client left before the usage event, the upstream stopped, the amount was
+// unusable. Without the rule such a response would pay only its estimate,
+// and leaving early would be a way round the budget.
+type unknownRule struct {
+	// from is the placeholder read (the request's max_tokens), nil for a
+	// fixed amount; amount is added to it, or is the charge alone; both
+	// unset: the capacity.
+	from   *identity.Candidate
+	amount int64
+}
+
+// compile reads the rule of s (zonemodel checked it).
+func (u *unknownRule) compile(s *Settle) error {
+	u.amount = s.Unknown
+	if s.UnknownFrom == "" {
+		return nil
+	}
+	c, err := identity.Compile(s.UnknownFrom)
+	if err != nil {
+		return err
+	}
+	u.from = &c
+	return nil
+}
+
+// charge returns what a response of a's request without an amount is
+// charged, with estimate its estimate and capacity its limit's: never less
+// than the estimate, at most maxSettled. A request whose placeholder has no
+// usable value is charged as by the default, the capacity.
+func (u *unknownRule) charge(a *admission, estimate, capacity int64) int64 {
+	n := capacity
+	switch {
+	case u.from != nil:
+		a.repl.r = a.r
+		v, ok := u.from.AppendValue(&a.repl, a.buf[:0])
+		a.buf = v
+		if f, good := parseCount(v); ok && good && f <= maxSettled {
+			n = min(f+u.amount, maxSettled)
+		}
+	case u.amount > 0:
+		n = u.amount
+	}
+	return max(n, estimate)
+}
