@@ -106,33 +106,34 @@ func runSettleCases(t *testing.T, source string, cases []settleCase) {
 
 // Bad input: a non-numeric, negative, huge (> 2^53) or missing amount, a
 // body that is not JSON, an event stream cut mid-event, a body compressed
-// though the upstream was asked for it as is: the estimate stays
-// (or what was read of the stream settles); a usable amount settles.
+// though the upstream was asked for it as is: the zone's unknown rule
+// charges it (here 150; or what was read of the stream settles); a usable
+// amount settles.
 func TestSettleBadInput(t *testing.T) {
 	t.Run("json", func(t *testing.T) {
-		runSettleCases(t, "json usage.total_tokens", []settleCase{
+		runSettleCases(t, "json usage.total_tokens {\n\t\t\t\tunknown 150\n\t\t\t}", []settleCase{
 			{"ok", jsonBody(`{"usage":{"total_tokens":300}}`), 300},
 			{"less", jsonBody(`{"usage":{"total_tokens":30}}`), 30},
-			{"string", jsonBody(`{"usage":{"total_tokens":"300"}}`), 100},
-			{"negative", jsonBody(`{"usage":{"total_tokens":-300}}`), 100},
-			{"huge", jsonBody(`{"usage":{"total_tokens":9007199254740993}}`), 100},
-			{"missing", jsonBody(`{"usage":{}}`), 100},
-			{"not_json", jsonBody(`<html>{"usage":{"total_tokens":300}}</html>`), 100},
+			{"string", jsonBody(`{"usage":{"total_tokens":"300"}}`), 150},
+			{"negative", jsonBody(`{"usage":{"total_tokens":-300}}`), 150},
+			{"huge", jsonBody(`{"usage":{"total_tokens":9007199254740993}}`), 150},
+			{"missing", jsonBody(`{"usage":{}}`), 150},
+			{"not_json", jsonBody(`<html>{"usage":{"total_tokens":300}}</html>`), 150},
 			{"events", events("data: {\"usage\":{\"total_tokens\":250}}\n\ndata: [DONE]\n\n"), 250},
 			{"events_cut", events("data: {\"usage\":{\"total_tokens\":250}}\n\ndata: {\"usage\":{\"total_tokens\":999}}"), 250},
-			{"events_cut_first", events("data: {\"usage\":{\"total_tokens\":999}}"), 100},
-			{"gzip_anyway", gzipJSON(`{"usage":{"total_tokens":300}}`), 100},
+			{"events_cut_first", events("data: {\"usage\":{\"total_tokens\":999}}"), 150},
+			{"gzip_anyway", gzipJSON(`{"usage":{"total_tokens":300}}`), 150},
 		})
 	})
 	t.Run("header", func(t *testing.T) {
-		runSettleCases(t, "header X-Usage", []settleCase{
+		runSettleCases(t, "header X-Usage {\n\t\t\t\tunknown 150\n\t\t\t}", []settleCase{
 			{"ok", usageHeader("X-Usage", "300", false), 300},
 			{"trailer", usageHeader("X-Usage", "280", true), 280},
 			{"zero", usageHeader("X-Usage", "0", false), 0},
-			{"string", usageHeader("X-Usage", "lots", false), 100},
-			{"negative", usageHeader("X-Usage", "-3", false), 100},
-			{"huge", usageHeader("X-Usage", "9007199254740993", false), 100},
-			{"missing", jsonBody(`{}`), 100},
+			{"string", usageHeader("X-Usage", "lots", false), 150},
+			{"negative", usageHeader("X-Usage", "-3", false), 150},
+			{"huge", usageHeader("X-Usage", "9007199254740993", false), 150},
+			{"missing", jsonBody(`{}`), 150},
 		})
 	})
 }
