@@ -114,6 +114,9 @@ type settlement struct {
 	reads [maxSettleReads]usageRead
 	// status is the response's (statusUnknown: the client left first).
 	status int
+	// bound is the request's output bound, 0 for none; bodyLen its JSON
+	// body's length, the bound of its prompt's tokens (settleask.go).
+	bound, bodyLen int64
 }
 
 // usageRead reads one settle zone's amount from a response.
@@ -152,7 +155,7 @@ func startSettle(a *admission) {
 		}
 		if st == nil {
 			st = settlementPool.Get().(*settlement)
-			st.n, st.status = 0, statusUnknown
+			st.n, st.status, st.bound, st.bodyLen = 0, statusUnknown, 0, 0
 		}
 		if st.n == maxSettleReads {
 			break
@@ -165,8 +168,8 @@ func startSettle(a *admission) {
 	if st != nil {
 		a.settling = st
 		a.wantsStatus, a.wantsBody = true, true
-		if st.asks() {
-			askUsage(a)
+		if ask, read := st.readsRequest(); read {
+			readRequest(a, st, ask)
 		}
 		if st.readsBody() {
 			// A compressed body cannot be read as it streams: the
@@ -183,14 +186,16 @@ func settleStatus(a *admission, status int) {
 	}
 }
 
-// asks reports whether a settle zone asks for usage (settleask.go).
-func (st *settlement) asks() bool {
+// readsRequest reports whether a settle zone reads the request's body:
+// ask, one asks for usage (settleask.go); read, that or one charges a
+// response without an amount by the default rule.
+func (st *settlement) readsRequest() (ask, read bool) {
 	for i := 0; i < st.n; i++ {
-		if st.reads[i].sz.asks {
-			return true
-		}
+		sz := st.reads[i].sz
+		ask = ask || sz.asks
+		read = read || sz.asks || sz.unknown.isDefault()
 	}
-	return false
+	return ask, read
 }
 
 // readsBody reports whether a settle zone reads the response's body.
@@ -270,7 +275,7 @@ func finishSettle(a *admission) {
 		}
 		charged, rule := c.req.Cost, "the estimate stays (a response that is not 2xx)"
 		if st.status == statusUnknown || st.status >= 200 && st.status < 300 {
-			charged, rule = rd.sz.unknown.charge(a, c.req.Cost, c.req.Limit.Capacity()), "charged by the unknown rule"
+			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost, c.req.Limit.Capacity()), "charged by the unknown rule"
 			c.told, c.settled = true, charged
 		}
 		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {

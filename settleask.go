@@ -20,16 +20,24 @@ import (
 // compressed, or whose top-level keys are escaped is forwarded as it
 // came: its usage never arrives, and the zone's unknown rule charges it.
 
-// askUsage rewrites an allowed request's body to ask for usage (verdict,
-// from startSettle) and, when it did, keeps the usage event from the
-// client.
-func askUsage(a *admission) {
+// readRequest reads an allowed request's JSON body (verdict, from
+// startSettle) for the unknown rule's default: its output bound and its
+// length; and, with ask, rewrites a streamed completion's to ask for usage
+// and keeps the usage event from the client.
+func readRequest(a *admission, st *settlement, ask bool) {
 	r := a.r
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || !isJSON(r.Header.Get("Content-Type")) ||
-		r.Header.Get("Content-Encoding") != "" || !completionsPath(r.URL.Path) {
+		r.Header.Get("Content-Encoding") != "" {
 		return
 	}
-	buf := make([]byte, requestJSONMax+1)
+	size := int64(requestJSONMax)
+	if r.ContentLength > size {
+		return // forwarded as it came
+	}
+	if r.ContentLength >= 0 {
+		size = r.ContentLength
+	}
+	buf := make([]byte, size+1)
 	n, err := io.ReadFull(r.Body, buf)
 	buf = buf[:n]
 	if err != io.EOF && err != io.ErrUnexpectedEOF {
@@ -37,7 +45,11 @@ func askUsage(a *admission) {
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
 		return
 	}
-	body, ok := withUsage(buf)
+	st.bound, st.bodyLen = outputBound(buf), int64(n)
+	body, ok := buf, false
+	if ask && completionsPath(r.URL.Path) {
+		body, ok = withUsage(buf)
+	}
 	r.Body = readCloser{bytes.NewReader(body), r.Body}
 	if !ok {
 		return
@@ -48,6 +60,23 @@ func askUsage(a *admission) {
 	}
 	a.strip = stripPool.Get().(*usageStrip)
 	a.strip.reset()
+}
+
+// outputBound returns the largest of the request's output bounds
+// (max_completion_tokens, max_tokens, max_output_tokens: chat completions,
+// completions and Anthropic's, the Responses API), 0 for none.
+func outputBound(body []byte) int64 {
+	var most int64
+	members(body, func(m member) bool {
+		switch string(m.key) {
+		case "max_completion_tokens", "max_tokens", "max_output_tokens":
+			if n, ok := parseCount(body[m.start:m.end]); ok {
+				most = max(most, n)
+			}
+		}
+		return true
+	})
+	return min(most, maxSettled)
 }
 
 // completionsPath reports whether an API path is OpenAI's chat completions

@@ -31,11 +31,17 @@ func (u *unknownRule) compile(s *Settle) error {
 	return nil
 }
 
+// isDefault reports whether the rule is the default.
+func (u *unknownRule) isDefault() bool { return u.from == nil && u.amount == 0 }
+
 // charge returns what a response of a's request without an amount is
 // charged, with estimate its estimate and capacity its limit's: never less
-// than the estimate, at most maxSettled. A request whose placeholder has no
-// usable value is charged as by the default, the capacity.
-func (u *unknownRule) charge(a *admission, estimate, capacity int64) int64 {
+// than the estimate, at most maxSettled. The default: a request that bounds
+// its output (st.bound) is charged that bound plus its body's length (no
+// prompt has more tokens than bytes), so leaving early never costs less
+// than staying; one that does not, the capacity. A request whose
+// placeholder has no usable value is charged the capacity.
+func (u *unknownRule) charge(a *admission, st *settlement, estimate, capacity int64) int64 {
 	n := capacity
 	switch {
 	case u.from != nil:
@@ -47,6 +53,8 @@ func (u *unknownRule) charge(a *admission, estimate, capacity int64) int64 {
 		}
 	case u.amount > 0:
 		n = u.amount
+	case st.bound > 0:
+		n = min(st.bound+st.bodyLen, maxSettled)
 	}
 	return max(n, estimate)
 }
