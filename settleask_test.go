@@ -1,0 +1,101 @@
+package sluice
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestWithUsage: a streamed request that does not ask for usage is
+// rewritten to ask for it, every other shape kept byte for byte.
+func TestWithUsage(t *testing.T) {
+	for _, c := range []struct{ in, out string }{
+		{`{"model":"m","stream":true}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{` {"stream": true , "n":1 } `, ` {"stream": true , "n":1 ,"stream_options":{"include_usage":true}} `},
+		{`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{ }}`, `{"stream":true,"stream_options":{"include_usage":true }}`},
+		{`{"stream":true,"stream_options":{"include_obfuscation":false}}`, `{"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}}`},
+		{`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{"include_usage": null ,"x":"}"}}`, `{"stream":true,"stream_options":{"include_usage": true ,"x":"}"}}`},
+		{`{"messages":[{"content":"\"stream\":true}"}],"stream":true}`, `{"messages":[{"content":"\"stream\":true}"}],"stream":true,"stream_options":{"include_usage":true}}`},
+	} {
+		got, ok := withUsage([]byte(c.in))
+		if !ok || string(got) != c.out {
+			t.Errorf("%s: %s %v, want %s", c.in, got, ok, c.out)
+		}
+	}
+	for _, in := range []string{
+		`{"model":"m"}`, `{"stream":false}`, `{"stream":"true"}`,
+		`{"stream":true,"stream_options":{"include_usage":true}}`, // asked
+		`{"str\u0065am":true}`, `{"stream":true,"stream\u005foptions":{"include_usage":false}}`, // escaped keys
+		`{"stream":true,"stream_options":"x"}`, `{"stream":true`, `{"stream":true} {}`, `[{"stream":true}]`, ``, `{"stream":true,}`,
+	} {
+		if got, ok := withUsage([]byte(in)); ok || string(got) != in {
+			t.Errorf("%s: rewritten to %s", in, got)
+		}
+	}
+}
+
+// TestOutputBound reads the largest of the output bounds.
+func TestOutputBound(t *testing.T) {
+	for in, want := range map[string]int64{
+		`{"max_tokens":500}`: 500, `{"max_completion_tokens":70,"max_tokens":60}`: 70, `{"max_output_tokens":9}`: 9,
+		`{"messages":[{"max_tokens":900}]}`: 0, `{"max_tokens":"9"}`: 0, `{"max_tokens":-9}`: 0, `{}`: 0, `nope`: 0,
+	} {
+		if got := outputBound([]byte(in)); got != want {
+			t.Errorf("%s: %d, want %d", in, got, want)
+		}
+	}
+}
+
+// TestUsageStrip: the usage event is dropped from the client's stream,
+// however the stream is cut into writes; every other byte passes in
+// order; an event longer than maxHeld passes as it comes.
+func TestUsageStrip(t *testing.T) {
+	chunk := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n"
+	usage := "data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"total_tokens\":7}}\n\n"
+	stream := ": ping\n\n" + chunk + chunk + usage + "data: [DONE]\n\n"
+	want := ": ping\n\n" + chunk + chunk + "data: [DONE]\n\n"
+	for _, size := range []int{1, 2, 3, 7, 64, len(stream)} {
+		var s usageStrip
+		s.reset()
+		var out bytes.Buffer
+		for p := stream; p != ""; {
+			n := min(size, len(p))
+			if err := s.write(&out, []byte(p[:n])); err != nil {
+				t.Fatal(err)
+			}
+			p = p[n:]
+		}
+		s.flush(&out)
+		if out.String() != want || s.stripped != 1 {
+			t.Errorf("writes of %d: %q (%d stripped), want %q", size, out.String(), s.stripped, want)
+		}
+	}
+	// CRLF lines; an unfinished last event is flushed at the end.
+	var s usageStrip
+	s.reset()
+	var out bytes.Buffer
+	crlf := strings.ReplaceAll(usage, "\n", "\r\n")
+	s.write(&out, []byte(crlf+"data: tail"))
+	s.flush(&out)
+	if out.String() != "data: tail" {
+		t.Errorf("CRLF: %q", out.String())
+	}
+	// Not the usage event: choices not empty, usage null, two data lines.
+	for _, ev := range []string{chunk, "data: {\"choices\":[],\"usage\":null}\n\n", "data: {\"choices\":[],\n" + usage, "event: x\n" + usage} {
+		if usageEvent([]byte(ev)) {
+			t.Errorf("%q read as the usage event", ev)
+		}
+	}
+	big := "data: " + strings.Repeat("x", maxHeld+10) + "\n\n"
+	s.reset()
+	out.Reset()
+	for p := big + usage; p != ""; p = p[min(1000, len(p)):] {
+		s.write(&out, []byte(p[:min(1000, len(p))]))
+	}
+	if out.String() != big {
+		t.Errorf("an event over maxHeld: %d bytes out, want %d", out.Len(), len(big))
+	}
+}
