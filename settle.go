@@ -115,8 +115,9 @@ type settlement struct {
 	// status is the response's (statusUnknown: the client left first).
 	status int
 	// bound is the request's output bound, 0 for none; bodyLen its JSON
-	// body's length, the bound of its prompt's tokens (settleask.go).
-	bound, bodyLen int64
+	// body's length, the bound of its prompt's tokens (settleask.go);
+	// seen the bytes of the response's body read.
+	bound, bodyLen, seen int64
 }
 
 // usageRead reads one settle zone's amount from a response.
@@ -155,7 +156,7 @@ func startSettle(a *admission) {
 		}
 		if st == nil {
 			st = settlementPool.Get().(*settlement)
-			st.n, st.status, st.bound, st.bodyLen = 0, statusUnknown, 0, 0
+			st.n, st.status, st.bound, st.bodyLen, st.seen = 0, statusUnknown, 0, 0, 0
 		}
 		if st.n == maxSettleReads {
 			break
@@ -187,13 +188,13 @@ func settleStatus(a *admission, status int) {
 }
 
 // readsRequest reports whether a settle zone reads the request's body:
-// ask, one asks for usage (settleask.go); read, that or one charges a
-// response without an amount by the default rule.
+// ask, one asks for usage (settleask.go); read, that or one whose unknown
+// rule may need the request's output bound.
 func (st *settlement) readsRequest() (ask, read bool) {
 	for i := 0; i < st.n; i++ {
 		sz := st.reads[i].sz
 		ask = ask || sz.asks
-		read = read || sz.asks || sz.unknown.isDefault()
+		read = read || sz.asks || sz.unknown.readsRequest()
 	}
 	return ask, read
 }
@@ -214,6 +215,7 @@ func readUsage(a *admission, p []byte) {
 	if st == nil {
 		return
 	}
+	st.seen += int64(len(p))
 	for i := 0; i < st.n; i++ {
 		rd := &st.reads[i]
 		if rd.sz.path == nil {
@@ -275,7 +277,7 @@ func finishSettle(a *admission) {
 		}
 		charged, rule := c.req.Cost, "the estimate stays (a response that is not 2xx)"
 		if st.status == statusUnknown || st.status >= 200 && st.status < 300 {
-			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost, c.req.Limit.Capacity()), "charged by the unknown rule"
+			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost), "charged by the unknown rule"
 			c.told, c.settled = true, charged
 		}
 		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {

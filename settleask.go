@@ -32,6 +32,7 @@ func readRequest(a *admission, st *settlement, ask bool) {
 	}
 	size := int64(requestJSONMax)
 	if r.ContentLength > size {
+		st.bodyLen = r.ContentLength
 		return // forwarded as it came
 	}
 	if r.ContentLength >= 0 {

@@ -12,7 +12,7 @@ import (
 type unknownRule struct {
 	// from is the placeholder read (the request's max_tokens), nil for a
 	// fixed amount; amount is added to it, or is the charge alone; both
-	// unset: the capacity.
+	// unset: the default (charge).
 	from   *identity.Candidate
 	amount int64
 }
@@ -31,30 +31,32 @@ func (u *unknownRule) compile(s *Settle) error {
 	return nil
 }
 
-// isDefault reports whether the rule is the default.
-func (u *unknownRule) isDefault() bool { return u.from == nil && u.amount == 0 }
+// readsRequest reports whether the rule may fall back on the default,
+// which reads the request's body (all but a fixed amount).
+func (u *unknownRule) readsRequest() bool { return u.from != nil || u.amount == 0 }
 
 // charge returns what a response of a's request without an amount is
-// charged, with estimate its estimate and capacity its limit's: never less
-// than the estimate, at most maxSettled. The default: a request that bounds
-// its output (st.bound) is charged that bound plus its body's length (no
-// prompt has more tokens than bytes), so leaving early never costs less
-// than staying; one that does not, the capacity. A request whose
-// placeholder has no usable value is charged the capacity.
-func (u *unknownRule) charge(a *admission, st *settlement, estimate, capacity int64) int64 {
-	n := capacity
+// charged, with estimate its estimate: never less than the estimate, at
+// most maxSettled. The default, and a placeholder without a usable value:
+// a request that bounds its output (st.bound) is charged that bound plus
+// its body's length (a text has no more tokens than bytes), so leaving
+// early never costs less than staying; one that does not, its body's
+// length plus the response's bytes read.
+func (u *unknownRule) charge(a *admission, st *settlement, estimate int64) int64 {
+	n := st.bodyLen + st.seen
+	if st.bound > 0 {
+		n = st.bound + st.bodyLen
+	}
 	switch {
 	case u.from != nil:
 		a.repl.r = a.r
 		v, ok := u.from.AppendValue(&a.repl, a.buf[:0])
 		a.buf = v
-		if f, good := parseCount(v); ok && good && f <= maxSettled {
-			n = min(f+u.amount, maxSettled)
+		if f, good := parseCount(v); ok && good {
+			n = f + u.amount
 		}
 	case u.amount > 0:
 		n = u.amount
-	case st.bound > 0:
-		n = min(st.bound+st.bodyLen, maxSettled)
 	}
-	return max(n, estimate)
+	return max(min(n, maxSettled), estimate)
 }

@@ -27,12 +27,15 @@ type Settle struct {
 	// (the client left before it, the upstream stopped, the amount was
 	// unusable): this fixed amount, or with UnknownFrom, that field's
 	// value plus this amount; never less than the estimate. Default (both
-	// unset): the zone's capacity, its whole budget.
+	// unset): the request's output bound (max_tokens,
+	// max_completion_tokens, max_output_tokens) plus its JSON body's
+	// length; without a bound, the body's length plus the response's
+	// bytes read.
 	Unknown int64 `json:"unknown,omitempty"`
 	// UnknownFrom is a placeholder whose whole number, plus Unknown, is the
 	// charge when the amount never arrives: the request's output bound,
 	// {http.rate_limit.request_json.max_tokens}. A request without a
-	// usable value is charged as by the default (the capacity).
+	// usable value is charged as by the default.
 	UnknownFrom string `json:"unknown_from,omitempty"`
 	// AskUsage: an OpenAI-shaped streamed request that does not ask for
 	// usage (stream_options.include_usage) is forwarded asking for it, and
