@@ -459,7 +459,7 @@ func checkLeaveEarly(t *testing.T, store string) {
 	streamed := int64(len(unbounded) + len(strings.Join(chatStream("m", 20, true, 0)[:20], "")))
 	for _, c := range []struct {
 		name, opts, end, body string
-		debt              int64 // the charge less the capacity, 1,000
+		debt                  int64 // the charge less the capacity, 1,000
 	}{
 		{"default", "", "hold", bounded, 60_000 + int64(len(bounded)) - 1000},
 		{"default unbounded", "", "hold", unbounded, streamed - 1000},
