@@ -102,7 +102,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		}, []string{"zone"})
 		metrics.settleMissing = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "settle_missing_total",
-			Help: "Responses of a zone with settle that told no usable amount (missing, not a whole number, negative, above 2^53): the estimate stayed, by zone.",
+			Help: "Responses of a zone with settle that told no usable amount (missing, not a whole number, negative, above 2^53, the client gone first): a 2xx response charged by the zone's unknown rule, another keeping the estimate, by zone.",
 		}, []string{"zone"})
 		metrics.adaptiveLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "adaptive_limit",
