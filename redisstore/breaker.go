@@ -258,7 +258,7 @@ func counts(err error) bool {
 // storeError is the error of a decision that Redis did not give (Take).
 // Its StoreErrorKind names the failure for the handler's
 // caddy_rate_limit_store_errors_total{kind}, from a bounded set: timeout,
-// connection, readonly, noreplicas, oom, noscript, other; and circuit_open, an open
+// connection, readonly, noreplicas, oom, noscript, noperm (perm.go), other; and circuit_open, an open
 // breaker's (circuitError, returned as it is: failing fast allocates
 // nothing).
 type storeError struct{ err error }
@@ -273,6 +273,9 @@ func (e *storeError) StoreErrorKind() string {
 		return "timeout"
 	case errors.As(e.err, new(*net.OpError)):
 		return "connection"
+	}
+	if errors.As(e.err, new(*permError)) {
+		return "noperm"
 	}
 	msg := e.err.Error()
 	switch {

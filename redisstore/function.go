@@ -15,9 +15,9 @@ import (
 // Provision and again whenever Redis answers that the function is missing
 // (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
 // it by replication, so a Sentinel failover keeps it. A server without
-// Functions (Redis 6, or FCALL renamed away) is detected on the first call
-// and the store falls back to EVALSHA of the same code (LuaScript)
-// for good, with EVAL on NOSCRIPT.
+// Functions (Redis 6, FCALL renamed away, or FUNCTION or FCALL denied to
+// this user by ACL) is detected on the first call and the store falls back
+// to EVALSHA of the same code (LuaScript) for good, with EVAL on NOSCRIPT.
 
 // scriptSHA is the SHA of LuaScript, for EVALSHA.
 var scriptSHA = redis.NewScript(LuaScript).Hash()
@@ -55,7 +55,7 @@ type libLoad struct {
 // (retry): Redis lacked the code, or (a Cluster) the node no longer owns
 // the slot. Either way Redis decided nothing.
 func (m *scripts) retriable(err error) bool {
-	return isUnknownCommand(err) || isNoScript(err) || isNoFunction(err) || isRedirect(err)
+	return noFunctions(err) || isNoScript(err) || isNoFunction(err) || isRedirect(err)
 }
 
 // retry queues on p again a call that failed with err only because Redis
@@ -69,13 +69,13 @@ func (m *scripts) retriable(err error) bool {
 // than "function not found".
 func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err error, load *libLoad) {
 	switch {
-	case isUnknownCommand(err):
+	case noFunctions(err):
 		m.evalsha.Store(true)
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
 			load.err = m.load(ctx)
-			if isUnknownCommand(load.err) {
+			if noFunctions(load.err) {
 				m.evalsha.Store(true)
 				load.err = nil
 			}
@@ -120,14 +120,24 @@ func (m *scripts) load(ctx context.Context) error {
 }
 
 // prepare readies the server at Provision: loads the library, or, on a
-// server without Functions, the script (SCRIPT LOAD, on every master).
+// server without Functions, the script (SCRIPT LOAD, on every master; a
+// user denied SCRIPT LOAD gets it loaded by EVAL on the first NOSCRIPT).
 func (m *scripts) prepare(ctx context.Context) error {
 	err := m.load(ctx)
-	if err == nil || !isUnknownCommand(err) {
+	if err == nil || !noFunctions(err) {
 		return err
 	}
 	m.evalsha.Store(true)
-	return m.client.ScriptLoad(ctx, LuaScript).Err()
+	if err := m.client.ScriptLoad(ctx, LuaScript).Err(); err != nil && !isNoPerm(err) {
+		return err
+	}
+	return nil
+}
+
+// noFunctions: the server has no Functions for this user (unknown
+// command, or denied by ACL): the EVALSHA path does without them.
+func noFunctions(err error) bool {
+	return isUnknownCommand(err) || isNoPermFunctions(err)
 }
 
 func isNoScript(err error) bool {

@@ -243,7 +243,11 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if !loaded {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if err := r.Store.warm(pctx); err != nil {
+		err := r.Store.warm(pctx)
+		if pe := (*permError)(nil); errors.As(err, &pe) {
+			r.logger.Error("redis refuses this user a permission Sluice needs; decisions follow each zone's fail policy until it is granted",
+				zap.String("target", cfg.describe()), zap.String("grant", pe.need), zap.Error(pe.err))
+		} else if err != nil {
 			r.logger.Warn("redis is not reachable yet; decisions follow each zone's fail policy until it is",
 				zap.String("target", cfg.describe()), zap.Error(redactErr(err, rawURL, password)))
 		}
