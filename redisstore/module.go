@@ -251,6 +251,9 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 			r.logger.Warn("redis is not reachable yet; decisions follow each zone's fail policy until it is",
 				zap.String("target", cfg.describe()), zap.Error(redactErr(err, rawURL, password)))
 		}
+		if err == nil {
+			r.Store.checkEviction(pctx)
+		}
 	}
 	return nil
 }
