@@ -583,7 +583,7 @@ func (s *Store) runCall(b *batcher, c *call, reqs []algorithms.Request, out []al
 func unanswered(err error) bool {
 	var oe *net.OpError
 	switch {
-	case err == nil, errors.As(err, new(redis.Error)), errors.As(err, new(*loadError)),
+	case err == nil, errors.As(err, new(redis.Error)), errors.As(err, new(*loadError)), errors.As(err, new(*tlsError)),
 		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed),
 		errors.As(err, &oe) && oe.Op == "dial":
 		return false
