@@ -94,6 +94,37 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err err
 	}
 }
 
+// readOnly queues on p again, as FCALL_RO of LuaFunctionRO, a call Redis
+// refused for memory (OOM: under noeviction, FCALL of a function that may
+// write is refused before it runs), so that a refusal, which writes
+// nothing, is still decided. A call
+// sent again that fails (it would have written) fails with the error it
+// had (readOnlyFailed).
+func (m *scripts) readOnly(ctx context.Context, p redis.Pipeliner, c *call) {
+	c.cmd = p.FCallRO(ctx, LuaFunctionRO, c.keyStrings(), c.args()...)
+}
+
+// readOnlyFor reports whether a call that failed with err is sent again
+// by readOnly: OOM, on the FCALL path (the EVALSHA path's script Redis
+// runs under OOM until its first write).
+func (m *scripts) readOnlyFor(err error) bool {
+	return isOOM(err) && !m.evalsha.Load()
+}
+
+// readOnlyFailed gives c, sent again by readOnly, the error oom it had
+// when the read-only decision failed too.
+func readOnlyFailed(ctx context.Context, c *call, oom error) {
+	if c.cmd.Err() != nil {
+		failed := redis.NewCmd(ctx)
+		failed.SetErr(oom)
+		c.cmd = failed
+	}
+}
+
+func isOOM(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "OOM")
+}
+
 // loadError is the error of a call that Redis answered "function not
 // found" and that was not sent again because loading the library failed:
 // its text is the load's (READONLY names the fault better than "function

@@ -99,6 +99,9 @@ func (s *Store) probe(ctx context.Context) error {
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}
+	if err == nil {
+		s.client.Del(ctx, keys[0]) // leaves no key behind (it would expire within 2 s)
+	}
 	if pe := s.asPermError(err); pe != nil {
 		return pe
 	}

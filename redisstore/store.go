@@ -417,9 +417,10 @@ func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err e
 	case errors.As(err, new(*unknownError)):
 		s.unknown.Inc()
 	}
-	if failed {
+	if failed && !isOOM(err) {
 		// State may be lost (a restart breaks the pooled connections):
-		// forget every denial.
+		// forget every denial. Not for OOM: Redis refused to write, its
+		// state stands, and the cache keeps refusing what it refuses.
 		s.deny.Clear()
 		if lost(err) {
 			s.allowForget()
