@@ -401,6 +401,9 @@ func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
+	if s.problem.Load() != nil {
+		s.problem.Store(nil) // the permission was granted
+	}
 	return nil
 }
 
