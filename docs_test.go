@@ -139,6 +139,8 @@ var (
 	redisURLRe     = regexp.MustCompile(`rediss?(\+sentinel)?://[^\s"{}]+`)
 	redisClusterRe = regexp.MustCompile(`(?m)^(\s*cluster)( +[^\s{}]+)+$`)
 	jsonClusterRe  = regexp.MustCompile(`"cluster": *\[[^\]]*\]`)
+	// jsonTLSFilesRe: a store's TLS files, which exist only where the example runs.
+	jsonTLSFilesRe = regexp.MustCompile(`"tls_(ca|cert|key)": "[^"]*",\s*`)
 )
 
 // noRedisAddrs points the Redis addresses of a snippet at a port that
@@ -147,6 +149,7 @@ var (
 func noRedisAddrs(text string) string {
 	text = redisURLRe.ReplaceAllString(text, "redis://127.0.0.1:1")
 	text = redisClusterRe.ReplaceAllString(text, "${1} 127.0.0.1:1")
+	text = jsonTLSFilesRe.ReplaceAllString(text, "")
 	return jsonClusterRe.ReplaceAllString(text, `"cluster": ["127.0.0.1:1"]`)
 }
 

@@ -168,6 +168,9 @@ func (r *Redis) AdminInfo() map[string]any {
 		info["circuit"] = r.Store.CircuitState()
 		info["nodes"] = r.Store.Nodes()
 		info["deny_cache_size"] = r.Store.deny.Cap()
+		if p := r.Store.Problem(); p != "" {
+			info["problem"] = p
+		}
 	}
 	return info
 }

@@ -477,20 +477,32 @@ func (b *batcher) exec(batch []*call, snd *sender) {
 	// calls again; as does a Cluster node that no longer owns the hash slot
 	// (MOVED, ASK: go-redis follows the redirect of the typed command
 	// sent again).
+	// A Redis out of memory refuses the function before it runs: a
+	// refusal is decided again read-only (function.go, readOnly).
 	var again redis.Pipeliner
 	var load libLoad
+	var oom []oomCall
 	for _, c := range live {
 		err := c.replyErr()
-		if err == nil || !b.scripts.retriable(err) {
+		retry := err != nil && b.scripts.retriable(err)
+		if !retry && !b.scripts.readOnlyFor(err) {
 			continue
 		}
 		if again == nil {
 			again = b.client.Pipeline()
 		}
-		b.scripts.retry(ctx, again, c, err, &load)
+		if retry {
+			b.scripts.retry(ctx, again, c, err, &load)
+		} else {
+			b.scripts.readOnly(ctx, again, c)
+			oom = append(oom, oomCall{c, err})
+		}
 	}
 	if again != nil && again.Len() > 0 {
 		_, _ = again.Exec(ctx)
+	}
+	for _, o := range oom {
+		readOnlyFailed(ctx, o.c, o.err)
 	}
 	for _, c := range live {
 		if c.onDone != nil {
@@ -500,6 +512,12 @@ func (b *batcher) exec(batch []*call, snd *sender) {
 		}
 		c.done <- struct{}{}
 	}
+}
+
+// oomCall is a call sent again read-only, and the OOM error it had.
+type oomCall struct {
+	c   *call
+	err error
 }
 
 // replyErr returns the error of c's reply as it came: a transport error,

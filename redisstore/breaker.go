@@ -237,7 +237,7 @@ func (b *breaker) State() string {
 func counts(err error) bool {
 	var ne net.Error
 	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne),
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne), errors.As(err, new(*tlsError)),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
@@ -258,7 +258,8 @@ func counts(err error) bool {
 // storeError is the error of a decision that Redis did not give (Take).
 // Its StoreErrorKind names the failure for the handler's
 // caddy_rate_limit_store_errors_total{kind}, from a bounded set: timeout,
-// connection, readonly, noreplicas, oom, noscript, other; and circuit_open, an open
+// connection, tls (a failed handshake: tls.go), readonly, noreplicas, oom,
+// noscript, noperm (perm.go), other; and circuit_open, an open
 // breaker's (circuitError, returned as it is: failing fast allocates
 // nothing).
 type storeError struct{ err error }
@@ -269,10 +270,15 @@ func (e *storeError) Unwrap() error { return e.err }
 func (e *storeError) StoreErrorKind() string {
 	var ne net.Error
 	switch {
+	case errors.As(e.err, new(*tlsError)):
+		return "tls"
 	case errors.Is(e.err, context.DeadlineExceeded), errors.As(e.err, &ne) && ne.Timeout():
 		return "timeout"
 	case errors.As(e.err, new(*net.OpError)):
 		return "connection"
+	}
+	if errors.As(e.err, new(*permError)) {
+		return "noperm"
 	}
 	msg := e.err.Error()
 	switch {

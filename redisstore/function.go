@@ -15,9 +15,9 @@ import (
 // Provision and again whenever Redis answers that the function is missing
 // (a restart without persistence, FUNCTION FLUSH, a new node); replicas get
 // it by replication, so a Sentinel failover keeps it. A server without
-// Functions (Redis 6, or FCALL renamed away) is detected on the first call
-// and the store falls back to EVALSHA of the same code (LuaScript)
-// for good, with EVAL on NOSCRIPT.
+// Functions (Redis 6, FCALL renamed away, or FUNCTION or FCALL denied to
+// this user by ACL) is detected on the first call and the store falls back
+// to EVALSHA of the same code (LuaScript) for good, with EVAL on NOSCRIPT.
 
 // scriptSHA is the SHA of LuaScript, for EVALSHA.
 var scriptSHA = redis.NewScript(LuaScript).Hash()
@@ -55,7 +55,7 @@ type libLoad struct {
 // (retry): Redis lacked the code, or (a Cluster) the node no longer owns
 // the slot. Either way Redis decided nothing.
 func (m *scripts) retriable(err error) bool {
-	return isUnknownCommand(err) || isNoScript(err) || isNoFunction(err) || isRedirect(err)
+	return noFunctions(err) || isNoScript(err) || isNoFunction(err) || isRedirect(err)
 }
 
 // retry queues on p again a call that failed with err only because Redis
@@ -69,13 +69,13 @@ func (m *scripts) retriable(err error) bool {
 // than "function not found".
 func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err error, load *libLoad) {
 	switch {
-	case isUnknownCommand(err):
+	case noFunctions(err):
 		m.evalsha.Store(true)
 	case isNoFunction(err):
 		if !load.done {
 			load.done = true
 			load.err = m.load(ctx)
-			if isUnknownCommand(load.err) {
+			if noFunctions(load.err) {
 				m.evalsha.Store(true)
 				load.err = nil
 			}
@@ -92,6 +92,37 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err err
 	} else {
 		c.cmd = p.FCall(ctx, LuaFunction, c.keyStrings(), c.args()...)
 	}
+}
+
+// readOnly queues on p again, as FCALL_RO of LuaFunctionRO, a call Redis
+// refused for memory (OOM: under noeviction, FCALL of a function that may
+// write is refused before it runs), so that a refusal, which writes
+// nothing, is still decided. A call
+// sent again that fails (it would have written) fails with the error it
+// had (readOnlyFailed).
+func (m *scripts) readOnly(ctx context.Context, p redis.Pipeliner, c *call) {
+	c.cmd = p.FCallRO(ctx, LuaFunctionRO, c.keyStrings(), c.args()...)
+}
+
+// readOnlyFor reports whether a call that failed with err is sent again
+// by readOnly: OOM, on the FCALL path (the EVALSHA path's script Redis
+// runs under OOM until its first write).
+func (m *scripts) readOnlyFor(err error) bool {
+	return isOOM(err) && !m.evalsha.Load()
+}
+
+// readOnlyFailed gives c, sent again by readOnly, the error oom it had
+// when the read-only decision failed too.
+func readOnlyFailed(ctx context.Context, c *call, oom error) {
+	if c.cmd.Err() != nil {
+		failed := redis.NewCmd(ctx)
+		failed.SetErr(oom)
+		c.cmd = failed
+	}
+}
+
+func isOOM(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "OOM")
 }
 
 // loadError is the error of a call that Redis answered "function not
@@ -120,14 +151,24 @@ func (m *scripts) load(ctx context.Context) error {
 }
 
 // prepare readies the server at Provision: loads the library, or, on a
-// server without Functions, the script (SCRIPT LOAD, on every master).
+// server without Functions, the script (SCRIPT LOAD, on every master; a
+// user denied SCRIPT LOAD gets it loaded by EVAL on the first NOSCRIPT).
 func (m *scripts) prepare(ctx context.Context) error {
 	err := m.load(ctx)
-	if err == nil || !isUnknownCommand(err) {
+	if err == nil || !noFunctions(err) {
 		return err
 	}
 	m.evalsha.Store(true)
-	return m.client.ScriptLoad(ctx, LuaScript).Err()
+	if err := m.client.ScriptLoad(ctx, LuaScript).Err(); err != nil && !isNoPerm(err) {
+		return err
+	}
+	return nil
+}
+
+// noFunctions: the server has no Functions for this user (unknown
+// command, or denied by ACL): the EVALSHA path does without them.
+func noFunctions(err error) bool {
+	return isUnknownCommand(err) || isNoPermFunctions(err)
 }
 
 func isNoScript(err error) bool {

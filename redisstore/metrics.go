@@ -35,6 +35,9 @@ var storeMetrics = struct {
 	// allowanceUnits and allowanceDecisions: see allowance.go.
 	allowanceUnits     *prometheus.CounterVec
 	allowanceDecisions *prometheus.CounterVec
+	// restarts and evictedKeys: see eviction.go.
+	restarts    *prometheus.CounterVec
+	evictedKeys *prometheus.CounterVec
 }{}
 
 func initStoreMetrics() {
@@ -88,6 +91,14 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "local_allowance_decisions_total",
 			Help: "Requests decided from local allowances alone, without calling Redis.",
 		}, []string{"store", "target"})
+		storeMetrics.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_restarts_total",
+			Help: "Restarts (or failovers) of a Redis master the store's watch saw (its run_id changed), by whether its data survived (data kept or lost: lost gives every key a fresh limit).",
+		}, []string{"store", "target", "data"})
+		storeMetrics.evictedKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_evicted_keys_total",
+			Help: "Keys Redis evicted for memory (its evicted_keys, Sluice's and others' in the same server), as the store's watch saw them rise: each evicted Sluice key gives its client up to one full limit again.",
+		}, []string{"store", "target"})
 	})
 }
 
@@ -100,7 +111,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.circuitOpens, storeMetrics.circuitFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
-		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions} {
+		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions, storeMetrics.restarts, storeMetrics.evictedKeys} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -94,6 +94,18 @@ type Redis struct {
 	// TLS connects to Cluster nodes over TLS (a URL says so with rediss).
 	TLS bool `json:"tls,omitempty"`
 
+	// TLSCA is a PEM file of the CA certificates that verify the server's
+	// certificate (a private CA), instead of the system's roots. Needs TLS
+	// (rediss://, rediss+sentinel:// or tls). Placeholders are resolved at
+	// Provision. Default: the system's roots.
+	TLSCA string `json:"tls_ca,omitempty"`
+
+	// TLSCert and TLSKey are the PEM files of the client certificate and
+	// its key that the store presents (mutual TLS); set both or neither.
+	// Need TLS. Placeholders are resolved at Provision. Default: none.
+	TLSCert string `json:"tls_cert,omitempty"`
+	TLSKey  string `json:"tls_key,omitempty"`
+
 	// Timeout bounds each decision end to end (pool wait, connect, the
 	// call, one reload retry); then the zones' fail policy decides.
 	// 1ms to 1m. Default: 100ms.
@@ -207,8 +219,10 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	rawURL := repl.ReplaceAll(r.URL, "")
 	username := repl.ReplaceAll(r.Username, "")
 	password := repl.ReplaceAll(r.Password, "")
+	tlsCA, tlsCert, tlsKey := repl.ReplaceAll(r.TLSCA, ""), repl.ReplaceAll(r.TLSCert, ""), repl.ReplaceAll(r.TLSKey, "")
 	for _, f := range []struct{ name, raw, val string }{
 		{"url", r.URL, rawURL}, {"username", r.Username, username}, {"password", r.Password, password},
+		{"tls_ca", r.TLSCA, tlsCA}, {"tls_cert", r.TLSCert, tlsCert}, {"tls_key", r.TLSKey, tlsKey},
 	} {
 		if err := checkResolved(f.name, f.raw, f.val); err != nil {
 			return err
@@ -222,6 +236,14 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	cfg := connConfig{URL: rawURL, Cluster: r.Cluster, Username: username, Password: password, TLS: r.TLS,
 		Timeout: time.Duration(r.Timeout), Prefix: r.KeyPrefix, PoolSize: r.PoolSize, Pipelines: r.Pipelines,
 		Failures: opts.Failures, Cooldown: opts.Cooldown, MaxCooldown: opts.MaxCooldown, DenySize: opts.DenySize, Grace: opts.Grace}
+	if tlsCA != "" || tlsCert != "" {
+		if !cfg.usesTLS() {
+			return errors.New("store redis: tls_ca, tls_cert and tls_key need TLS: a rediss:// or rediss+sentinel:// url, or tls with cluster")
+		}
+		if err := cfg.tlsFiles(tlsCA, tlsCert, tlsKey); err != nil {
+			return err
+		}
+	}
 	opts.Target, opts.Node, opts.Logger, opts.Workers = cfg.describe(), cfg.node(), r.logger, cfg.workers()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
@@ -243,9 +265,19 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if !loaded {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if err := r.Store.warm(pctx); err != nil {
+		err := r.Store.warm(pctx)
+		if pe := (*permError)(nil); errors.As(err, &pe) {
+			r.logger.Error("redis refuses this user a permission Sluice needs; decisions follow each zone's fail policy until it is granted",
+				zap.String("target", cfg.describe()), zap.String("grant", pe.need), zap.Error(pe.err))
+		} else if te := (*tlsError)(nil); errors.As(err, &te) {
+			r.logger.Error("the TLS handshake with redis failed; decisions follow each zone's fail policy until it succeeds (check tls_ca, tls_cert and tls_key)",
+				zap.String("target", cfg.describe()), zap.Error(te))
+		} else if err != nil {
 			r.logger.Warn("redis is not reachable yet; decisions follow each zone's fail policy until it is",
 				zap.String("target", cfg.describe()), zap.Error(redactErr(err, rawURL, password)))
+		}
+		if err == nil {
+			r.Store.checkEviction(pctx)
 		}
 	}
 	return nil
@@ -287,6 +319,8 @@ func (r *Redis) validate() error {
 		return errors.New("store redis: url or cluster is required")
 	case r.URL != "" && len(r.Cluster) > 0:
 		return errors.New("store redis: set url or cluster, not both")
+	case (r.TLSCert == "") != (r.TLSKey == ""):
+		return errors.New("store redis: tls_cert and tls_key go together: set both or neither")
 	}
 	return r.checkValues()
 }
@@ -384,6 +418,18 @@ type connConfig struct {
 	// Grace is the late-reply grace: the pipeline connections' read
 	// deadline reaches past the timeout by it.
 	Grace time.Duration
+	// CA, Cert and Key are the contents of tls_ca, tls_cert and tls_key
+	// (tls.go): a renewed file makes another client at the next reload.
+	CA, Cert, Key []byte
+}
+
+// usesTLS reports whether the store connects over TLS.
+func (c connConfig) usesTLS() bool {
+	if len(c.Cluster) > 0 {
+		return c.TLS
+	}
+	u, err := url.Parse(c.URL)
+	return err == nil && (u.Scheme == "rediss" || u.Scheme == "rediss+sentinel")
 }
 
 // key is the pool key: a digest of the whole configuration, so that secrets
@@ -434,11 +480,11 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 			Password: c.Password,
 			PoolSize: c.PoolSize,
 		}
-		if c.TLS {
-			opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
 		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+		if c.TLS {
+			opt.TLSConfig, opt.Dialer = c.tlsDialer(&tls.Config{MinVersion: tls.VersionTLS12}, opt.DialTimeout)
+		}
 		opt.MaxRedirects = 2
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return redis.NewClusterClient(opt), true, nil
@@ -454,6 +500,9 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 		}
 		bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 			&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+		if opt.TLSConfig != nil {
+			opt.TLSConfig, opt.Dialer = c.tlsDialer(opt.TLSConfig, opt.DialTimeout)
+		}
 		opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 		return newGuardedFailoverClient(opt, c.Timeout), false, nil
 	}
@@ -462,6 +511,9 @@ func (c connConfig) newClient() (redis.UniversalClient, bool, error) {
 	}
 	bound(c.Timeout, c.Grace, &opt.ContextTimeoutEnabled, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout,
 		&opt.MaxRetries, &opt.DialerRetries, &opt.DialerRetryTimeout)
+	if opt.TLSConfig != nil {
+		opt.TLSConfig, opt.Dialer = c.tlsDialer(opt.TLSConfig, opt.DialTimeout)
+	}
 	opt.PipelinePoolSize, opt.PipelineReadBufferSize, opt.PipelineWriteBufferSize = c.pipelines()
 	return redis.NewClient(opt), false, nil
 }
@@ -583,7 +635,8 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			r.TLS = true
 		case "breaker":
 			err = r.unmarshalBreaker(d, args)
-		case "url", "username", "password", "timeout", "late_reply_grace", "key_prefix", "pipelines", "pool_size", "deny_cache", "deny_cache_size":
+		case "url", "username", "password", "timeout", "late_reply_grace", "key_prefix", "pipelines", "pool_size", "deny_cache", "deny_cache_size",
+			"tls_ca", "tls_cert", "tls_key":
 			if len(args) != 1 {
 				return d.Errf("store redis: %s takes one value", field)
 			}
@@ -591,7 +644,7 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				err = d.WrapErr(err)
 			}
 		default:
-			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, timeout, late_reply_grace, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
+			return d.Errf("store redis: unknown option %q (known: url, cluster, username, password, tls, tls_ca, tls_cert, tls_key, timeout, late_reply_grace, key_prefix, pool_size, pipelines, breaker, deny_cache, deny_cache_size)", field)
 		}
 		if err != nil {
 			return err
@@ -621,6 +674,12 @@ func (r *Redis) setOption(field, v string) error {
 		r.Password = v
 	case "key_prefix":
 		r.KeyPrefix = v
+	case "tls_ca":
+		r.TLSCA = v
+	case "tls_cert":
+		r.TLSCert = v
+	case "tls_key":
+		r.TLSKey = v
 	case "timeout":
 		dur, err := caddy.ParseDuration(v)
 		if err != nil || dur <= 0 {

@@ -72,6 +72,13 @@ var LuaScript = luaClock + luaDefs + luaRun
 // versions against one Redis each call their own.
 var LuaFunction, LuaLibrary = luaLibrary()
 
+// LuaFunctionRO is LuaFunction registered with the no-writes flag: Redis
+// runs it (FCALL_RO) while it refuses writes for memory (OOM), where it
+// refuses LuaFunction outright. A decision that writes nothing (a refusal
+// that starts no penalty) is decided by it; one that would write fails
+// (function.go, readOnly).
+var LuaFunctionRO = LuaFunction + "_ro"
+
 // luaLibrary builds LuaScript as a Redis Function library (Redis 7): the
 // helpers, the algorithms and take are defined once, when the library
 // loads, not on every call as an EVAL script's body must; the function
@@ -83,7 +90,9 @@ func luaLibrary() (name, code string) {
 	tag := hex.EncodeToString(sum[:6])
 	name = "sluice_take_" + tag
 	code = "#!lua name=sluice_" + tag + "\n" + defs +
-		"\nredis.register_function('" + name + "', function(keys, args)\n" + call + "end)\n"
+		"\nlocal function run(keys, args)\n" + call + "end\n" +
+		"redis.register_function('" + name + "', run)\n" +
+		"redis.register_function{function_name='" + name + "_ro', callback=run, flags={'no-writes'}}\n"
 	return name, code
 }
 

@@ -58,6 +58,9 @@ type Store struct {
 	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
+	// problem is what Redis refused last for want of a permission
+	// (perm.go), for the admin API and the live page; nil: none seen.
+	problem atomic.Pointer[string]
 
 	// refundsLost counts the refunds that did not reach Redis (refund.go);
 	// holds counts the requests that may still call the store (Hold) and
@@ -130,17 +133,47 @@ func newStoreWith(c redis.UniversalClient, cluster bool, prefix string, timeout 
 // connections, one per pipeline worker and per spare (on every master of a
 // Cluster), so the first burst, or a stall, does not pay a load, nor a
 // dial and a handshake per worker, within its timeout.
+// Last it runs one decision (probe), so that a permission the user lacks
+// is named at load (a *permError).
 func (s *Store) warm(ctx context.Context) error {
 	if err := s.scripts.prepare(ctx); err != nil {
-		return err
+		return s.noted(err)
 	}
+	var err error
 	switch c := s.client.(type) {
 	case *redis.Client:
-		return warmPipelines(ctx, c)
+		err = warmPipelines(ctx, c)
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, warmPipelines)
+		err = c.ForEachMaster(ctx, warmPipelines)
 	}
-	return nil
+	if err != nil {
+		return err
+	}
+	return s.noted(s.probe(ctx))
+}
+
+// noted returns err, as a *permError when it is one (its text recorded as
+// the store's problem: AdminInfo); a nil err clears the problem.
+func (s *Store) noted(err error) error {
+	if err == nil {
+		s.problem.Store(nil)
+		return nil
+	}
+	if pe := s.asPermError(err); pe != nil {
+		msg := pe.Error()
+		s.problem.Store(&msg)
+		return pe
+	}
+	return err
+}
+
+// Problem is what Redis last refused this store for want of a permission
+// (it names what to grant), or "" when nothing was.
+func (s *Store) Problem() string {
+	if p := s.problem.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // warmPipelines fills c's pipeline pool (PipelinePoolSize connections),
@@ -368,6 +401,9 @@ func (s *Store) takeNodes(ctx context.Context, reqs []algorithms.Request, out []
 	if ref != nil && ref.raws != nil {
 		s.remember(tok, start, reqs, out, ref)
 	}
+	if s.problem.Load() != nil {
+		s.problem.Store(nil) // the permission was granted
+	}
 	return nil
 }
 
@@ -384,15 +420,22 @@ func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err e
 	case errors.As(err, new(*unknownError)):
 		s.unknown.Inc()
 	}
-	if failed {
+	if failed && !isOOM(err) {
 		// State may be lost (a restart breaks the pooled connections):
-		// forget every denial.
+		// forget every denial. Not for OOM: Redis refused to write, its
+		// state stands, and the cache keeps refusing what it refuses.
 		s.deny.Clear()
 		if lost(err) {
 			s.allowForget()
 		}
 	}
 	s.slots.undecided(reqs, err, abandoned)
+	if pe := s.asPermError(err); pe != nil {
+		if p := s.problem.Load(); p == nil || *p != pe.Error() {
+			s.noted(pe)
+		}
+		err = pe
+	}
 	return &storeError{err}
 }
 
@@ -544,7 +587,7 @@ func (s *Store) runCall(b *batcher, c *call, reqs []algorithms.Request, out []al
 func unanswered(err error) bool {
 	var oe *net.OpError
 	switch {
-	case err == nil, errors.As(err, new(redis.Error)), errors.As(err, new(*loadError)),
+	case err == nil, errors.As(err, new(redis.Error)), errors.As(err, new(*loadError)), errors.As(err, new(*tlsError)),
 		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted), errors.Is(err, redis.ErrClosed),
 		errors.As(err, &oe) && oe.Op == "dial":
 		return false

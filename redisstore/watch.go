@@ -63,7 +63,16 @@ type watcher struct {
 	// Each server's clock as the previous successful poll read it, and as
 	// the poll in progress reads it, by canary tag and run_id.
 	clocks, next map[string]clockMark
+	// Each master's facts (by canary tag) as the previous successful poll
+	// read them, and as the poll in progress reads them: restarts and
+	// evictions are told from their changes (eviction.go).
+	facts, nextFacts map[string]nodeFacts
+	evict            evictWatch
 }
+
+// nodeFacts is what a poll read of one master: its canary, run_id and
+// evicted_keys ("" when INFO is refused).
+type nodeFacts struct{ epoch, runID, evicted string }
 
 // clockMark is a reading of a server's clock: TIME in microseconds, and
 // the local instants (denycache.Now) the poll that read it was sent and
@@ -117,8 +126,11 @@ func (w *watcher) once() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), w.s.timeout)
-	w.next = map[string]clockMark{}
+	w.next, w.nextFacts = map[string]clockMark{}, map[string]nodeFacts{}
 	view, err := w.view(ctx)
+	if err == nil {
+		w.evict.poll(ctx, w)
+	}
 	cancel()
 	deny := w.s.deny
 	if err != nil {
@@ -154,7 +166,8 @@ func (w *watcher) once() {
 			w.s.allowForget()
 		}
 	}
-	w.last, w.seen, w.clocks = view, true, w.next
+	w.noteChanges()
+	w.last, w.seen, w.clocks, w.facts = view, true, w.next, w.nextFacts
 	w.armed.Store(true)
 	deny.Arm()
 }
@@ -303,6 +316,13 @@ func (w *watcher) nodeView(ctx context.Context, c redis.Cmdable, tag string) (st
 	}
 	if w.next != nil {
 		w.next[tag+" "+id] = clockMark{us: now.UnixMicro(), sent: sent, recv: recv}
+	}
+	if w.nextFacts != nil {
+		f := nodeFacts{epoch: epoch, runID: id}
+		if id != "" {
+			f.evicted = infoField(stats.Val(), "evicted_keys")
+		}
+		w.nextFacts[tag] = f
 	}
 	return b.String(), nil
 }

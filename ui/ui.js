@@ -65,6 +65,8 @@
     const td = el("td", {}, st.module || "?");
     if (st.circuit) td.append(" ", el("span", { class: "badge " + st.circuit, title: "circuit breaker" }, "breaker " + st.circuit));
     if (st.target) td.append(el("div", { class: "token" }, st.target.replaceAll(",", ", "))); // a Cluster's seeds wrap
+    // What Redis refuses this user (ACL), naming what to grant.
+    if (st.problem) td.append(el("div", { class: "problem" }, st.problem));
     // A Cluster's breaker is per master: one line each.
     if (st.nodes && st.nodes.length > 1) {
       for (const n of st.nodes) {

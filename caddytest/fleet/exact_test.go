@@ -210,3 +210,16 @@ func exactRound(t *testing.T, client *http.Client, procs []*caddyProc, path, use
 	}
 	return o
 }
+
+// TestExactFleetACLWithoutFunctions: the three processes connect as a user
+// denied FUNCTION and FCALL (EVALSHA allowed, issue 35): decided through
+// EVALSHA, the limit is exact across the fleet.
+func TestExactFleetACLWithoutFunctions(t *testing.T) {
+	r := redistest.Start(t)
+	url := r.User(t, "nofn", "~*", "+@all", "-function", "-fcall", "-fcall_ro")
+	keys := func(t *testing.T, pattern string) int { return len(scanKeys(t, r, pattern)) }
+	runExact(t, "exact_acl_evalsha", "store redis "+url+" {\n\ttimeout 250ms\n}", keys)
+	if n := r.CommandCount(t, "evalsha"); n < exactCapacity*exactRounds {
+		t.Fatalf("EVALSHA ran %d times", n)
+	}
+}

@@ -125,3 +125,34 @@ func roleOf(addr string) string {
 	}
 	return "unexpected ROLE reply"
 }
+
+// FillMemory fills s to its memory limit: the noeviction policy, maxmemory
+// 1 MB above the memory in use, then values written until Redis refuses a
+// write for memory (OOM), then maxmemory 64 KB below the memory in use (as
+// full stays full). Reads, and commands that allocate nothing, still
+// work. Undo with ClearOOM (the filler keys stay).
+func (s *Server) FillMemory(t testing.TB) {
+	t.Helper()
+	used, err := strconv.ParseInt(s.Info(t, "memory")["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatalf("redistest: %s used_memory: %v", s.Addr, err)
+	}
+	s.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	s.Do(t, "CONFIG", "SET", "maxmemory", strconv.FormatInt(used+1<<20, 10))
+	value := strings.Repeat("x", 16<<10)
+	for i := range 1000 {
+		_, err := s.DoErr("SET", "redistest:fill:"+strconv.Itoa(i), value)
+		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+			// Full; the filling connection's buffers, freed as it
+			// closes, would make room for a few small writes: a limit
+			// below what remains keeps every write refused.
+			used, _ := strconv.ParseInt(s.Info(t, "memory")["used_memory"], 10, 64)
+			s.Do(t, "CONFIG", "SET", "maxmemory", strconv.FormatInt(used-64<<10, 10))
+			return
+		}
+		if err != nil {
+			t.Fatalf("redistest: %s filling memory: %v", s.Addr, err)
+		}
+	}
+	t.Fatalf("redistest: %s: 16 MB written and no OOM", s.Addr)
+}

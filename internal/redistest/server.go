@@ -40,6 +40,9 @@ type Server struct {
 	Dir  string // the process's own directory: config file, log, nodes.conf
 	// BusPort is the cluster bus port of a cluster node, 0 otherwise.
 	BusPort int
+	// TLSAddr and TLSPort: the TLS listener of a StartTLS server.
+	TLSAddr string
+	TLSPort int
 
 	kind    string   // "redis-server" or "redis-sentinel", for messages
 	argv    []string // command without the config file
