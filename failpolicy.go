@@ -23,7 +23,7 @@ type taker interface {
 // and marks the zones the fail policy may decide apart.
 func (h *Handler) takeStage() taker {
 	for i, z := range h.zones {
-		h.planned[i].FailApart = z.failApart(h.delaying)
+		h.planned[i].FailApart = z.failApart(&h.planned[i])
 	}
 	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
 	var t taker = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
@@ -231,11 +231,12 @@ func (p *failPolicy) giveBack(a *admission, local []int) {
 
 // failApart reports whether a store failure of z may be handled apart
 // from the request's other zones (algorithms.Request.FailApart): fail
-// open, or fail local on a zone that leaves nothing for after the decision
-// (no count, concurrency slot or wait: those are settled in the one store
-// that decided the request).
-func (z *zone) failApart(delaying bool) bool {
-	return z.fail == failOpenPolicy || z.fail == failLocalPolicy && z.conc == nil && z.counts == nil && !delaying
+// open, or fail local on a zone whose request, as the controls planned it
+// at Provision, leaves nothing with the store that decided it
+// (algorithms.Request.Leaves): what it leaves is given back to the one
+// store that decided the whole request.
+func (z *zone) failApart(planned *algorithms.Request) bool {
+	return z.fail == failOpenPolicy || z.fail == failLocalPolicy && !planned.Leaves()
 }
 
 // failClosedRetry is Retry-After on a fail-closed 503 when the store

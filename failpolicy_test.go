@@ -109,3 +109,47 @@ func TestFailPolicyLayer(t *testing.T) {
 		t.Errorf("breaker open, fail closed: outcome %d, Retry-After %v; want a 503 asking for the rest of the 3s cool-down", out, ra)
 	}
 }
+
+// TestFailApartFromPlan: a zone is decided apart (a Cluster shard down)
+// when it fails open, or fails local and its planned request leaves nothing
+// with the store: a plain rate zone. A fail local zone that counts, settles,
+// holds a slot, or is in a directive with a delay, is not (each control sets
+// what its request leaves at Provision; no list of controls is kept here).
+func TestFailApartFromPlan(t *testing.T) {
+	for _, c := range []struct {
+		name, fields string
+		fail         string
+		apart        bool
+	}{
+		{"plain", "", "local", true},
+		{"plain_open", "", "open", true},
+		{"plain_closed", "", "closed", false},
+		{"count", "count 5xx", "local", false},
+		{"count_open", "count 5xx", "open", true},
+		{"settle", "settle header X-Used", "local", false},
+		{"delay", "delay 1s", "local", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHandler(t, `rate_limit {
+				zone apart_`+c.name+` {
+					events 10
+					window 1m
+					fail `+c.fail+`
+					`+c.fields+`
+				}
+			}`, nil)
+			if got := h.planned[0].FailApart; got != c.apart {
+				t.Errorf("FailApart %v, want %v", got, c.apart)
+			}
+		})
+	}
+	h := newHandler(t, `rate_limit {
+		zone apart_conc {
+			concurrent 2
+			fail local
+		}
+	}`, nil)
+	if h.planned[0].FailApart {
+		t.Error("concurrency zone, fail local: FailApart, want not (its slot is released in the store that took it)")
+	}
+}

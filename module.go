@@ -217,7 +217,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.planned = make([]algorithms.Request, len(h.zones))
 	for i, z := range h.zones {
-		h.planned[i] = algorithms.Request{Zone: z.name, ReportOnly: z.reportOnly}
+		h.planned[i] = algorithms.Request{Zone: z.name, Limit: z.limit, ReportOnly: z.reportOnly}
 	}
 	if err := h.provisionControls(); err != nil {
 		return err

@@ -202,7 +202,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 		hs.addInt(hdrRetryAfter, retry)
 	}
 	hs.add(hdrCacheControl, "no-store")
-	if h.refuseGRPC(w, r, &hs, v, unavailable) {
+	if h.refuseGRPC(w, r, &hs, v, unavailable) || h.refuseConnect(w, r, &hs, v, unavailable) {
 		return nil
 	}
 	if h.resp.handleErrors {

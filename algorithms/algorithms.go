@@ -274,6 +274,13 @@ type Request struct {
 	Holder uint64
 }
 
+// Leaves reports whether r leaves something with the store that decides
+// it, to be given back there later: a charge that may be refunded or
+// settled (Refundable, InFlight) or a concurrency slot to release.
+func (r *Request) Leaves() bool {
+	return r.Refundable || r.InFlight || r.Limit.Algorithm == Concurrency
+}
+
 // Decision is a store's answer for one Request.
 type Decision struct {
 	// Allowed reports whether the request may pass.

@@ -8,6 +8,7 @@ package caddytest_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
 	"github.com/sluicehq/caddy-sluice/simulate"
@@ -474,4 +476,58 @@ Promise.all(waits).then(() => { document.body.dataset.done = JSON.stringify(out)
 	}
 	expectExhausted(t, get(t, c, peek), "after the other site's attempts")
 	screenshot(t, ctx, "live-ui-xsite.png")
+}
+
+// TestLiveUISiteWideZoneInBrowser loads docs/reference.md's site whose zone
+// limits the whole site but the live page (live-page-site-wide), spends
+// the operator's address's budget, and opens the page in Chromium behind
+// the snippet's basic_auth: the page renders the zone and its charts from
+// its own polling, while the site refuses the same address.
+func TestLiveUISiteWideZoneInBrowser(t *testing.T) {
+	snippet := docSnippet(t, "reference.md", "live-page-site-wide")
+	z := zoneName("per_client")
+	// A window of an hour: no event comes back while the page polls.
+	for from, to := range map[string]string{"example.com {": ":@A@ {", "reverse_proxy localhost:9000": `respond "ok"`,
+		"zone per_client {": "zone " + z + " {", "window 1m": "window 1h"} {
+		if strings.Count(snippet, from) != 1 {
+			t.Fatalf("the snippet has %q %d times, want once:\n%s", from, strings.Count(snippet, from), snippet)
+		}
+		snippet = strings.Replace(snippet, from, to, 1)
+	}
+	load(t, newTester(t), config("", snippet))
+	c := loopbackClient(1)
+	codes := map[int]int{}
+	for range 11 {
+		codes[get(t, c, siteA+"/").code]++
+	}
+	if codes[200] != 10 || codes[429] != 1 {
+		t.Fatalf("the site: %v, want 10 of 200 then 429 (events 10 an hour)", codes)
+	}
+
+	ctx, ce := browser(t)
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("operator:sluice-docs"))
+	if _, err := chromedp.Call(ctx, network.Enable, network.EnableParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Call(ctx, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": auth}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancelW := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelW()
+	if err := chromedp.Do(wctx,
+		chromedp.Navigate(siteA+"/sluice/"),
+		chromedp.WaitVisible(`#zones tbody tr[data-zone="`+z+`"]`),
+		// Two polls give the chart its first points.
+		chromedp.WaitVisible(`#zones svg.spark[data-points="2"]`),
+	); err != nil {
+		failPage(t, ctx, ce, "live-ui-site-wide-failed.png", err)
+	}
+	if rows := eval[int](t, ctx, `document.querySelectorAll("#zones tbody tr").length`); rows != 1 {
+		t.Errorf("%d zone rows, want 1", rows)
+	}
+	screenshot(t, ctx, "live-ui-site-wide.png")
+	if r := get(t, c, siteA+"/"); r.code != http.StatusTooManyRequests {
+		t.Errorf("the site after the page's polls: %d, want 429 (the zone still holds)", r.code)
+	}
+	ce.check(t)
 }

@@ -686,12 +686,16 @@ const sluiceLogger = "http.handlers.rate_limit"
 // TestWeakKeysWarnAtLoad: Caddy's log at load time carries a warning for a
 // zone whose key can be empty (`key {http.request.header.X-Api-Key}` alone:
 // anonymous requests share one bucket, TestClientIdentity), for a key on
-// {remote_host} and for one on a raw X-Forwarded-For; a zone whose last
-// candidate is {client_ip} gets none.
+// {remote_host} (the TCP peer, and empty on some HTTP/3 0-RTT requests), for
+// one on a raw X-Forwarded-For, and for keys on {http.request.remote_ip} or
+// {http.request.client_ip}, which are not placeholders (named, with
+// {client_ip} suggested); a zone whose last candidate is {client_ip} gets
+// none.
 func TestWeakKeysWarnAtLoad(t *testing.T) {
 	tc := newTester(t)
 	logPath := filepath.Join(t.TempDir(), "caddy.log")
 	anon, remote, rawXFF, good := zoneName("anon"), zoneName("remote_host"), zoneName("raw_xff"), zoneName("good_key")
+	remoteIP, clientIP := zoneName("remote_ip"), zoneName("client_ip")
 	load(t, tc, config(logGlobal(logPath, "INFO"), `
 http://localhost:@A@ {
 	rate_limit {
@@ -722,6 +726,22 @@ http://localhost:@B@ {
 			events 1
 			window 1h
 		}
+		zone @REMOTEIP@ {
+			match {
+				path /remote_ip
+			}
+			key {http.request.remote_ip}
+			events 1
+			window 1h
+		}
+		zone @CLIENTIP@ {
+			match {
+				path /client_ip
+			}
+			key {http.request.client_ip} {client_ip}
+			events 1
+			window 1h
+		}
 		zone @GOOD@ {
 			match {
 				path /good
@@ -733,7 +753,7 @@ http://localhost:@B@ {
 	}
 	respond "ok"
 }
-`, "ANON", anon, "REMOTE", remote, "RAWXFF", rawXFF, "GOOD", good))
+`, "ANON", anon, "REMOTE", remote, "RAWXFF", rawXFF, "REMOTEIP", remoteIP, "CLIENTIP", clientIP, "GOOD", good))
 
 	lines, _ := readLog(t, logPath)
 	warnings := map[string][]string{}
@@ -757,6 +777,12 @@ http://localhost:@B@ {
 	}
 	expectWarning(anon, "no key candidate is always present", "share one bucket")
 	expectWarning(remote, "{http.request.remote.host}", "trusted_proxies")
+	expectWarning(remote, "HTTP/3 0-RTT", "{client_ip}")
+	expectWarning(remoteIP, "no key candidate is always present", "{http.request.remote_ip} is not a placeholder", "{client_ip}", "{remote_host}")
+	expectWarning(clientIP, "{http.request.client_ip} is not a placeholder", "{client_ip}", "{remote_host}")
+	if len(warnings[clientIP]) != 1 {
+		t.Errorf("zone %s: warnings %q, want exactly the unknown placeholder one ({client_ip} is always present)", clientIP, warnings[clientIP])
+	}
 	expectWarning(rawXFF, "X-Forwarded-For", "fresh bucket", "{client_ip}")
 	if len(warnings[good]) != 0 {
 		t.Errorf("zone %s (key ... {client_ip}): unexpected warnings %q", good, warnings[good])

@@ -315,25 +315,40 @@ func spoofableHeader(ph string) bool {
 // KeyWarnings explains, once at Provision, keys that limit the wrong
 // client or merge clients silently.
 func (z *Zone) KeyWarnings() []string {
-	var out []string
-	never := false
+	var out, unknown []string
+	never, sure := false, false // sure: a candidate always present without the peer address
 	for _, k := range z.Key {
 		c, err := identity.Compile(k)
 		if err != nil {
 			continue
 		}
-		never = never || c.NeverEmpty()
+		if c.NeverEmpty() {
+			never = true
+			sure = sure || !slices.ContainsFunc(c.Placeholders(), peerOnly)
+		}
 		for _, ph := range c.Placeholders() {
 			switch {
-			case ph == "http.request.remote.host" || ph == "http.request.remote":
+			case unknownPlaceholder(ph):
+				unknown = append(unknown, "{"+ph+"}")
+			case peerOnly(ph):
 				out = append(out, "key uses {"+ph+"}, the TCP peer: behind a proxy or CDN every client shares the proxy's bucket; use {client_ip} with the trusted_proxies server option")
 			case spoofableHeader(ph):
 				out = append(out, "key uses {"+ph+"}, which any client can set to get a fresh bucket per request; use {client_ip} with the trusted_proxies server option")
 			}
 		}
 	}
-	if !never {
+	if len(unknown) > 0 {
+		bad := strings.Join(unknown, ", ") + " is not a placeholder of Caddy's (always empty): for the client's address use {client_ip} (or {remote_host}, the TCP peer)"
+		if never {
+			out = append(out, "key uses "+bad)
+		} else {
+			out = append(out, "no key candidate is always present: requests where every candidate is empty share one bucket for the whole zone; "+bad)
+		}
+	} else if !never {
 		out = append(out, "no key candidate is always present (such as {client_ip}): requests where every candidate is empty share one bucket for the whole zone")
+	}
+	if never && !sure {
+		out = append(out, "the only key candidates always present read the peer address ({remote_host}), which Caddy can leave empty on an HTTP/3 0-RTT request: those requests share one bucket; end the key with {client_ip}")
 	}
 	return out
 }
