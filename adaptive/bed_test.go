@@ -67,6 +67,17 @@ const (
 	hostJitterAvg = 4 * time.Millisecond  // the scheduling delay's mean
 )
 
+// capacity is b's capacity at testbedMedian, per second: the noisy host's
+// share of the CPU (its mean stretch, less its stalls) of the quiet one's.
+func (b bed) capacity() float64 {
+	c := testbedCapacity(b.sigma)
+	if b.noisy {
+		stall := float64(hostStallMax) / 2
+		c *= 2 / (1 + hostSlowMax) * float64(hostStallGap) / (float64(hostStallGap) + stall)
+	}
+	return c
+}
+
 func newHost(noisy bool, seed uint64, span time.Duration) *host {
 	if !noisy {
 		return nil

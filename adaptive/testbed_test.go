@@ -146,7 +146,7 @@ func runTestbed(phases []phase, mk func() *Limiter, seed uint64, sigma float64) 
 // the upstream b describes.
 func runBed(b bed, phases []phase, mk func() *Limiter, seed uint64) []phaseResult {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	capacity := testbedCapacity(b.sigma)
+	capacity := b.capacity()
 	var total time.Duration
 	for _, ph := range phases {
 		total += ph.len
