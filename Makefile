@@ -68,7 +68,7 @@ bench: bench-adaptive
 # on the testbed (adaptive/testbed_test.go: a virtual clock, so the table is
 # the same on any machine) and prints the table of docs/adaptive.md.
 bench-adaptive:
-	$(GO) test -count=1 -v -run '^TestTestbed(HeavyTail)?$$' ./adaptive/ -args -testbed.table
+	$(GO) test -count=1 -v -run '^TestTestbed(HeavyTail|Shift|NoisyHost|LongResponses|Bimodal)?$$' ./adaptive/ -args -testbed.table
 
 clean:
 	rm -rf bin

@@ -3,7 +3,6 @@ package sluice
 import (
 	"errors"
 	"mime"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,8 +24,7 @@ import (
 // wait, with delay, for a place), then the store for the others, and the
 // places taken are given back when the store refuses. An admitted request
 // is timed from the moment it is passed on (serve) to its response's first
-// byte (status), and gives its place back at exit, or at the first byte of
-// a long-lived response (101, text/event-stream), whose time is left out.
+// byte (status), where it gives its place back (at exit if no byte came).
 var adaptiveControl = control{
 	name:      "adaptive",
 	compile:   compileAdaptive,
@@ -427,26 +425,23 @@ func releaseAdaptive(a *admission) {
 }
 
 // adaptiveFirstByte takes each admitted adaptive zone's latency sample at
-// the response's first byte (its status known). A long-lived response
-// (101 Switching Protocols, text/event-stream) gives its place back now
-// and leaves its time out: a stream's pace is not the upstream's latency.
+// the response's first byte (its status known), and gives its place back
+// then: whatever the response's shape (a short answer, an event stream,
+// NDJSON, a download, a gRPC stream, a 101), the limit counts the requests
+// waiting for their first byte and the sample is that wait, one thing
+// (docs/adaptive.md, "Long responses").
 func adaptiveFirstByte(a *admission, status int) {
 	if len(a.adapt) == 0 || a.forwarded.IsZero() {
 		return
 	}
 	now := time.Now()
-	streamed := status == http.StatusSwitchingProtocols || a.header != nil && eventStream(a.header.Get("Content-Type"))
 	for i := range a.adapt {
 		ah := &a.adapt[i]
 		if !ah.held || ah.sampled {
 			continue
 		}
-		ah.sampled = true
-		if streamed {
-			ah.held = false
-			ah.key.release()
-			continue
-		}
+		ah.sampled, ah.held = true, false
+		ah.key.release()
 		if status == statusUnknown || status == statusRefusal {
 			continue // the client left first, or a later handler refused
 		}

@@ -75,8 +75,9 @@ func TestAdaptiveAllocations(t *testing.T) {
 }
 
 // TestAdaptiveSampleAtFirstByte: an admitted request's latency is taken
-// at its first byte, not at exit; a 101 or text/event-stream response
-// gives its place back at its first byte and leaves no sample.
+// at its first byte, not at exit, and every response's shape (plain,
+// event stream, NDJSON, a download, gRPC, a 101) gives its place back
+// there.
 func TestAdaptiveSampleAtFirstByte(t *testing.T) {
 	h := newHandler(t, `rate_limit {
 		zone first_byte {
@@ -98,9 +99,22 @@ func TestAdaptiveSampleAtFirstByte(t *testing.T) {
 		write   func(w http.ResponseWriter)
 		inAfter int64 // in flight after the first byte, before exit
 	}{
-		{"plain", func(w http.ResponseWriter) { w.WriteHeader(200) }, 1},
+		{"plain", func(w http.ResponseWriter) { w.WriteHeader(200) }, 0},
+		{"plain, first byte by Write", func(w http.ResponseWriter) { _, _ = w.Write([]byte("x")) }, 0},
 		{"event stream", func(w http.ResponseWriter) {
 			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+			w.WriteHeader(200)
+		}, 0},
+		{"ndjson", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			_, _ = w.Write([]byte("{}\n"))
+		}, 0},
+		{"download", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.WriteHeader(200)
+		}, 0},
+		{"grpc", func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/grpc")
 			w.WriteHeader(200)
 		}, 0},
 		{"websocket", func(w http.ResponseWriter) { w.WriteHeader(http.StatusSwitchingProtocols) }, 0},

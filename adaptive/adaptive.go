@@ -231,8 +231,10 @@ func (v *vegas) baseline() time.Duration { return v.noLoad }
 // it). An average, not the least mean seen: the least of many noisy means
 // lies below the true one by their noise, which forces a loose tolerance.
 // Sustained load leaves the baseline alone (Envoy's minRTT drift), a
-// slower upstream is followed whenever it is unloaded, and measuring it
-// never lowers the limit, so it refuses nothing. Until the first unloaded
+// slower upstream is followed whenever it is unloaded (at once when
+// aimdRun unloaded windows in a row are past tolerance: the baseline moves
+// to their mean), and measuring it never lowers the limit, so it refuses
+// nothing. Until the first unloaded
 // window the baseline is the least mean seen: a zone that starts in
 // overload cuts its limit until the latency falls or the minimum is near,
 // and learns there.
@@ -242,13 +244,20 @@ type aimd struct {
 	avg       float64 // ns
 	n         int     // unloaded windows seen
 	base      time.Duration
+	// run counts the unloaded windows in a row past tolerance, runSum
+	// their means (ns).
+	run    int
+	runSum float64
 }
 
 // aimdWeight is the weight of a new unloaded window in the baseline once
-// 1/n is below it; aimdCut is what a slow window leaves of the limit.
+// 1/n is below it; aimdCut is what a slow window leaves of the limit;
+// aimdRun is how many unloaded windows in a row past tolerance move the
+// baseline to their mean.
 const (
 	aimdWeight = 0.05
 	aimdCut    = 0.85
+	aimdRun    = 6
 )
 
 func (a *aimd) update(w Window, limit float64) float64 {
@@ -256,6 +265,7 @@ func (a *aimd) update(w Window, limit float64) float64 {
 	case appLimited(w, limit) || limit < a.minimum+1:
 		a.n++
 		a.avg += (float64(w.RTT) - a.avg) * max(aimdWeight, 1/float64(a.n))
+		a.follow(float64(w.RTT))
 		a.base = time.Duration(a.avg)
 	case a.n == 0 && (a.base == 0 || w.RTT < a.base):
 		a.base = w.RTT
@@ -264,6 +274,25 @@ func (a *aimd) update(w Window, limit float64) float64 {
 		return limit * aimdCut
 	}
 	return limit + 1
+}
+
+// follow counts an unloaded window of mean rtt (ns) into the run of those
+// past tolerance, and moves the baseline to the run's mean once it is
+// aimdRun long: the upstream got slower for good (a deploy, a busy host),
+// and the average would take about 1/aimdWeight windows to say so, cutting
+// the limit meanwhile. Only upwards: a baseline too low collapses the
+// limit, one too high lets a little more queue until the average follows.
+func (a *aimd) follow(rtt float64) {
+	if a.n < 2 || rtt <= a.tolerance*a.avg {
+		a.run, a.runSum = 0, 0
+		return
+	}
+	a.run++
+	a.runSum += rtt
+	if a.run >= aimdRun {
+		a.avg = a.runSum / aimdRun
+		a.run, a.runSum = 0, 0
+	}
 }
 
 func (a *aimd) baseline() time.Duration { return a.base }

@@ -39,12 +39,18 @@ func testbedCapacity(sigma float64) float64 {
 
 type phase struct {
 	name string
-	load float64 // × capacity
+	load float64 // × capacity (of the phase's median)
 	len  time.Duration
+	// median is the upstream's median service time from this phase on
+	// (0: the last phase's, at first testbedMedian): a latency shift.
+	median time.Duration
+	// skip: the refusals of the phase's first skip are left out of
+	// refusedLate.
+	skip time.Duration
 }
 
-var testbedPhases = []phase{{"0.5x", 0.5, 20 * time.Second}, {"0.8x", 0.8, 20 * time.Second}, {"1x", 1, 20 * time.Second},
-	{"3x", 3, 30 * time.Second}, {"0.5x after", 0.5, 20 * time.Second}}
+var testbedPhases = []phase{{name: "0.5x", load: 0.5, len: 20 * time.Second}, {name: "0.8x", load: 0.8, len: 20 * time.Second}, {name: "1x", load: 1, len: 20 * time.Second},
+	{name: "3x", load: 3, len: 30 * time.Second}, {name: "0.5x after", load: 0.5, len: 20 * time.Second}}
 
 // The testbed's phases by role: below capacity, the overload, the step
 // back down (whose load is the first phase's).
@@ -60,8 +66,10 @@ var testbedSeeds = []uint64{1, 2, 3, 4, 5, 6}
 // phaseResult is what one phase measured.
 type phaseResult struct {
 	arrived, refused, good int
-	lat                    []time.Duration // admitted requests' latencies
-	limits                 []int64         // the limit, sampled every 100ms
+	// arrivedLate and refusedLate count from the phase's skip on.
+	arrivedLate, refusedLate int
+	lat                      []time.Duration // admitted requests' latencies
+	limits                   []int64         // the limit, sampled every 100ms
 	// settle is how long the limit took to come within ±25% of the knee
 	// (testbedWorkers); -1: never.
 	settle time.Duration
@@ -100,42 +108,78 @@ func (p *phaseResult) pct(q float64) time.Duration {
 
 type event struct {
 	at   time.Duration
-	kind int // 0 arrival, 1 completion, 2 tick
+	kind int // 0 arrival, 1 completion (the first byte), 2 tick, 3 a long response's end
 	arr  time.Duration
 	in   int64
+	cls  int8 // 0: served by a worker; hit: by none (bed.hits)
+	long bool // a long response: its first byte, then longFor more (bed.long)
 }
+
+const hit = 1
 
 type events []event
 
-func (e events) Len() int              { return len(e) }
-func (e events) Less(i, j int) bool    { return e[i].at < e[j].at }
-func (e events) Swap(i, j int)         { e[i], e[j] = e[j], e[i] }
-func (e *events) Push(x any)           { *e = append(*e, x.(event)) }
-func (e *events) Pop() any             { o := *e; x := o[len(o)-1]; *e = o[:len(o)-1]; return x }
-func (e *events) add(ev event)         { heap.Push(e, ev) }
-func (e *events) next() (ev event)     { return heap.Pop(e).(event) }
-func (p phase) rate(c float64) float64 { return p.load * c }
+func (e events) Len() int           { return len(e) }
+func (e events) Less(i, j int) bool { return e[i].at < e[j].at }
+func (e events) Swap(i, j int)      { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)        { *e = append(*e, x.(event)) }
+func (e *events) Pop() any          { o := *e; x := o[len(o)-1]; *e = o[:len(o)-1]; return x }
+func (e *events) add(ev event)      { heap.Push(e, ev) }
+func (e *events) next() (ev event)  { return heap.Pop(e).(event) }
+
+// rate is the phase's arrivals per second on an upstream whose capacity
+// at testbedMedian is c (a slower median, a lower capacity).
+func (p phase) rate(c float64) float64 {
+	if p.median > 0 {
+		c *= float64(testbedMedian) / float64(p.median)
+	}
+	return p.load * c
+}
 
 // runTestbed runs the phases through a limiter made by mk (nil: no limit),
 // on the upstream whose service time has the tail sigma.
 func runTestbed(phases []phase, mk func() *Limiter, seed uint64, sigma float64) []phaseResult {
+	return runBed(bed{sigma: sigma}, phases, mk, seed)
+}
+
+// runBed runs the phases through a limiter made by mk (nil: no limit) on
+// the upstream b describes.
+func runBed(b bed, phases []phase, mk func() *Limiter, seed uint64) []phaseResult {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	capacity := testbedCapacity(sigma)
-	var l *Limiter
-	if mk != nil {
-		l = mk()
+	capacity := b.capacity()
+	var total time.Duration
+	for _, ph := range phases {
+		total += ph.len
 	}
+	host := newHost(b.noisy, seed, total+time.Minute)
+	var lims [2]*Limiter // by class: one unless b.classes
+	if mk != nil {
+		lims[0] = mk()
+		lims[1] = lims[0]
+		if b.classes {
+			lims[1] = mk()
+		}
+	}
+	l := lims[0]
 	res := make([]phaseResult, len(phases))
 	var q events
 	var queue []event // waiting for a worker
 	busy := 0
+	median := testbedMedian
 	service := func() time.Duration {
-		return time.Duration(float64(testbedMedian) * math.Exp(sigma*rng.NormFloat64()))
+		m := float64(median)
+		if b.hits > 0 {
+			m /= 1 - b.hits // the misses carry the whole load
+		}
+		return time.Duration(m * math.Exp(b.sigma*rng.NormFloat64()))
 	}
 	start := time.Duration(0)
 	for pi, ph := range phases {
 		end := start + ph.len
-		q = slices.DeleteFunc(q, func(e event) bool { return e.kind != 1 }) // the last phase's arrivals and ticks
+		if ph.median > 0 {
+			median = ph.median
+		}
+		q = slices.DeleteFunc(q, func(e event) bool { return e.kind == 0 || e.kind == 2 }) // the last phase's arrivals and ticks
 		heap.Init(&q)
 		q.add(event{at: start + time.Duration(rng.ExpFloat64()/ph.rate(capacity)*float64(time.Second)), kind: 0})
 		q.add(event{at: start, kind: 2})
@@ -143,50 +187,90 @@ func runTestbed(phases []phase, mk func() *Limiter, seed uint64, sigma float64) 
 		r.settle = -1
 		for q.Len() > 0 {
 			ev := q.next()
-			if ev.at >= end && ev.kind != 1 {
+			if ev.at >= end && (ev.kind == 0 || ev.kind == 2) {
 				continue
 			}
 			if ev.at >= end { // a completion of the next phase: keep it
 				q.add(ev)
 				break
 			}
+			if ev.kind == 1 || ev.kind == 3 {
+				if at := host.stalled(ev.at); at > ev.at { // the host paused: later
+					ev.at = at
+					q.add(ev)
+					continue
+				}
+			}
 			switch ev.kind {
 			case 0:
 				q.add(event{at: ev.at + time.Duration(rng.ExpFloat64()/ph.rate(capacity)*float64(time.Second)), kind: 0})
 				r.arrived++
-				in := int64(1)
-				if l != nil {
-					if in = l.Acquire(); in == 0 {
+				late := ev.at-start >= ph.skip
+				if late {
+					r.arrivedLate++
+				}
+				job := event{arr: ev.at, in: 1}
+				if b.hits > 0 && rng.Float64() < b.hits {
+					job.cls = hit
+				}
+				if b.long > 0 && rng.Float64() < b.long {
+					job.long = true
+				}
+				if l := lims[job.cls]; l != nil {
+					if job.in = l.Acquire(); job.in == 0 {
 						r.refused++
+						if late {
+							r.refusedLate++
+						}
 						continue
 					}
 				}
-				job := event{arr: ev.at, in: in}
-				if busy < testbedWorkers {
-					busy++
-					job.at, job.kind = ev.at+service(), 1
+				switch {
+				case job.cls == hit:
+					job.at, job.kind = ev.at+testbedHit, 1
 					q.add(job)
-				} else {
+				case busy < testbedWorkers:
+					busy++
+					job.at, job.kind = ev.at+host.slow(ev.at, service()), 1
+					q.add(job)
+				default:
 					queue = append(queue, job)
 				}
 			case 1:
-				lat := ev.at - ev.arr
+				lat := ev.at - ev.arr + host.jitter()
 				// The completion is counted in the phase it falls in.
 				r.lat = append(r.lat, lat)
 				if lat <= testbedTimeout {
 					r.good++
 				}
-				if l != nil {
-					l.Release()
-					l.Observe(ev.at, lat, ev.in)
+				if l := lims[ev.cls]; l != nil {
+					switch {
+					case !ev.long || b.longs == longFree:
+						l.Release()
+						l.Observe(ev.at, lat, ev.in)
+					case b.longs == longHold:
+						l.Observe(ev.at, lat, ev.in)
+						fallthrough
+					default:
+						q.add(event{at: ev.at + testbedLongFor, kind: 3, arr: ev.arr, in: ev.in, cls: ev.cls})
+					}
+				}
+				if ev.cls == hit {
+					break
 				}
 				if len(queue) > 0 {
 					job := queue[0]
 					queue = queue[1:]
-					job.at, job.kind = ev.at+service(), 1
+					job.at, job.kind = ev.at+host.slow(ev.at, service()), 1
 					q.add(job)
 				} else {
 					busy--
+				}
+			case 3:
+				l := lims[ev.cls]
+				l.Release()
+				if b.longs == longWhole {
+					l.Observe(ev.at, ev.at-ev.arr, ev.in)
 				}
 			case 2:
 				q.add(event{at: ev.at + 100*time.Millisecond, kind: 2})
@@ -403,9 +487,9 @@ func TestTestbedBelowCapacityLong(t *testing.T) {
 	s, _ := Settings{}.Resolve()
 	for _, load := range []float64{0.5, 0.8} {
 		for _, overload := range []bool{false, true} {
-			phases := []phase{{"long", load, 5 * time.Minute}}
+			phases := []phase{{name: "long", load: load, len: 5 * time.Minute}}
 			if overload {
-				phases = append([]phase{{"0.5x", 0.5, 20 * time.Second}, {"3x", 3, 30 * time.Second}}, phases...)
+				phases = append([]phase{{name: "0.5x", load: 0.5, len: 20 * time.Second}, {name: "3x", load: 3, len: 30 * time.Second}}, phases...)
 			}
 			for seed := range uint64(3) {
 				r := runTestbed(phases, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[len(phases)-1]
@@ -430,7 +514,7 @@ func TestTestbedKneeRefusesBelowCapacity(t *testing.T) {
 			s, _ := Settings{Minimum: n, Maximum: n, Initial: n}.Resolve()
 			refused, arrived := 0, 0
 			for seed := range uint64(3) {
-				r := runTestbed([]phase{{"long", load, 5 * time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
+				r := runTestbed([]phase{{name: "long", load: load, len: 5 * time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
 				refused += r.refused
 				arrived += r.arrived
 			}
@@ -449,7 +533,7 @@ func TestTestbedKneeRefusesBelowCapacity(t *testing.T) {
 // last minute stays within 2x the unloaded p99.
 func TestTestbedSustainedOverload(t *testing.T) {
 	s, _ := Settings{}.Resolve()
-	res := runTestbed([]phase{{"0.5x", 0.5, 20 * time.Second}, {"3x long", 3, 4 * time.Minute}, {"3x last minute", 3, time.Minute}},
+	res := runTestbed([]phase{{name: "0.5x", load: 0.5, len: 20 * time.Second}, {name: "3x long", load: 3, len: 4 * time.Minute}, {name: "3x last minute", load: 3, len: time.Minute}},
 		func() *Limiter { return NewLimiter(s) }, 3, testbedSigma)
 	mean := func(ns []int64) float64 {
 		var sum int64
@@ -477,7 +561,7 @@ func TestTestbedSustainedOverload(t *testing.T) {
 func TestTestbedStartsInOverload(t *testing.T) {
 	s, _ := Settings{}.Resolve()
 	for _, seed := range testbedSeeds {
-		r := runTestbed([]phase{{"3x", 3, time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
+		r := runTestbed([]phase{{name: "3x", load: 3, len: time.Minute}}, func() *Limiter { return NewLimiter(s) }, seed, testbedSigma)[0]
 		m, good := r.meanLimit(300), float64(r.good)/time.Minute.Seconds()/testbedCapacity(testbedSigma)
 		t.Logf("seed %d: limit mean over the last 30 s %.1f, goodput %.0f%%", seed, m, 100*good)
 		if math.Abs(m-testbedWorkers) > 0.5*testbedWorkers || good < 0.8 {

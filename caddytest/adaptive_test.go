@@ -231,18 +231,22 @@ func TestAdaptiveDelay(t *testing.T) {
 	}
 }
 
-// TestAdaptiveStreamLeavesItsPlace: limit fixed at 1: a text/event-stream
-// response gives its place back at its first byte, so another request
-// passes while the stream is still open.
+// TestAdaptiveStreamLeavesItsPlace: limit fixed at 1: a long response of
+// each shape (an event stream, NDJSON, a download, a gRPC-typed stream)
+// gives its place back at its first byte, so another request passes while
+// it is still open.
 func TestAdaptiveStreamLeavesItsPlace(t *testing.T) {
 	tc := newTester(t)
 	stop := make(chan struct{})
-	sse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/events" {
+	types := map[string]string{"/events": "text/event-stream", "/ndjson": "application/x-ndjson",
+		"/download": "application/octet-stream", "/grpc": "application/grpc"}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ct, ok := types[r.URL.Path]
+		if !ok {
 			_, _ = w.Write([]byte("app"))
 			return
 		}
-		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Type", ct)
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("data: hello\n\n"))
 		w.(http.Flusher).Flush()
@@ -251,26 +255,29 @@ func TestAdaptiveStreamLeavesItsPlace(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	}))
-	defer sse.Close()
+	defer up.Close()
 	defer close(stop)
 	zone := zoneName("adaptive_sse")
-	fixedAdaptive(t, tc, zone, 1, "", "", sse.Listener.Addr().String())
+	fixedAdaptive(t, tc, zone, 1, "", "", up.Listener.Addr().String())
 	client := loopbackClient(2)
 	defer client.CloseIdleConnections()
-	req, _ := http.NewRequest(http.MethodGet, siteA+"/events", nil)
-	req.Header.Set("X-User", "s-"+nonce)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	buf := make([]byte, 5)
-	if _, err := io.ReadFull(resp.Body, buf); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("the stream: %d, %v", resp.StatusCode, err)
-	}
-	r := get(t, client, siteA+"/app", "X-User: s-"+nonce)
-	if r.code != http.StatusOK {
-		t.Fatalf("a request beside an open event stream answered %d, want 200 (the stream gave its place back)", r.code)
+	for path := range types {
+		req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
+		req.Header.Set("X-User", "s-"+nonce)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(resp.Body, buf); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d, %v", path, resp.StatusCode, err)
+		}
+		r := get(t, client, siteA+"/app", "X-User: s-"+nonce)
+		resp.Body.Close()
+		if r.code != http.StatusOK {
+			t.Errorf("a request beside an open %s answered %d, want 200 (the long response gave its place back)", path, r.code)
+		}
+		waitAdaptiveIdle(t, zone)
 	}
 }
 
