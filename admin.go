@@ -243,9 +243,11 @@ func storeInfo(s Store) map[string]any {
 type adminState struct {
 	Limit     int64 `json:"limit"`
 	Remaining int64 `json:"remaining"`
-	// Allowed: a request of cost 1 would pass now.
+	// Allowed: a request of cost 1 would pass now (a settle zone's: of
+	// the zone's cost, its estimate; settle.go).
 	Allowed bool `json:"allowed"`
-	// RetryAfter: when a request of cost 1 could pass (0 if it can now).
+	// RetryAfter: when a request of cost 1 could pass (0 if it can now);
+	// a settle zone's, of the zone's cost.
 	RetryAfter   string `json:"retry_after"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
 	// ResetAfter: when the key is back to full.
@@ -256,6 +258,10 @@ type adminState struct {
 	// Debt: a settle zone's units owed beyond its capacity (token_bucket
 	// and gcra; settle.go), 0 when none.
 	Debt *int64 `json:"debt,omitempty"`
+	// InFlight: a settle or count zone's units charged to requests whose
+	// response has not settled them yet (inflight.go); the top level's is
+	// the sum over the key's tokens.
+	InFlight *int64 `json:"in_flight,omitempty"`
 }
 
 func stateOf(d algorithms.Decision) adminState {
@@ -443,6 +449,12 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 		return err
 	}
 	keys := toks // identity.Token is algorithms.Key
+	// The units in flight are read first: none left means their settles
+	// have landed, and the state read next shows them.
+	inFlight, err := peekInFlight(ctx, az, keys)
+	if err != nil {
+		return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.z.name, err)
+	}
 	decs := make([]algorithms.Decision, len(keys))
 	found := make([]bool, len(keys))
 	if err := st.PeekKeys(ctx, az.z.name, keys, az.z.limit, decs, found); err != nil {
@@ -462,9 +474,40 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *adminZone, toks []i
 		out.showInUse()
 	}
 	if az.z.settle != nil {
-		out.showDebt(az.z.limit)
+		out.showDebt(az.z.limit, az.z.cost)
+	}
+	if inFlight != nil {
+		out.showInFlight(inFlight)
 	}
 	return writeJSON(w, out)
+}
+
+// inFlightPeeker reads keys' units charged in flight (memstore, redisstore).
+type inFlightPeeker interface {
+	PeekInFlight(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []int64) error
+}
+
+// peekInFlight reads each key's units charged in flight, for a zone whose
+// charges wait for the response (settle, count); nil for another zone.
+func peekInFlight(ctx context.Context, az *adminZone, keys []identity.Token) ([]int64, error) {
+	ip, ok := az.h.store.(inFlightPeeker)
+	if !ok || az.z.settle == nil && az.z.counts == nil {
+		return nil, nil
+	}
+	n := make([]int64, len(keys))
+	if err := ip.PeekInFlight(ctx, az.z.name, keys, az.z.limit, n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// showInFlight adds each key's units charged in flight to the peek.
+func (p *adminPeek) showInFlight(n []int64) {
+	var sum int64
+	for i := range p.Keys {
+		p.Keys[i].InFlight, sum = &n[i], sum+n[i]
+	}
+	p.InFlight = &sum
 }
 
 // mostConstrained returns the index of the most constrained of the peeked

@@ -452,6 +452,55 @@ func (p zoneParser) adaptive() (*zonemodel.Adaptive, error) {
 	return a, nil
 }
 
+// settle parses `settle header <name>` or `settle json <path>...`, and the
+// optional block of settle's options.
+func (p zoneParser) settle() (*Settle, error) {
+	args := p.d.RemainingArgs()
+	var s Settle
+	switch {
+	case len(args) == 2 && args[0] == "header":
+		s.Header = args[1]
+	case len(args) >= 2 && args[0] == "json":
+		s.JSON = strings.Join(args[1:], " ")
+	default:
+		return nil, p.errf("settle takes a source: header <name> or json <path>... (settle json usage.total_tokens), got %q", strings.Join(args, " "))
+	}
+	seen := map[string]bool{}
+	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
+		field := p.d.Val()
+		if seen[field] {
+			return nil, p.errf("settle: duplicate %s", field)
+		}
+		seen[field] = true
+		ok, err := p.settleRequestOption(&s, field)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			if err := p.settleOption(&s, field); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &s, nil
+}
+
+// settleOption parses one option of settle's block.
+func (p zoneParser) settleOption(s *Settle, field string) error {
+	switch field {
+	case "free":
+		if s.Free = p.d.RemainingArgs(); len(s.Free) == 0 {
+			return p.errf("settle: free needs the statuses whose estimate is given back (free 5xx 429), or none")
+		}
+		if _, err := parseStatuses("settle: free", s.FreeStatuses()); err != nil {
+			return p.errf("%v", err)
+		}
+	default:
+		return p.errf("settle: unknown option %q (known: free, unknown, ask_usage)", field)
+	}
+	return nil
+}
+
 // localAllowance parses `local_allowance [<max_batch> [<expiry>]]`.
 func (p zoneParser) localAllowance() (*LocalAllowance, error) {
 	args := p.d.RemainingArgs()
@@ -481,37 +530,6 @@ func (p zoneParser) localAllowance() (*LocalAllowance, error) {
 type zoneParser struct {
 	d    *caddyfile.Dispenser
 	name string
-}
-
-// settle parses `settle header <name>` or `settle json <path>` and its
-// optional block of options.
-func (p zoneParser) settle() (*Settle, error) {
-	args := p.d.RemainingArgs()
-	var s *Settle
-	switch {
-	case len(args) == 2 && args[0] == "header":
-		s = &Settle{Header: args[1]}
-	case len(args) == 2 && args[0] == "json":
-		s = &Settle{JSON: args[1]}
-	default:
-		return nil, p.errf("settle takes a source: header <name> or json <path> (settle json usage.total_tokens), got %q", strings.Join(args, " "))
-	}
-	seen := map[string]bool{}
-	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
-		field := p.d.Val()
-		if seen[field] {
-			return nil, p.errf("settle: duplicate %s", field)
-		}
-		seen[field] = true
-		ok, err := p.settleRequestOption(s, field)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			return nil, p.errf("settle: unknown option %q (known: unknown, ask_usage)", field)
-		}
-	}
-	return s, nil
 }
 
 // settleRequestOption parses a settle option about the request: what a

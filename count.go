@@ -39,9 +39,9 @@ func (s *statusSet) addRange(lo, hi int) {
 	}
 }
 
-// parseStatuses compiles `count`'s items: codes (401), classes (4xx) and
-// ranges (500-599), 100 to 599.
-func parseStatuses(items []string) (*statusSet, error) {
+// parseStatuses compiles the items of field (`count`, settle's `free`):
+// codes (401), classes (4xx) and ranges (500-599), 100 to 599.
+func parseStatuses(field string, items []string) (*statusSet, error) {
 	var s statusSet
 	code := func(v string) (int, bool) {
 		n, err := strconv.Atoi(v)
@@ -53,7 +53,7 @@ func parseStatuses(items []string) (*statusSet, error) {
 			a, okA := code(lo)
 			b, okB := code(hi)
 			if !okA || !okB || a > b {
-				return nil, fmt.Errorf("count: %q is not a range of statuses (500-599)", it)
+				return nil, fmt.Errorf("%s: %q is not a range of statuses (500-599)", field, it)
 			}
 			s.addRange(a, b)
 			continue
@@ -65,7 +65,7 @@ func parseStatuses(items []string) (*statusSet, error) {
 		}
 		c, ok := code(lower)
 		if !ok {
-			return nil, fmt.Errorf("count: %q is not a status: write a code from 100 to 599 (401), a class (4xx) or a range (500-599)", it)
+			return nil, fmt.Errorf("%s: %q is not a status: write a code from 100 to 599 (401), a class (4xx) or a range (500-599)", field, it)
 		}
 		s.add(c)
 	}
@@ -77,7 +77,7 @@ func compileCount(z *zone, cfg *Zone) error {
 	if len(cfg.Count) == 0 {
 		return nil
 	}
-	set, err := parseStatuses(cfg.Count)
+	set, err := parseStatuses("count", cfg.Count)
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ type mapResolver map[string]any
 func (m mapResolver) Get(k string) (any, bool) { v, ok := m[k]; return v, ok }
 
 func TestParseStatuses(t *testing.T) {
-	s, err := parseStatuses([]string{"401", "403", "5xx", "420-429", "1XX"})
+	s, err := parseStatuses("count", []string{"401", "403", "5xx", "420-429", "1XX"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestParseStatuses(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"40", "4011", "600", "099", "6xx", "0xx", "4x", "abc", "429-420", "400-600", "-", ""} {
-		if _, err := parseStatuses([]string{bad}); err == nil {
+		if _, err := parseStatuses("count", []string{bad}); err == nil {
 			t.Errorf("parseStatuses(%q): no error", bad)
 		}
 	}

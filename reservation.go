@@ -36,9 +36,10 @@ type charge struct {
 	// held: a slot counted in the zone's gauge (hold); done: given back.
 	held, done bool
 	// told: a settle zone's response told the actual amount, settled
-	// (settle.go); else its estimate stays.
-	told    bool
-	settled int64
+	// (settle.go); freed: its status is not charged, the estimate given
+	// back; else its estimate stays.
+	told, freed bool
+	settled     int64
 }
 
 // What give gives back (a bit set).
@@ -134,7 +135,7 @@ func (rs *reservation) give(what giving, status int) error {
 			}
 			rs.refunds = append(rs.refunds, refundOf(c, keep))
 		case what&settleAmounts != 0 && c.zone.settle != nil:
-			r := refundOf(c, !c.told)
+			r := refundOf(c, !c.told && !c.freed)
 			r.Settle, r.Settled = c.told, c.settled
 			rs.refunds = append(rs.refunds, r)
 			settles = settles || c.told

@@ -3,6 +3,7 @@ package sluice
 import (
 	"bytes"
 	"errors"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,17 +13,20 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // settleControl: a zone that charges what the response reports (`settle
-// header <name>`, `settle json <path>`). The request takes its cost, the
+// header <name>`, `settle json <path>...`). The request takes its cost, the
 // estimate, with its other zones (so a spent budget refuses it
 // atomically); the response's amount is read as the response streams
 // through (statuswriter.go hands each body write over after the client's
 // own write), and at exit the charge is settled to it in one store call
 // (reservation.give, the count zones' path): the difference given back,
 // or charged on top. Until then the charge is in flight (inflight.go). A
-// response without a usable amount keeps the estimate.
+// response without a usable amount keeps the estimate; one whose status is
+// free (default 5xx and 429), or a later rate_limit's refusal, gives it
+// back whole.
 // algorithms/settle.go says how exact a settle is, per algorithm.
 var settleControl = control{
 	name:      "settle",
@@ -44,10 +48,16 @@ var settleControl = control{
 // settleZone is a zone's compiled settle source.
 type settleZone struct {
 	// header is the header (or trailer) read, canonical; trailer its name
-	// among the header map's trailers; path the json source's segments.
+	// among the header map's trailers; paths the json source's paths, each
+	// as its segments, term the term of the sum each belongs to, terms
+	// how many.
 	header, trailer string
-	path            []string
+	paths           [][]string
+	term            []uint8
+	terms           int
 	spec            string
+	// free: the statuses whose estimate is given back whole.
+	free *statusSet
 	// settled counts the units settled; missing, the responses without a
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
@@ -64,9 +74,19 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if s == nil {
 		return nil
 	}
-	sz := &settleZone{spec: s.String(), path: s.Path(), log: newSampledLog(1, badValueInterval), asks: s.Asks()}
+	free, err := parseStatuses("settle: free", s.FreeStatuses())
+	if err != nil {
+		return err
+	}
+	sz := &settleZone{spec: s.String(), free: free, log: newSampledLog(1, badValueInterval), asks: s.Asks()}
 	if err := sz.unknown.compile(s); err != nil {
 		return err
+	}
+	paths, terms := s.Paths()
+	sz.paths = paths
+	for _, t := range terms {
+		sz.term = append(sz.term, uint8(t))
+		sz.terms = t + 1
 	}
 	if s.Header != "" {
 		sz.header = http.CanonicalHeaderKey(s.Header)
@@ -112,7 +132,8 @@ const maxSettleReads = 4
 type settlement struct {
 	n     int
 	reads [maxSettleReads]usageRead
-	// status is the response's (statusUnknown: the client left first).
+	// status is the response's (statusRefusal, statusUnknown included:
+	// the client left first).
 	status int
 	// bound is the request's output bound, 0 for none; bodyLen its JSON
 	// body's length, the bound of its prompt's tokens (settleask.go);
@@ -126,9 +147,16 @@ type usageRead struct {
 	sz     *settleZone
 	// body: how the body is read, decided at its first bytes.
 	body bodyKind
-	json jsonScan // the body's JSON, or the current event's data
+	// json scans the body's JSON, or the current event's data or line's,
+	// one scan per path.
+	json [zonemodel.MaxSettlePaths]jsonScan
 	sse  sseLines
-	// found: an amount was read (value); bad: an unusable one was.
+	// got: the terms whose value was read (vals), a bit each; badAt: those
+	// whose value was unusable, and none read since.
+	got, badAt uint8
+	vals       [zonemodel.MaxSettleTerms]int64
+	// found: an amount was read (value, the paths' sum); bad: an unusable
+	// one was.
 	found, bad bool
 	value      int64
 }
@@ -139,6 +167,7 @@ const (
 	bodyUnknown bodyKind = iota
 	bodyJSON
 	bodyEvents
+	bodyLines      // NDJSON: a JSON text per line
 	bodyCompressed // not read: see startSettle
 )
 
@@ -164,7 +193,7 @@ func startSettle(a *admission) {
 		rd := &st.reads[st.n]
 		st.n++
 		*rd = usageRead{charge: i, sz: c.zone.settle}
-		rd.json.reset(c.zone.settle.path)
+		rd.resetScans()
 	}
 	if st != nil {
 		a.settling = st
@@ -202,7 +231,7 @@ func (st *settlement) readsRequest() (ask, read bool) {
 // readsBody reports whether a settle zone reads the response's body.
 func (st *settlement) readsBody() bool {
 	for i := 0; i < st.n; i++ {
-		if st.reads[i].sz.path != nil {
+		if st.reads[i].sz.paths != nil {
 			return true
 		}
 	}
@@ -218,27 +247,38 @@ func readUsage(a *admission, p []byte) {
 	st.seen += int64(len(p))
 	for i := 0; i < st.n; i++ {
 		rd := &st.reads[i]
-		if rd.sz.path == nil {
+		if rd.sz.paths == nil {
 			continue
 		}
 		if rd.body == bodyUnknown {
 			rd.body = bodyJSON
-			if eventStream(a.header.Get("Content-Type")) {
+			switch ct := a.header.Get("Content-Type"); {
+			case eventStream(ct):
 				rd.body = bodyEvents
+			case ndjsonStream(ct):
+				rd.body = bodyLines
 			}
 			if ce := a.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 				rd.body = bodyCompressed
 			}
 		}
-		if rd.body == bodyCompressed {
-			continue
-		}
-		if rd.body == bodyEvents {
+		switch rd.body {
+		case bodyEvents:
 			rd.sse.feed(rd, p)
-		} else if !rd.json.failed && !rd.json.done {
-			rd.json.feed(p)
+		case bodyLines:
+			rd.feedLines(p)
+		case bodyJSON:
+			rd.feed(p)
 		}
 	}
+}
+
+// ndjsonStream reports whether a Content-Type is a stream of JSON lines
+// (application/x-ndjson, Ollama's; application/jsonl).
+func ndjsonStream(ct string) bool {
+	ct, _, _ = strings.Cut(ct, ";")
+	ct = strings.TrimSpace(ct)
+	return strings.EqualFold(ct, "application/x-ndjson") || strings.EqualFold(ct, "application/jsonl")
 }
 
 // finishSettle settles the request's settle zones to the amounts read, or
@@ -256,6 +296,15 @@ func finishSettle(a *admission) {
 		c := &a.res.charges[rd.charge]
 		if c.done {
 			continue // given back (a waiter's client left)
+		}
+		if st.status == statusRefusal || st.status > 0 && rd.sz.free.has(st.status) {
+			// A later rate_limit refused it (the upstream never saw it),
+			// or the upstream answered a status it does not bill.
+			c.freed = true
+			if m := c.zone.metrics; m != nil {
+				m.refunded.Inc()
+			}
+			continue
 		}
 		rd.result(hdr)
 		if rd.found {
@@ -291,9 +340,9 @@ func finishSettle(a *admission) {
 }
 
 // result completes the read once the response has ended: a header, else a
-// trailer; the JSON body's end.
+// trailer; the JSON body's or the last line's end, and the paths' sum.
 func (rd *usageRead) result(hdr http.Header) {
-	if rd.sz.path == nil {
+	if rd.sz.paths == nil {
 		if hdr == nil {
 			return
 		}
@@ -308,9 +357,88 @@ func (rd *usageRead) result(hdr http.Header) {
 		rd.bad = !rd.found
 		return
 	}
-	if rd.body == bodyJSON {
-		rd.json.end()
-		rd.found, rd.value, rd.bad = rd.json.found, rd.json.value, rd.json.bad
+	switch rd.body {
+	case bodyJSON:
+		rd.endText(true)
+	case bodyLines:
+		rd.endText(false)
+	}
+	var sum int64
+	for i := range rd.sz.terms {
+		if rd.got&(1<<i) != 0 {
+			sum += rd.vals[i]
+		}
+	}
+	rd.bad = rd.badAt != 0 || sum > maxSettled
+	rd.found, rd.value = rd.got != 0 && !rd.bad, sum
+}
+
+// resetScans readies the scans for a new text (the body, an event, a
+// line).
+func (rd *usageRead) resetScans() {
+	for i, p := range rd.sz.paths {
+		rd.json[i].reset(p)
+	}
+}
+
+// feed scans p, the next bytes of the body's JSON, or of the current
+// event's or line's.
+func (rd *usageRead) feed(p []byte) {
+	for i := range rd.sz.paths {
+		if j := &rd.json[i]; !j.failed && !j.done {
+			j.feed(p)
+		}
+	}
+}
+
+// scanByte scans one byte of the current event's data.
+func (rd *usageRead) scanByte(c byte) {
+	for i := range rd.sz.paths {
+		if j := &rd.json[i]; !j.failed {
+			j.byte(c)
+		}
+	}
+}
+
+// endText ends a text: each term's value in it (its first alternative
+// told), if it told one, is the term's: the last text telling it wins. An
+// event's or a line's counts only when whole; the body's, whatever was
+// read of it (whole).
+func (rd *usageRead) endText(whole bool) {
+	var told, bad uint8
+	for i := range rd.sz.paths {
+		j, t := &rd.json[i], rd.sz.term[i]
+		bit := uint8(1) << t
+		j.end()
+		if (whole || !j.failed && j.done) && told&bit == 0 {
+			switch {
+			case j.found:
+				told |= bit
+				rd.vals[t] = j.value
+			case j.bad:
+				bad |= bit
+			}
+		}
+		j.reset(rd.sz.paths[i])
+	}
+	bad &^= told | rd.got // unusable, and never told
+	rd.got |= told
+	rd.badAt = (rd.badAt | bad) &^ told
+}
+
+// feedLines reads p, the next bytes of an NDJSON stream: each line is a
+// JSON text; a line cut by the stream's end counts unless its JSON is
+// whole.
+func (rd *usageRead) feedLines(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			rd.feed(p)
+			return
+		}
+		rd.feed(p[:i])
+		rd.endText(false)
+		p = p[i+1:]
 	}
 }
 
@@ -356,9 +484,7 @@ func (s *sseLines) feed(rd *usageRead, p []byte) {
 			if j < 0 {
 				j = len(p) - i
 			}
-			if !rd.json.failed {
-				rd.json.feed(p[i : i+j])
-			}
+			rd.feed(p[i : i+j])
 			s.cr = false
 			i += j - 1
 			continue
@@ -385,7 +511,7 @@ func (s *sseLines) feed(rd *usageRead, p []byte) {
 				if s.at++; s.at == len(field) {
 					s.st = sseDataStart
 					if s.data {
-						rd.json.byte('\n') // data lines join with a newline
+						rd.scanByte('\n') // data lines join with a newline
 					}
 					s.data = true
 				}
@@ -402,9 +528,7 @@ func (s *sseLines) feed(rd *usageRead, p []byte) {
 				continue
 			}
 			s.st = sseData
-			if !rd.json.failed {
-				rd.json.byte(c)
-			}
+			rd.scanByte(c)
 		case sseSkip:
 			if eol {
 				s.st = sseLineStart
@@ -413,33 +537,31 @@ func (s *sseLines) feed(rd *usageRead, p []byte) {
 	}
 }
 
-// event ends an event: its amount, if its data told one, is the read's.
+// event ends an event: the values its data told are the paths'.
 func (s *sseLines) event(rd *usageRead) {
 	if !s.data {
 		return
 	}
-	rd.json.end()
-	if j := &rd.json; !j.failed && j.done {
-		switch {
-		case j.found:
-			rd.found, rd.value, rd.bad = true, j.value, false
-		case j.bad && !rd.found:
-			rd.bad = true
-		}
-	}
+	rd.endText(false)
 	s.data = false
-	rd.json.reset(rd.sz.path)
 }
 
 // showDebt adds to a settle zone's peek each key's debt: the units owed
 // beyond the capacity, from the time the key takes to be back to full
-// (token_bucket and gcra; the windows count no debt beyond their window).
-func (p *adminPeek) showDebt(l algorithms.Limit) {
+// (token_bucket and gcra; the windows count no debt beyond their window);
+// and for those, whether and when a request of the zone's cost (the
+// estimate its requests take) passes, as its refusal's Retry-After says.
+func (p *adminPeek) showDebt(l algorithms.Limit, cost int64) {
 	debt := func(st *adminState) {
 		var d int64
 		if l.Algorithm == algorithms.TokenBucket || l.Algorithm == algorithms.GCRA {
-			owed := float64(st.ResetAfterMs) * float64(l.Events) / float64(l.Window)
+			perMs := float64(l.Events) / float64(l.Window)
+			owed := float64(st.ResetAfterMs) * perMs
 			d = max(int64(owed)-l.Capacity(), 0)
+			wait := time.Duration(math.Ceil((owed-float64(l.Capacity()-cost))/perMs)) * time.Millisecond
+			st.Allowed = wait <= 0
+			wait = max(wait, 0)
+			st.RetryAfter, st.RetryAfterMs = wait.String(), wait.Milliseconds()
 		}
 		st.Debt = &d
 	}

@@ -23,10 +23,15 @@ type jsonScan struct {
 	// escaped: the next byte of a string is escaped.
 	escaped bool
 	// target: the number being read is the one at the path; num holds its
-	// value, digits its digits, bad an unusable amount (a fraction, a
-	// sign, more than 2^53, or not a number).
-	target      bool
-	num, digits int64
+	// digits' value (the fraction's included, frac of them, its trailing
+	// zeros pending in zeros), exp its exponent; nst is where the number's
+	// grammar is. bad: an unusable amount (not whole, a sign, more than
+	// 2^53, or not a number).
+	target           bool
+	num              int64
+	frac, zeros, exp int
+	expNeg           bool
+	nst              numState
 	// found is set once the amount is read (value), bad once the value at
 	// the path is unusable; failed once the text is not JSON; done once
 	// the root value is complete.
@@ -55,6 +60,20 @@ const (
 	scanKeyStr                    // in a key
 	scanNumber                    // in a number
 	scanLiteral                   // in true, false or null
+)
+
+// numState is where a number's grammar (RFC 8259) is.
+type numState uint8
+
+const (
+	numSign  numState = iota // after '-': a digit is due
+	numZero                  // the integer part is 0
+	numInt                   // in the integer part
+	numDot                   // after '.': a digit is due
+	numFrac                  // in the fraction
+	numE                     // after 'e': a sign or a digit is due
+	numESign                 // after the exponent's sign: a digit is due
+	numExp                   // in the exponent
 )
 
 // maxScanDepth is the deepest nesting jsonScan follows (a bit per level).
@@ -88,8 +107,9 @@ func (s *jsonScan) feed(p []byte) {
 // so may the number have been).
 func (s *jsonScan) end() {
 	if s.st == scanNumber && s.depth == 0 {
-		s.endNumber()
-		s.afterValue()
+		if s.endNumber() {
+			s.afterValue()
+		}
 	}
 }
 
@@ -101,20 +121,9 @@ func (s *jsonScan) byte(c byte) {
 		s.stringByte(c)
 		return
 	case scanNumber:
-		if c >= '0' && c <= '9' {
-			if s.target && !s.bad {
-				s.num = s.num*10 + int64(c-'0')
-				if s.digits++; s.num > maxSettled {
-					s.bad = true
-				}
-			}
+		if s.numByte(c) || !s.endNumber() {
 			return
 		}
-		if c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
-			s.bad = s.bad || s.target // not a whole number
-			return
-		}
-		s.endNumber()
 		s.afterValue()
 	case scanLiteral:
 		if c >= 'a' && c <= 'z' {
@@ -199,11 +208,12 @@ func (s *jsonScan) value1(c byte) {
 			s.bad = true
 		}
 	case c == '-' || c >= '0' && c <= '9':
-		s.st, s.target, s.num, s.digits = scanNumber, atTarget, 0, 0
+		s.st, s.target, s.num, s.nst = scanNumber, atTarget, 0, numSign
+		s.frac, s.zeros, s.exp, s.expNeg = 0, 0, 0, false
 		if c == '-' {
 			s.bad = s.bad || atTarget // negative
-		} else if atTarget {
-			s.num, s.digits = int64(c-'0'), 1
+		} else {
+			s.numByte(c)
 		}
 	case c == 't' || c == 'f' || c == 'n':
 		s.st = scanLiteral
@@ -215,12 +225,107 @@ func (s *jsonScan) value1(c byte) {
 	}
 }
 
-// endNumber records the number just read if it is the one at the path.
-func (s *jsonScan) endNumber() {
-	if s.target && !s.bad && s.digits > 0 {
-		s.found, s.value = true, s.num
+// numByte reads c in a number, and reports whether c is part of it (a
+// byte the grammar refuses is, and fails the text: 0040, 1., 1e).
+func (s *jsonScan) numByte(c byte) bool {
+	if c >= '0' && c <= '9' {
+		d := int64(c - '0')
+		switch s.nst {
+		case numSign:
+			s.nst = numInt
+			if d == 0 {
+				s.nst = numZero
+			}
+			s.digit(d)
+		case numZero:
+			s.bad, s.failed = s.bad || s.target, true // a leading zero is not JSON
+		case numInt:
+			s.digit(d)
+		case numDot, numFrac:
+			s.nst = numFrac
+			if d == 0 {
+				s.zeros++ // counted once a digit other than 0 follows
+				break
+			}
+			for range s.zeros {
+				s.digit(0)
+			}
+			s.digit(d)
+			s.frac += s.zeros + 1
+			s.zeros = 0
+		default: // numE, numESign, numExp
+			s.nst = numExp
+			if s.exp < 1<<20 {
+				s.exp = s.exp*10 + int(d)
+			}
+		}
+		return true
+	}
+	switch {
+	case c == '.' && (s.nst == numZero || s.nst == numInt):
+		s.nst = numDot
+	case (c == 'e' || c == 'E') && (s.nst == numZero || s.nst == numInt || s.nst == numFrac):
+		s.nst = numE
+	case (c == '+' || c == '-') && s.nst == numE:
+		s.nst, s.expNeg = numESign, c == '-'
+	case c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-':
+		s.bad, s.failed = s.bad || s.target, true
+	default:
+		return false
+	}
+	return true
+}
+
+// digit adds a digit to the target's value.
+func (s *jsonScan) digit(d int64) {
+	if s.target && !s.bad {
+		if s.num = s.num*10 + d; s.num > maxSettled {
+			s.bad = true
+		}
+	}
+}
+
+// endNumber ends the number just read: one cut short (1., 1e, -) fails
+// the text; the one at the path is recorded when it is a whole number
+// (1E2 and 100.0 are 100; 1.5 is not whole).
+func (s *jsonScan) endNumber() bool {
+	switch s.nst {
+	case numSign, numDot, numE, numESign:
+		s.bad, s.failed = s.bad || s.target, true
+		return false
+	}
+	if s.target && !s.bad {
+		if v, ok := s.whole(); ok {
+			s.found, s.value = true, v
+		} else {
+			s.bad = true
+		}
 	}
 	s.target = false
+	return true
+}
+
+// whole returns the target's value, if it is a whole number up to 2^53.
+func (s *jsonScan) whole() (int64, bool) {
+	n, e := s.num, s.exp
+	if s.expNeg {
+		e = -e
+	}
+	if e -= s.frac; n == 0 {
+		return 0, true
+	}
+	for ; e > 0; e-- {
+		if n *= 10; n > maxSettled {
+			return 0, false
+		}
+	}
+	for ; e < 0; e++ {
+		if n%10 != 0 {
+			return 0, false
+		}
+		n /= 10
+	}
+	return n, true
 }
 
 // stringByte reads one byte of a string (a key or a value).

@@ -1,23 +1,50 @@
 package sluice
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 )
 
 // readAll reads body, in pieces of n bytes, as a settle zone reads a
 // response's (json or events), and returns what it concluded.
 func readAll(path []string, events bool, body string, n int) (found, bad bool, value int64) {
-	rd := &usageRead{sz: &settleZone{path: path}, body: bodyJSON}
+	kind := bodyJSON
 	if events {
-		rd.body = bodyEvents
+		kind = bodyEvents
 	}
-	rd.json.reset(path)
+	return readPaths([][]string{path}, kind, body, n)
+}
+
+// readPaths reads body as a settle zone summing paths reads a response of
+// the kind given.
+func readPaths(paths [][]string, kind bodyKind, body string, n int) (found, bad bool, value int64) {
+	terms := make([]int, len(paths))
+	for i := range terms {
+		terms[i] = i
+	}
+	return readTerms(paths, terms, kind, body, n)
+}
+
+// readTerms is readPaths with alternatives: terms[i] is paths[i]'s term.
+func readTerms(paths [][]string, terms []int, kind bodyKind, body string, n int) (found, bad bool, value int64) {
+	sz := &settleZone{}
+	for i, p := range paths {
+		sz.paths = append(sz.paths, p)
+		sz.term = append(sz.term, uint8(terms[i]))
+		sz.terms = terms[i] + 1
+	}
+	rd := &usageRead{sz: sz, body: kind}
+	rd.resetScans()
 	for i := 0; i < len(body); i += n {
 		p := []byte(body[i:min(i+n, len(body))])
-		if events {
+		switch kind {
+		case bodyEvents:
 			rd.sse.feed(rd, p)
-		} else {
-			rd.json.feed(p)
+		case bodyLines:
+			rd.feedLines(p)
+		default:
+			rd.feed(p)
 		}
 	}
 	rd.result(nil)
@@ -46,7 +73,19 @@ func TestSettleJSONBody(t *testing.T) {
 		{"string", `{"usage":{"total_tokens":"300"}}`, false, true, 0},
 		{"negative", `{"usage":{"total_tokens":-3}}`, false, true, 0},
 		{"fraction", `{"usage":{"total_tokens":3.5}}`, false, true, 0},
-		{"exponent", `{"usage":{"total_tokens":3e2}}`, false, true, 0},
+		{"exponent", `{"usage":{"total_tokens":3e2}}`, true, false, 300},
+		{"exponent, capital and signed", `{"usage":{"total_tokens":1E+2}}`, true, false, 100},
+		{"fraction made whole", `{"usage":{"total_tokens":1.5E2}}`, true, false, 150},
+		{"trailing zeros", `{"usage":{"total_tokens":100.000}}`, true, false, 100},
+		{"negative exponent, whole", `{"usage":{"total_tokens":1200e-2}}`, true, false, 12},
+		{"negative exponent, not whole", `{"usage":{"total_tokens":1201e-2}}`, false, true, 0},
+		{"exponent above 2^53", `{"usage":{"total_tokens":1e16}}`, false, true, 0},
+		{"zero exponent", `{"usage":{"total_tokens":0e999999999}}`, true, false, 0},
+		{"leading zeros", `{"usage":{"total_tokens":0040}}`, false, true, 0},
+		{"leading zeros elsewhere", `{"a":007,"usage":{"total_tokens":40}}`, false, false, 0},
+		{"cut exponent", `{"usage":{"total_tokens":1e}}`, false, true, 0},
+		{"cut fraction", `{"usage":{"total_tokens":1.}}`, false, true, 0},
+		{"two signs", `{"usage":{"total_tokens":1e+-2}}`, false, true, 0},
 		{"2^53", `{"usage":{"total_tokens":9007199254740992}}`, true, false, 1 << 53},
 		{"above 2^53", `{"usage":{"total_tokens":9007199254740993}}`, false, true, 0},
 		{"huge", `{"usage":{"total_tokens":123456789012345678901234567890}}`, false, true, 0},
@@ -116,9 +155,111 @@ func TestSettleEventStream(t *testing.T) {
 // TestSettleReadAllocs: reading a body allocates nothing.
 func TestSettleReadAllocs(t *testing.T) {
 	body := []byte(`data: {"choices":[{"delta":{"content":"hello"}}],"usage":{"total_tokens":300}}` + "\n\n")
-	rd := &usageRead{sz: &settleZone{path: usagePath}, body: bodyEvents}
-	rd.json.reset(usagePath)
+	rd := &usageRead{sz: &settleZone{paths: [][]string{usagePath}, term: []uint8{0}, terms: 1}, body: bodyEvents}
+	rd.resetScans()
 	if n := testing.AllocsPerRun(100, func() { rd.sse.feed(rd, body) }); n != 0 {
 		t.Fatalf("%v allocations per event, want 0", n)
+	}
+}
+
+// TestSettleNumbers: the JSON number grammar (RFC 8259) at the path: 0040 is not JSON, 1E2 is the whole number 100.
+func TestSettleNumbers(t *testing.T) {
+	for _, c := range []struct {
+		num   string
+		found bool
+		value int64
+	}{
+		{"0", true, 0}, {"7", true, 7}, {"10", true, 10}, {"0.0", true, 0}, {"1E2", true, 100},
+		{"2.50e1", true, 25}, {"9007199254740992", true, 1 << 53}, {"9.007199254740992e15", true, 1 << 53},
+		{"00", false, 0}, {"01", false, 0}, {"-0", false, 0}, {"0.5", false, 0}, {".5", false, 0},
+		{"1.e2", false, 0}, {"1e", false, 0}, {"+1", false, 0}, {"1-", false, 0}, {"1..2", false, 0},
+	} {
+		body := `{"n":` + c.num + `}`
+		found, _, v := readAll([]string{"n"}, false, body, 1)
+		if found != c.found || v != c.value {
+			t.Errorf("%s: found %v value %d, want %v %d", body, found, v, c.found, c.value)
+		}
+	}
+}
+
+// anthropicPaths are `settle json usage.input_tokens|message.usage.input_tokens
+// usage.output_tokens`: two terms, the first with two alternatives.
+var (
+	anthropicPaths = [][]string{{"usage", "input_tokens"}, {"message", "usage", "input_tokens"}, {"usage", "output_tokens"}}
+	anthropicTerms = []int{0, 0, 1}
+)
+
+// anthropicStream is a Messages stream as Anthropic sends it (event:
+// lines, data: JSON, a ping, message_start's usage with input_tokens and
+// output_tokens 1, message_delta's cumulative output_tokens).
+func anthropicStream(input, output int) string {
+	return "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-test\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":" + itoa(input) + ",\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: ping\ndata: {\"type\": \"ping\"}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n" +
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":" + itoa(output) + "}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestSettleSum: several paths summed, each path's last value across the
+// events or lines winning (Anthropic's input_tokens in message_start,
+// output_tokens in message_delta; Ollama's last line); a path never told
+// counts 0, none told is no amount, an unusable one spoils the sum.
+func TestSettleSum(t *testing.T) {
+	ollama := [][]string{{"prompt_eval_count"}, {"eval_count"}}
+	for _, c := range []struct {
+		name       string
+		paths      [][]string
+		kind       bodyKind
+		body       string
+		found, bad bool
+		value      int64
+	}{
+		{"anthropic stream", anthropicPaths, bodyEvents, anthropicStream(25, 300), true, false, 325},
+		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], true, false, 25},
+		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, bodyEvents, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
+		{"anthropic json", anthropicPaths, bodyJSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
+		{"alternatives: the first told wins", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
+		{"alternatives: an unusable one, another told", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":"x","output_tokens":3},"message":{"usage":{"input_tokens":7}}}`, true, false, 10},
+		{"one term told", anthropicPaths, bodyJSON, `{"usage":{"output_tokens":300}}`, true, false, 300},
+		{"none told", anthropicPaths, bodyJSON, `{"usage":{}}`, false, false, 0},
+		{"one unusable", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":-1}}`, false, true, 25},
+		{"sum above 2^53", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":9007199254740992,"output_tokens":1}}`, false, true, 1<<53 + 1},
+		{"ollama ndjson", ollama, bodyLines, "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"He\"},\"done\":false}\n{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5,\"prompt_eval_count\":26,\"eval_count\":290}\n", true, false, 316},
+		{"ndjson, crlf, last line unterminated", ollama, bodyLines, "{\"done\":false}\r\n{\"done\":true,\"prompt_eval_count\":1,\"eval_count\":2}", true, false, 3},
+		{"ndjson, last line cut", ollama, bodyLines, "{\"prompt_eval_count\":1,\"eval_count\":2}\n{\"prompt_eval_count\":50,\"eval_count\":60", true, false, 3},
+		{"ndjson, prompt cached (no prompt_eval_count)", ollama, bodyLines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
+		{"ndjson, a broken line", ollama, bodyLines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
+	} {
+		for _, n := range []int{1, 5, 1 << 20} {
+			terms := []int{0, 1}
+			if len(c.paths) == len(anthropicPaths) {
+				terms = anthropicTerms
+			}
+			found, bad, v := readTerms(c.paths, terms, c.kind, c.body, n)
+			if found != c.found || bad != c.bad || (found || bad) && v != c.value {
+				t.Errorf("%s (pieces of %d): found %v bad %v value %d, want %v %v %d", c.name, n, found, bad, v, c.found, c.bad, c.value)
+			}
+		}
+	}
+}
+
+// TestSettleSumAllocs: reading an Anthropic stream summing two paths, and
+// an NDJSON stream, allocates nothing.
+func TestSettleSumAllocs(t *testing.T) {
+	body := []byte(anthropicStream(25, 300))
+	rd := &usageRead{sz: &settleZone{paths: anthropicPaths, term: []uint8{0, 0, 1}, terms: 2}, body: bodyEvents}
+	rd.resetScans()
+	if n := testing.AllocsPerRun(100, func() { rd.sse.feed(rd, body) }); n != 0 {
+		t.Fatalf("%v allocations per Anthropic stream, want 0", n)
+	}
+	lines := []byte("{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":290}\n")
+	rd = &usageRead{sz: &settleZone{paths: [][]string{{"prompt_eval_count"}, {"eval_count"}}, term: []uint8{0, 1}, terms: 2}, body: bodyLines}
+	rd.resetScans()
+	if n := testing.AllocsPerRun(100, func() { rd.feedLines(lines) }); n != 0 {
+		t.Fatalf("%v allocations per NDJSON line, want 0", n)
 	}
 }

@@ -80,3 +80,22 @@ func (m *Memory) AdminInfo() map[string]any {
 		"sweep_interval": time.Duration(m.SweepInterval).String(),
 	}
 }
+
+// PeekInFlight writes each key's units charged in flight (Request.InFlight:
+// a count or settle zone's charges whose response has not settled them) to
+// out, sized by the caller to len(keys). It never fails.
+func (s *Store) PeekInFlight(_ context.Context, zone string, keys []algorithms.Key, _ algorithms.Limit, out []int64) error {
+	id, known := s.zones.lookup(zone)
+	for i, key := range keys {
+		out[i] = 0
+		if !known {
+			continue
+		}
+		k := mapKey{zone: id, key: key}
+		sh := s.shardOf(&k)
+		sh.mu.Lock()
+		out[i] = sh.pending[k]
+		sh.mu.Unlock()
+	}
+	return nil
+}

@@ -174,3 +174,39 @@ func (r *Redis) AdminInfo() map[string]any {
 	}
 	return info
 }
+
+// PeekInFlight writes each key's units charged in flight (Request.InFlight:
+// the counter beside its state that take.lua keeps) to out, sized by the
+// caller to len(keys), in one pipeline.
+func (s *Store) PeekInFlight(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []int64) error {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
+	defer cancel()
+	pipe := s.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		gets[i] = pipe.Get(ctx, s.zoneKey(zone, k, l.Algorithm)+":f")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	for i, g := range gets {
+		n, err := g.Int64()
+		if errors.Is(err, redis.Nil) {
+			n, err = 0, nil
+		}
+		if err != nil {
+			return err
+		}
+		out[i] = max(n, 0)
+	}
+	return nil
+}
+
+// PeekInFlight implements the admin API's in-flight read (see
+// Store.PeekInFlight).
+func (r *Redis) PeekInFlight(ctx context.Context, zone string, keys []algorithms.Key, l algorithms.Limit, out []int64) error {
+	if r.Store == nil {
+		return errors.New("store redis: not provisioned")
+	}
+	return r.Store.PeekInFlight(ctx, zone, keys, l, out)
+}

@@ -3,6 +3,7 @@ package zonemodel
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sluicehq/caddy-sluice/identity"
@@ -18,9 +19,15 @@ type Settle struct {
 	// a trailer of that name when the header is absent. E.g.
 	// "X-Usage-Tokens".
 	Header string `json:"header,omitempty"`
-	// JSON is the dot path of the amount in a JSON response body, or in
-	// the data: events of a text/event-stream response (the last event
-	// carrying it wins). E.g. "usage.total_tokens".
+	// JSON is the dot path of the amount in a JSON response body, in the
+	// data: events of a text/event-stream response, or in the lines of an
+	// NDJSON stream (application/x-ndjson); several paths separated by
+	// spaces are summed. A term a|b takes the first of its alternatives
+	// present (Anthropic's input_tokens: usage.input_tokens in a JSON
+	// body, message.usage.input_tokens in a stream's message_start). In a
+	// stream each term's last value wins, then the terms are added up; a
+	// term never present counts 0, and none present is no amount. E.g.
+	// "usage.total_tokens", or "prompt_eval_count eval_count".
 	JSON string `json:"json,omitempty"`
 
 	// Unknown is what a 2xx response whose amount never arrives is charged
@@ -42,20 +49,57 @@ type Settle struct {
 	// the usage event it adds is kept from the client; false forwards the
 	// request as it came. Only with a json source. Default: true.
 	AskUsage *bool `json:"ask_usage,omitempty"`
+	// Free lists the statuses whose estimate is given back whole: codes
+	// (503), classes (5xx) and ranges (500-599), or "none" to charge every
+	// status. Default: 5xx and 429 (statuses model providers do not bill).
+	Free []string `json:"free,omitempty"`
 }
 
 // Asks reports whether the zone adds the usage request (AskUsage).
 func (s *Settle) Asks() bool { return s.JSON != "" && (s.AskUsage == nil || *s.AskUsage) }
 
-// MaxSettlePath bounds the segments of a settle json path.
-const MaxSettlePath = 16
+// MaxSettlePath bounds the segments of a settle json path;
+// MaxSettleTerms the terms summed; MaxSettlePaths the paths, their
+// alternatives included.
+const (
+	MaxSettlePath  = 16
+	MaxSettleTerms = 4
+	MaxSettlePaths = 8
+)
 
-// Path returns the json source's segments.
+// DefaultFree is the statuses Free gives back when unset.
+var DefaultFree = []string{"5xx", "429"}
+
+// Paths returns the json source's paths, each as its segments, and the
+// term of the sum each belongs to (a term's alternatives share one).
+func (s *Settle) Paths() (paths [][]string, terms []int) {
+	for t, term := range strings.Fields(s.JSON) {
+		for _, p := range strings.Split(term, "|") {
+			paths = append(paths, strings.Split(p, "."))
+			terms = append(terms, t)
+		}
+	}
+	return paths, terms
+}
+
+// Path returns the json source's first path's segments (the one a
+// simulated response fills).
 func (s *Settle) Path() []string {
-	if s.JSON == "" {
+	if ps, _ := s.Paths(); len(ps) > 0 {
+		return ps[0]
+	}
+	return nil
+}
+
+// FreeStatuses returns Free, or its default.
+func (s *Settle) FreeStatuses() []string {
+	switch {
+	case s.Free == nil:
+		return DefaultFree
+	case len(s.Free) == 1 && strings.EqualFold(s.Free[0], "none"):
 		return nil
 	}
-	return strings.Split(s.JSON, ".")
+	return s.Free
 }
 
 // String renders the source as the Caddyfile writes it.
@@ -63,7 +107,7 @@ func (s *Settle) String() string {
 	if s.Header != "" {
 		return "header " + s.Header
 	}
-	return "json " + s.JSON
+	return "json " + strings.Join(strings.Fields(s.JSON), " ")
 }
 
 // checkUnknown checks the charge of a response without an amount.
@@ -109,10 +153,10 @@ func (z *Zone) checkSettle() error {
 	case z.IsConcurrency():
 		return errors.New("settle does not apply to a concurrency zone (concurrent): it holds slots, not units; settle a rate zone of its own")
 	case len(z.Count) > 0:
-		return errors.New("settle: not with count (a settled zone charges every response what it reports; a response without an amount keeps the estimate)")
+		return errors.New("settle: not with count (a settled zone charges every response what it reports; its statuses not charged are settle's free option: settle json usage.total_tokens { free 5xx 429 })")
 	case z.LocalAllowance != nil:
 		return errors.New("settle: not with local_allowance (a settle must reach the store that holds the key)")
-	case (s.Header == "") == (s.JSON == ""):
+	case (s.Header == "") == (strings.TrimSpace(s.JSON) == ""):
 		return errors.New("settle: set one source: header <name> or json <path>")
 	case s.Header != "" && strings.ContainsAny(s.Header, " \t\r\n:"):
 		return fmt.Errorf("settle: header %q is not a header name", s.Header)
@@ -123,15 +167,31 @@ func (z *Zone) checkSettle() error {
 	if s.AskUsage != nil && *s.AskUsage && s.JSON == "" {
 		return errors.New("settle: ask_usage applies to a json source (the usage an OpenAI-shaped stream reports)")
 	}
-	if s.JSON != "" {
-		segs := s.Path()
+	if len(s.Free) > 1 && slices.ContainsFunc(s.Free, func(v string) bool { return strings.EqualFold(v, "none") }) {
+		return fmt.Errorf("settle: free %q: none stands alone (charge every status), or list the statuses given back", strings.Join(s.Free, " "))
+	}
+	if terms := strings.Fields(s.JSON); len(terms) > MaxSettleTerms {
+		return fmt.Errorf("settle: json %q sums more than %d terms", s.JSON, MaxSettleTerms)
+	}
+	paths := strings.FieldsFunc(s.JSON, func(r rune) bool { return r == ' ' || r == '\t' || r == '|' })
+	if len(paths) > MaxSettlePaths {
+		return fmt.Errorf("settle: json %q reads more than %d paths", s.JSON, MaxSettlePaths)
+	}
+	if strings.Contains(s.JSON, "||") || strings.Contains(" "+s.JSON+" ", " |") || strings.Contains(" "+s.JSON+" ", "| ") {
+		return fmt.Errorf("settle: json %q has an empty alternative: write a|b", s.JSON)
+	}
+	for i, p := range paths {
+		segs := strings.Split(p, ".")
 		if len(segs) > MaxSettlePath {
-			return fmt.Errorf("settle: json path %q has more than %d segments", s.JSON, MaxSettlePath)
+			return fmt.Errorf("settle: json path %q has more than %d segments", p, MaxSettlePath)
 		}
 		for _, seg := range segs {
 			if seg == "" {
-				return fmt.Errorf("settle: json path %q has an empty segment: write keys joined by dots (usage.total_tokens)", s.JSON)
+				return fmt.Errorf("settle: json path %q has an empty segment: write keys joined by dots (usage.total_tokens)", p)
 			}
+		}
+		if slices.Contains(paths[:i], p) {
+			return fmt.Errorf("settle: json path %q is read twice", p)
 		}
 	}
 	return nil
