@@ -52,7 +52,7 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 		atRank:    {&concurrencyControl}, // the Retry-After hint
 		atVerdict: {&countControl, &settleControl, &passControl, &delayControl, &concurrencyControl},
 		atServe:   {&passControl, &delayControl}, // pass marks before a delay waits
-		atStatus:  {&countControl, &inflightControl},
+		atStatus:  {&countControl, &settleControl, &inflightControl}, // settle: its free statuses
 		atBody:    {&settleControl},                      // the amount read as the body streams
 		atExit:    {&settleControl, &concurrencyControl}, // settled, then the slots back
 	}
