@@ -323,6 +323,8 @@ func finishSettle(a *admission) {
 			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams"
 		case rd.bad:
 			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53)"
+		case a.r.Context().Err() != nil:
+			reason = "settle: the client left before the response told its amount"
 		}
 		charged, rule := c.req.Cost, "the estimate stays (a response that is not 2xx)"
 		if st.status == statusUnknown || st.status >= 200 && st.status < 300 {

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -98,4 +99,38 @@ func TestUsageStrip(t *testing.T) {
 	if out.String() != big {
 		t.Errorf("an event over maxHeld: %d bytes out, want %d", out.Len(), len(big))
 	}
+}
+
+// FuzzWithUsage: no input panics the rewrite or the event filter; a
+// rewritten JSON object stays JSON, streamed, asking for usage.
+//
+//	go test -run XXX -fuzz FuzzWithUsage -fuzztime 30s .
+func FuzzWithUsage(f *testing.F) {
+	for _, s := range []string{`{"stream":true}`, `{"stream":true,"stream_options":{"include_usage":false,"x":[1,{"y":"}"}]}}`,
+		`{"stream":true,"stream_options":null}`, `{"a":"\"","stream":true}`, `{"stream":true,"stream_options":{}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		usageEvent(append([]byte("data: "), in...))
+		outputBound(in)
+		out, ok := withUsage(in)
+		if !ok {
+			if !bytes.Equal(out, in) {
+				t.Fatalf("%q changed to %q without a rewrite", in, out)
+			}
+			return
+		}
+		if !json.Valid(in) {
+			return // the upstream refuses it either way
+		}
+		var v struct {
+			Stream        bool `json:"stream"`
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(out, &v); err != nil || !v.Stream || !v.StreamOptions.IncludeUsage {
+			t.Fatalf("%s rewritten to %s: %+v %v", in, out, v, err)
+		}
+	})
 }
