@@ -50,11 +50,12 @@ type settleZone struct {
 	// header is the header (or trailer) read, canonical; trailer its name
 	// among the header map's trailers; paths the json source's paths, each
 	// as its segments, term the term of the sum each belongs to, terms
-	// how many.
+	// how many; optional the terms that count 0 when absent, a bit each.
 	header, trailer string
 	paths           [][]string
 	term            []uint8
 	terms           int
+	optional        uint8
 	spec            string
 	// free: the statuses whose estimate is given back whole.
 	free *statusSet
@@ -82,8 +83,8 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if err := sz.unknown.compile(s); err != nil {
 		return err
 	}
-	paths, terms := s.Paths()
-	sz.paths = paths
+	paths, terms, optional := s.Paths()
+	sz.paths, sz.optional = paths, optional
 	for _, t := range terms {
 		sz.term = append(sz.term, uint8(t))
 		sz.terms = t + 1
@@ -342,7 +343,8 @@ func finishSettle(a *admission) {
 }
 
 // result completes the read once the response has ended: a header, else a
-// trailer; the JSON body's or the last line's end, and the paths' sum.
+// trailer; the JSON body's or the last line's end, and the terms' sum,
+// an amount once every term not optional was told.
 func (rd *usageRead) result(hdr http.Header) {
 	if rd.sz.paths == nil {
 		if hdr == nil {
@@ -371,8 +373,9 @@ func (rd *usageRead) result(hdr http.Header) {
 			sum += rd.vals[i]
 		}
 	}
+	all := uint8(1)<<rd.sz.terms - 1
 	rd.bad = rd.badAt != 0 || sum > maxSettled
-	rd.found, rd.value = rd.got != 0 && !rd.bad, sum
+	rd.found, rd.value = rd.got != 0 && (rd.got|rd.sz.optional)&all == all && !rd.bad, sum
 }
 
 // resetScans readies the scans for a new text (the body, an event, a

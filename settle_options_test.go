@@ -15,6 +15,8 @@ func TestSettleOptionChecks(t *testing.T) {
 		want            []string // nil: loads
 	}{
 		{"sum", zone("\t\t\tsettle json prompt_eval_count eval_count\n"), nil},
+		{"optional term", zone("\t\t\tsettle json prompt_eval_count? eval_count\n"), nil},
+		{"? inside a term", zone("\t\t\tsettle json a?|b c\n"), []string{`zone "t"`, "settle", "a ? ends a term"}},
 		{"alternatives", zone("\t\t\tsettle json usage.input_tokens|message.usage.input_tokens usage.output_tokens\n"), nil},
 		{"free", zone("\t\t\tsettle json usage.total_tokens {\n\t\t\t\tfree 5xx 429 408\n\t\t\t}\n"), nil},
 		{"free none", zone("\t\t\tsettle header X-Usage {\n\t\t\t\tfree none\n\t\t\t}\n"), nil},

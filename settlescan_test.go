@@ -23,12 +23,13 @@ func readPaths(paths [][]string, kind bodyKind, body string, n int) (found, bad 
 	for i := range terms {
 		terms[i] = i
 	}
-	return readTerms(paths, terms, kind, body, n)
+	return readTerms(paths, terms, 0, kind, body, n)
 }
 
-// readTerms is readPaths with alternatives: terms[i] is paths[i]'s term.
-func readTerms(paths [][]string, terms []int, kind bodyKind, body string, n int) (found, bad bool, value int64) {
-	sz := &settleZone{}
+// readTerms is readPaths with alternatives: terms[i] is paths[i]'s term;
+// optional the terms that may be absent.
+func readTerms(paths [][]string, terms []int, optional uint8, kind bodyKind, body string, n int) (found, bad bool, value int64) {
+	sz := &settleZone{optional: optional}
 	for i, p := range paths {
 		sz.paths = append(sz.paths, p)
 		sz.term = append(sz.term, uint8(terms[i]))
@@ -207,7 +208,8 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // TestSettleSum: several paths summed, each path's last value across the
 // events or lines winning (Anthropic's input_tokens in message_start,
 // output_tokens in message_delta; Ollama's last line); a path never told
-// counts 0, none told is no amount, an unusable one spoils the sum.
+// is no amount unless it is optional (term?), an unusable one spoils the
+// sum.
 func TestSettleSum(t *testing.T) {
 	ollama := [][]string{{"prompt_eval_count"}, {"eval_count"}}
 	for _, c := range []struct {
@@ -219,12 +221,12 @@ func TestSettleSum(t *testing.T) {
 		value      int64
 	}{
 		{"anthropic stream", anthropicPaths, bodyEvents, anthropicStream(25, 300), true, false, 325},
-		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], true, false, 25},
+		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], false, false, 0},
 		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, bodyEvents, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
 		{"anthropic json", anthropicPaths, bodyJSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
 		{"alternatives: the first told wins", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
 		{"alternatives: an unusable one, another told", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":"x","output_tokens":3},"message":{"usage":{"input_tokens":7}}}`, true, false, 10},
-		{"one term told", anthropicPaths, bodyJSON, `{"usage":{"output_tokens":300}}`, true, false, 300},
+		{"one term told", anthropicPaths, bodyJSON, `{"usage":{"output_tokens":300}}`, false, false, 0},
 		{"none told", anthropicPaths, bodyJSON, `{"usage":{}}`, false, false, 0},
 		{"one unusable", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":-1}}`, false, true, 25},
 		{"sum above 2^53", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":9007199254740992,"output_tokens":1}}`, false, true, 1<<53 + 1},
@@ -232,14 +234,15 @@ func TestSettleSum(t *testing.T) {
 		{"ndjson, crlf, last line unterminated", ollama, bodyLines, "{\"done\":false}\r\n{\"done\":true,\"prompt_eval_count\":1,\"eval_count\":2}", true, false, 3},
 		{"ndjson, last line cut", ollama, bodyLines, "{\"prompt_eval_count\":1,\"eval_count\":2}\n{\"prompt_eval_count\":50,\"eval_count\":60", true, false, 3},
 		{"ndjson, prompt cached (no prompt_eval_count)", ollama, bodyLines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
+		{"ndjson, eval_count absent", ollama, bodyLines, "{\"done\":true,\"prompt_eval_count\":290}\n", false, false, 0},
 		{"ndjson, a broken line", ollama, bodyLines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 5, 1 << 20} {
-			terms := []int{0, 1}
+			terms, optional := []int{0, 1}, uint8(1) // prompt_eval_count? eval_count
 			if len(c.paths) == len(anthropicPaths) {
-				terms = anthropicTerms
+				terms, optional = anthropicTerms, 0
 			}
-			found, bad, v := readTerms(c.paths, terms, c.kind, c.body, n)
+			found, bad, v := readTerms(c.paths, terms, optional, c.kind, c.body, n)
 			if found != c.found || bad != c.bad || (found || bad) && v != c.value {
 				t.Errorf("%s (pieces of %d): found %v bad %v value %d, want %v %v %d", c.name, n, found, bad, v, c.found, c.bad, c.value)
 			}

@@ -29,12 +29,14 @@ import (
 // output tokens, message_stop), usage always included.
 type anthropicUpstream struct {
 	*httptest.Server
-	input, output int64
+	input, output atomic.Int64
 	calls         atomic.Int64
 }
 
 func newAnthropicUpstream(t *testing.T, input, output int64) *anthropicUpstream {
-	u := &anthropicUpstream{input: input, output: output}
+	u := &anthropicUpstream{}
+	u.input.Store(input)
+	u.output.Store(output)
 	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
 	t.Cleanup(u.Close)
 	return u
@@ -76,12 +78,12 @@ func (u *anthropicUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Request-Id", "req_01")
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, anthropicMessage(req.Model, u.input, u.output))
+		io.WriteString(w, anthropicMessage(req.Model, u.input.Load(), u.output.Load()))
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
-	for _, ev := range anthropicEvents(req.Model, u.input, u.output) {
+	for _, ev := range anthropicEvents(req.Model, u.input.Load(), u.output.Load()) {
 		io.WriteString(w, ev)
 		w.(http.Flusher).Flush()
 	}

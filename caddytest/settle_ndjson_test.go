@@ -51,7 +51,8 @@ func ollamaUpstream(t *testing.T, prompt, eval int64) *httptest.Server {
 	return up
 }
 
-// ollamaSite is a settle zone summing Ollama's prompt_eval_count and
+// ollamaSite is a settle zone summing Ollama's prompt_eval_count (which
+// Ollama leaves out when the whole prompt came from its cache: 0) and
 // eval_count (events 1000, the estimate 100).
 const ollamaSite = `
 http://localhost:@A@ {
@@ -61,7 +62,7 @@ http://localhost:@A@ {
 			events 1000
 			window 1h
 			cost 100
-			settle json prompt_eval_count eval_count
+			settle json prompt_eval_count? eval_count
 		}
 		@STORE@
 	}

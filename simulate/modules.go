@@ -174,7 +174,18 @@ func (Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 			if body == nil {
 				body = map[string]any{}
 			}
-			setPath(body, src.Path(), n)
+			// The amount in the first term, 0 in the others (a sum's).
+			paths, terms, _ := src.Paths()
+			for i, p := range paths {
+				if i > 0 && terms[i] == terms[i-1] {
+					continue // an alternative of the same term
+				}
+				v := n
+				if terms[i] > 0 {
+					v = 0
+				}
+				setPath(body, p, v)
+			}
 		}
 	}
 	if body == nil {

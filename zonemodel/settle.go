@@ -25,9 +25,10 @@ type Settle struct {
 	// spaces are summed. A term a|b takes the first of its alternatives
 	// present (Anthropic's input_tokens: usage.input_tokens in a JSON
 	// body, message.usage.input_tokens in a stream's message_start). In a
-	// stream each term's last value wins, then the terms are added up; a
-	// term never present counts 0, and none present is no amount. E.g.
-	// "usage.total_tokens", or "prompt_eval_count eval_count".
+	// stream each term's last value wins, then the terms are added up.
+	// Every term must be told (a stream left before its last term told
+	// has no amount), but a term ending in ? counts 0 when absent. E.g.
+	// "usage.total_tokens", or "prompt_eval_count? eval_count".
 	JSON string `json:"json,omitempty"`
 
 	// Unknown is what a 2xx response whose amount never arrives is charged
@@ -70,25 +71,20 @@ const (
 // DefaultFree is the statuses Free gives back when unset.
 var DefaultFree = []string{"5xx", "429"}
 
-// Paths returns the json source's paths, each as its segments, and the
-// term of the sum each belongs to (a term's alternatives share one).
-func (s *Settle) Paths() (paths [][]string, terms []int) {
+// Paths returns the json source's paths, each as its segments, the term
+// of the sum each belongs to (a term's alternatives share one), and the
+// terms that may be absent (term?), a bit each.
+func (s *Settle) Paths() (paths [][]string, terms []int, optional uint8) {
 	for t, term := range strings.Fields(s.JSON) {
+		if strings.HasSuffix(term, "?") {
+			term, optional = term[:len(term)-1], optional|1<<t
+		}
 		for _, p := range strings.Split(term, "|") {
 			paths = append(paths, strings.Split(p, "."))
 			terms = append(terms, t)
 		}
 	}
-	return paths, terms
-}
-
-// Path returns the json source's first path's segments (the one a
-// simulated response fills).
-func (s *Settle) Path() []string {
-	if ps, _ := s.Paths(); len(ps) > 0 {
-		return ps[0]
-	}
-	return nil
+	return paths, terms, optional
 }
 
 // FreeStatuses returns Free, or its default.
@@ -170,15 +166,24 @@ func (z *Zone) checkSettle() error {
 	if len(s.Free) > 1 && slices.ContainsFunc(s.Free, func(v string) bool { return strings.EqualFold(v, "none") }) {
 		return fmt.Errorf("settle: free %q: none stands alone (charge every status), or list the statuses given back", strings.Join(s.Free, " "))
 	}
-	if terms := strings.Fields(s.JSON); len(terms) > MaxSettleTerms {
+	terms := strings.Fields(s.JSON)
+	if len(terms) > MaxSettleTerms {
 		return fmt.Errorf("settle: json %q sums more than %d terms", s.JSON, MaxSettleTerms)
 	}
-	paths := strings.FieldsFunc(s.JSON, func(r rune) bool { return r == ' ' || r == '\t' || r == '|' })
+	var paths []string
+	for _, term := range terms {
+		for _, p := range strings.Split(strings.TrimSuffix(term, "?"), "|") {
+			switch {
+			case p == "":
+				return fmt.Errorf("settle: json %q has an empty alternative: write a|b", s.JSON)
+			case strings.Contains(p, "?"):
+				return fmt.Errorf("settle: json path %q: a ? ends a term (prompt_eval_count?), which then counts 0 when absent", p)
+			}
+			paths = append(paths, p)
+		}
+	}
 	if len(paths) > MaxSettlePaths {
 		return fmt.Errorf("settle: json %q reads more than %d paths", s.JSON, MaxSettlePaths)
-	}
-	if strings.Contains(s.JSON, "||") || strings.Contains(" "+s.JSON+" ", " |") || strings.Contains(" "+s.JSON+" ", "| ") {
-		return fmt.Errorf("settle: json %q has an empty alternative: write a|b", s.JSON)
 	}
 	for i, p := range paths {
 		segs := strings.Split(p, ".")
