@@ -76,6 +76,16 @@ func TestEvictionPolicyAtLoad(t *testing.T) {
 			}
 		})
 	}
+	t.Run("changed at run time", func(t *testing.T) {
+		srv := redistest.Start(t, "maxmemory-policy noeviction")
+		s, logs := observedStore(t, srv.URL())
+		waitArmed(t, s)
+		srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-lru")
+		s.watch.mu.Lock()
+		s.watch.evict.polls = 10 * policyEvery // the next poll rereads the policy
+		s.watch.mu.Unlock()
+		waitUntil(t, "a warning of the policy set at run time", func() bool { return logged(logs, "may evict Sluice's keys") == 1 })
+	})
 	t.Run("CONFIG denied", func(t *testing.T) {
 		srv := redistest.Start(t, "maxmemory-policy allkeys-lru")
 		s, logs := observedStore(t, srv.User(t, "noconfig", "~*", "+@all", "-config"))

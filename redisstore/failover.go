@@ -31,6 +31,7 @@ import (
 // the decision's deadline, for the promotion and then connects to the new
 // master instead (an aborted failover lets the old master be dialled again).
 type promotionGuard struct {
+	tlsDial func(ctx context.Context, network, addr string) (net.Conn, error) // tls.go's; nil without TLS
 	opt     *redis.FailoverOptions
 	timeout time.Duration
 	logger  *zap.Logger
@@ -85,7 +86,7 @@ var guards sync.Map // *redis.Client → *promotionGuard
 // promotion guard dialling its connections.
 func newGuardedFailoverClient(opt *redis.FailoverOptions, timeout time.Duration) *redis.Client {
 	g := &promotionGuard{opt: opt, timeout: timeout, conns: map[*trackedConn]string{}, subbed: map[string]bool{}, stop: make(chan struct{})}
-	opt.Dialer = g.dial
+	g.tlsDial, opt.Dialer = opt.Dialer, g.dial
 	c := redis.NewFailoverClient(opt)
 	guards.Store(c, g)
 	return c
@@ -383,8 +384,12 @@ func (g *promotionGuard) dial(ctx context.Context, network, addr string) (net.Co
 	return t, nil
 }
 
-// netDial is go-redis's own dial (TCP keep-alive, TLS when configured).
+// netDial is go-redis's own dial (TCP keep-alive, TLS when configured),
+// or the store's TLS dial (tls.go) when it has one.
 func (g *promotionGuard) netDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if g.tlsDial != nil {
+		return g.tlsDial(ctx, network, addr)
+	}
 	d := &net.Dialer{Timeout: g.opt.DialTimeout, KeepAlive: 5 * time.Minute}
 	if g.opt.TLSConfig == nil {
 		return d.DialContext(ctx, network, addr)

@@ -97,9 +97,8 @@ func (m *scripts) retry(ctx context.Context, p redis.Pipeliner, c *call, err err
 // readOnly queues on p again, as FCALL_RO of LuaFunctionRO, a call Redis
 // refused for memory (OOM: under noeviction, FCALL of a function that may
 // write is refused before it runs), so that a refusal, which writes
-// nothing, is still decided. A call
-// sent again that fails (it would have written) fails with the error it
-// had (readOnlyFailed).
+// nothing, is still decided. A call sent again that fails (it would have
+// written) fails with the error it had (readOnlyFailed).
 func (m *scripts) readOnly(ctx context.Context, p redis.Pipeliner, c *call) {
 	c.cmd = p.FCallRO(ctx, LuaFunctionRO, c.keyStrings(), c.args()...)
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 	"github.com/sluicehq/caddy-sluice/stores"
@@ -45,5 +47,32 @@ func TestOOMStillRefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOOMKeepsDenyCache: a decision that fails for memory does not clear
+// the deny cache (Redis's state stands): a refusal it holds is still
+// answered locally, without a call to Redis.
+func TestOOMKeepsDenyCache(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := observedStore(t, srv.URL())
+	waitArmed(t, s)
+	over := algorithms.Request{Zone: "oomdeny", Key: freshKey(t), Limit: limit(t, 2, time.Hour, 0), Cost: 1}
+	for i := range 3 {
+		if got := take(t, s, over)[0].Allowed; got != (i < 2) {
+			t.Fatalf("take %d: allowed %v", i, got)
+		}
+	}
+	srv.FillMemory(t)
+	fresh := algorithms.Request{Zone: "oomdeny", Key: freshKey(t), Limit: over.Limit, Cost: 1}
+	if err := s.Take(context.Background(), []algorithms.Request{fresh}, make([]algorithms.Decision, 1)); err == nil {
+		t.Fatal("a fresh key's admission under OOM did not fail")
+	}
+	hits := testutil.ToFloat64(s.denyHits)
+	if take(t, s, over)[0].Allowed {
+		t.Fatal("the client over its limit was admitted")
+	}
+	if got := testutil.ToFloat64(s.denyHits) - hits; got != 1 {
+		t.Fatalf("%v deny cache hits after an OOM failure, want 1 (the cache kept the refusal)", got)
 	}
 }

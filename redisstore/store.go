@@ -431,7 +431,7 @@ func (s *Store) takeFailed(ctx context.Context, reqs []algorithms.Request, err e
 	}
 	s.slots.undecided(reqs, err, abandoned)
 	if pe := s.asPermError(err); pe != nil {
-		if p := s.problem.Load(); p == nil || *p != pe.Error() {
+		if s.problem.Load() == nil {
 			s.noted(pe)
 		}
 		err = pe
