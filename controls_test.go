@@ -51,10 +51,10 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 		atTake:    {&inflightControl},    // the wait for charges in flight
 		atRank:    {&concurrencyControl}, // the Retry-After hint
 		atVerdict: {&countControl, &settleControl, &passControl, &delayControl, &concurrencyControl},
-		atServe:   {&passControl, &delayControl}, // pass marks before a delay waits
-		atStatus:  {&countControl, &inflightControl},
-		atBody:    {&settleControl},                      // the amount read as the body streams
-		atExit:    {&settleControl, &concurrencyControl}, // settled, then the slots back
+		atServe:   {&passControl, &delayControl},                     // pass marks before a delay waits
+		atStatus:  {&countControl, &settleControl, &inflightControl}, // settle notes the status for its unknown rule
+		atBody:    {&settleControl},                                  // the amount read as the body streams
+		atExit:    {&settleControl, &concurrencyControl},             // settled, then the slots back
 	}
 	for s := range numStages {
 		if !slices.Equal(all.on[s], want[s]) {
