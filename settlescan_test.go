@@ -45,7 +45,7 @@ func readTerms(paths [][]string, terms []int, optional uint8, kind bodyKind, bod
 		case bodyLines:
 			rd.feedLines(p)
 		default:
-			rd.feed(p)
+			rd.feed(p, true)
 		}
 	}
 	rd.result(nil)
@@ -143,6 +143,7 @@ func TestSettleEventStream(t *testing.T) {
 		{"unusable after a good one", chunk(`{"total_tokens":4}`) + chunk(`{"total_tokens":"x"}`), true, false, 4},
 		{"not an event stream", "hello\n\n", false, false, 0},
 		{"dataless field", "database: {\"usage\":{\"total_tokens\":1}}\n\n", false, false, 0},
+		{"text after the data's JSON", chunk(`{"total_tokens":5}`) + "data: {\"usage\":{\"total_tokens\":9}} x\n\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 2, 7, 1 << 20} {
 			found, bad, v := readAll(usagePath, true, c.body, n)
@@ -236,6 +237,7 @@ func TestSettleSum(t *testing.T) {
 		{"ndjson, prompt cached (no prompt_eval_count)", ollama, bodyLines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
 		{"ndjson, eval_count absent", ollama, bodyLines, "{\"done\":true,\"prompt_eval_count\":290}\n", false, false, 0},
 		{"ndjson, a broken line", ollama, bodyLines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
+		{"ndjson, text after a line's JSON", ollama, bodyLines, "{\"eval_count\":5}\n{\"eval_count\":9} x\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 5, 1 << 20} {
 			terms, optional := []int{0, 1}, uint8(1) // prompt_eval_count? eval_count
