@@ -223,6 +223,7 @@ func TestSettleSum(t *testing.T) {
 	}{
 		{"anthropic stream", anthropicPaths, bodyEvents, anthropicStream(25, 300), true, false, 325},
 		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], false, false, 0},
+		{"anthropic stream, an error event after message_start", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")] + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n", false, false, 0},
 		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, bodyEvents, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
 		{"anthropic json", anthropicPaths, bodyJSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
 		{"alternatives: the first told wins", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
