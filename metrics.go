@@ -77,7 +77,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		}, []string{"zone", "field"})
 		metrics.refunds = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "refunds_total",
-			Help: "Charges given back by a zone with count: requests whose response status the zone does not count, by zone.",
+			Help: "Charges given back by a zone with count or settle: requests whose response status the zone does not count (count) or charge (settle free), by zone.",
 		}, []string{"zone"})
 		metrics.delays = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "delay_seconds",

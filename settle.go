@@ -269,7 +269,7 @@ func readUsage(a *admission, p []byte) {
 		case bodyLines:
 			rd.feedLines(p)
 		case bodyJSON:
-			rd.feed(p)
+			rd.feed(p, true)
 		}
 	}
 }
@@ -386,11 +386,12 @@ func (rd *usageRead) resetScans() {
 	}
 }
 
-// feed scans p, the next bytes of the body's JSON, or of the current
-// event's or line's.
-func (rd *usageRead) feed(p []byte) {
+// feed scans p, the next bytes of the body's JSON (whole: the bytes after
+// its end are not read), or of the current event's or line's (which must
+// hold one JSON text and nothing else).
+func (rd *usageRead) feed(p []byte, whole bool) {
 	for i := range rd.sz.paths {
-		if j := &rd.json[i]; !j.failed && !j.done {
+		if j := &rd.json[i]; !j.failed && !(whole && j.done) {
 			j.feed(p)
 		}
 	}
@@ -438,10 +439,10 @@ func (rd *usageRead) feedLines(p []byte) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			rd.feed(p)
+			rd.feed(p, false)
 			return
 		}
-		rd.feed(p[:i])
+		rd.feed(p[:i], false)
 		rd.endText(false)
 		p = p[i+1:]
 	}
@@ -489,7 +490,7 @@ func (s *sseLines) feed(rd *usageRead, p []byte) {
 			if j < 0 {
 				j = len(p) - i
 			}
-			rd.feed(p[i : i+j])
+			rd.feed(p[i:i+j], false)
 			s.cr = false
 			i += j - 1
 			continue

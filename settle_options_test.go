@@ -1,6 +1,12 @@
 package sluice
 
-import "testing"
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
 
 // TestSettleOptionChecks: several json paths (summed terms, a|b
 // alternatives) and settle's block of options (free) are checked at load,
@@ -33,5 +39,34 @@ func TestSettleOptionChecks(t *testing.T) {
 		{"header with paths", zone("\t\t\tsettle header X-A X-B\n"), []string{`zone "t"`, "settle takes a source"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { expectConfig(t, c.caddyfile, c.want) })
+	}
+}
+
+// TestSettleOptionsJSON: the JSON form, {"json": "<path> ...", "free":
+// [...]}, loads as the Caddyfile's; a status that is not one is refused,
+// naming the zone and the field.
+func TestSettleOptionsJSON(t *testing.T) {
+	for _, c := range []struct {
+		settle, want string // want "": loads
+	}{
+		{`{"json":"usage.total_tokens"}`, ""},
+		{`{"json":"usage.input_tokens|message.usage.input_tokens usage.output_tokens","free":["none"]}`, ""},
+		{`{"json":"prompt_eval_count? eval_count","free":["5xx","429","408"]}`, ""},
+		{`{"json":"n","free":["7xx"]}`, `settle: free: "7xx" is not a status`},
+		{`{"json":"n","free":["none","5xx"]}`, "none stands alone"},
+	} {
+		js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[{"handler":"rate_limit",` +
+			`"rate_limits":{"z":{"max_events":1000,"window":"1m","settle":` + c.settle + `}}}]}]}}}}}`
+		var cfg caddy.Config
+		if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		err := caddy.Validate(&cfg)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.settle, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `"z"`)):
+			t.Errorf("%s: error %v, want it to name the zone and say %q", c.settle, err, c.want)
+		}
 	}
 }

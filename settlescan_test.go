@@ -45,7 +45,7 @@ func readTerms(paths [][]string, terms []int, optional uint8, kind bodyKind, bod
 		case bodyLines:
 			rd.feedLines(p)
 		default:
-			rd.feed(p)
+			rd.feed(p, true)
 		}
 	}
 	rd.result(nil)
@@ -143,6 +143,7 @@ func TestSettleEventStream(t *testing.T) {
 		{"unusable after a good one", chunk(`{"total_tokens":4}`) + chunk(`{"total_tokens":"x"}`), true, false, 4},
 		{"not an event stream", "hello\n\n", false, false, 0},
 		{"dataless field", "database: {\"usage\":{\"total_tokens\":1}}\n\n", false, false, 0},
+		{"text after the data's JSON", chunk(`{"total_tokens":5}`) + "data: {\"usage\":{\"total_tokens\":9}} x\n\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 2, 7, 1 << 20} {
 			found, bad, v := readAll(usagePath, true, c.body, n)
@@ -222,6 +223,7 @@ func TestSettleSum(t *testing.T) {
 	}{
 		{"anthropic stream", anthropicPaths, bodyEvents, anthropicStream(25, 300), true, false, 325},
 		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], false, false, 0},
+		{"anthropic stream, an error event after message_start", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")] + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n", false, false, 0},
 		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, bodyEvents, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
 		{"anthropic json", anthropicPaths, bodyJSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
 		{"alternatives: the first told wins", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
@@ -236,6 +238,7 @@ func TestSettleSum(t *testing.T) {
 		{"ndjson, prompt cached (no prompt_eval_count)", ollama, bodyLines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
 		{"ndjson, eval_count absent", ollama, bodyLines, "{\"done\":true,\"prompt_eval_count\":290}\n", false, false, 0},
 		{"ndjson, a broken line", ollama, bodyLines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
+		{"ndjson, text after a line's JSON", ollama, bodyLines, "{\"eval_count\":5}\n{\"eval_count\":9} x\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 5, 1 << 20} {
 			terms, optional := []int{0, 1}, uint8(1) // prompt_eval_count? eval_count
