@@ -102,3 +102,40 @@ func TestTLSOptionsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSSentinelDial: a Sentinel store's connections (dialled by its
+// promotion guard, failover.go) go through the store's TLS dial: with the
+// CA and client certificate they reach a TLS server; without the
+// certificate the dial fails as a handshake.
+func TestTLSSentinelDial(t *testing.T) {
+	f := redistest.NewTLSFiles(t)
+	srv := redistest.StartTLS(t, f)
+	for _, tc := range []struct {
+		name      string
+		cert, key string
+		handshake bool
+	}{{"mutual TLS", f.ClientCert, f.ClientKey, false}, {"no client certificate", "", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := connConfig{URL: "rediss+sentinel://" + srv.TLSAddr + "?master_name=mymaster", Timeout: testTimeout}
+			if err := cfg.tlsFiles(f.CA, tc.cert, tc.key); err != nil {
+				t.Fatal(err)
+			}
+			c, _, err := cfg.newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := takeGuard(c)
+			defer closeClient(c)
+			if g == nil || g.tlsDial == nil {
+				t.Fatal("the Sentinel client's guard has no TLS dial")
+			}
+			conn, err := g.netDial(context.Background(), "tcp", srv.TLSAddr)
+			if conn != nil {
+				conn.Close()
+			}
+			if got := errors.As(err, new(*tlsError)); got != tc.handshake || !tc.handshake && err != nil {
+				t.Fatalf("dial: %v; want a handshake error: %v", err, tc.handshake)
+			}
+		})
+	}
+}
