@@ -69,7 +69,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		}, []string{"store"})
 		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-			Help: "Store calls that failed, by store and kind (timeout, connection, readonly, oom, noscript, circuit_open, other).",
+			Help: "Store calls that failed, by store and kind (timeout, connection, tls, readonly, noreplicas, oom, noscript, noperm, circuit_open, other).",
 		}, []string{"store", "kind"})
 		metrics.fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "dynamic_fallbacks_total",
@@ -183,8 +183,9 @@ func (m *storeMetrics) failed(err error) {
 }
 
 // errorKind is a store error's kind label: the kind the error names itself
-// (StoreErrorKind; redisstore's: timeout, connection, readonly, oom,
-// noscript, circuit_open, other), else timeout for a deadline, else other.
+// (StoreErrorKind; redisstore's: timeout, connection, tls, readonly,
+// noreplicas, oom, noscript, noperm, circuit_open, other), else timeout for
+// a deadline, else other.
 func errorKind(err error) string {
 	var k interface{ StoreErrorKind() string }
 	switch {

@@ -86,6 +86,16 @@ func TestEvictionPolicyAtLoad(t *testing.T) {
 		s.watch.mu.Unlock()
 		waitUntil(t, "a warning of the policy set at run time", func() bool { return logged(logs, "may evict Sluice's keys") == 1 })
 	})
+	t.Run("CONFIG renamed", func(t *testing.T) {
+		srv := redistest.Start(t, "maxmemory-policy allkeys-lru", `rename-command CONFIG ""`)
+		s, logs := observedStore(t, srv.URL())
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		s.checkEviction(ctx)
+		cancel()
+		if logged(logs, "could not be read") != 1 {
+			t.Fatalf("no line saying the policy could not be read: %v", logs.All())
+		}
+	})
 	t.Run("CONFIG denied", func(t *testing.T) {
 		srv := redistest.Start(t, "maxmemory-policy allkeys-lru")
 		s, logs := observedStore(t, srv.User(t, "noconfig", "~*", "+@all", "-config"))

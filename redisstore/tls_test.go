@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
@@ -100,5 +101,77 @@ func TestTLSOptionsChecked(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("%+v: Provision: %v; want an error naming %s", tc.m, err, tc.want)
 		}
+	}
+}
+
+// TestTLSSentinelDial: a Sentinel store's connections (dialled by its
+// promotion guard, failover.go) go through the store's TLS dial: with the
+// CA and client certificate they reach a TLS server; without the
+// certificate the dial fails as a handshake.
+func TestTLSSentinelDial(t *testing.T) {
+	f := redistest.NewTLSFiles(t)
+	srv := redistest.StartTLS(t, f)
+	for _, tc := range []struct {
+		name      string
+		cert, key string
+		handshake bool
+	}{{"mutual TLS", f.ClientCert, f.ClientKey, false}, {"no client certificate", "", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := connConfig{URL: "rediss+sentinel://" + srv.TLSAddr + "?master_name=mymaster", Timeout: testTimeout}
+			if err := cfg.tlsFiles(f.CA, tc.cert, tc.key); err != nil {
+				t.Fatal(err)
+			}
+			c, _, err := cfg.newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := takeGuard(c)
+			defer closeClient(c)
+			if g == nil || g.tlsDial == nil {
+				t.Fatal("the Sentinel client's guard has no TLS dial")
+			}
+			conn, err := g.netDial(context.Background(), "tcp", srv.TLSAddr)
+			if conn != nil {
+				conn.Close()
+			}
+			if got := errors.As(err, new(*tlsError)); got != tc.handshake || !tc.handshake && err != nil {
+				t.Fatalf("dial: %v; want a handshake error: %v", err, tc.handshake)
+			}
+		})
+	}
+}
+
+// TestTLSClusterDial: a Cluster store with tls dials its nodes through the
+// store's TLS dial, with tls_ca and the client certificate.
+func TestTLSClusterDial(t *testing.T) {
+	f := redistest.NewTLSFiles(t)
+	srv := redistest.StartTLS(t, f)
+	for _, tc := range []struct {
+		name      string
+		cert, key string
+		handshake bool
+	}{{"mutual TLS", f.ClientCert, f.ClientKey, false}, {"no client certificate", "", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := connConfig{Cluster: []string{srv.TLSAddr}, TLS: true, Timeout: testTimeout}
+			if err := cfg.tlsFiles(f.CA, tc.cert, tc.key); err != nil {
+				t.Fatal(err)
+			}
+			c, _, err := cfg.newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeClient(c)
+			dial := c.(*redis.ClusterClient).Options().Dialer
+			if dial == nil {
+				t.Fatal("the Cluster client has no TLS dial")
+			}
+			conn, err := dial(context.Background(), "tcp", srv.TLSAddr)
+			if conn != nil {
+				conn.Close()
+			}
+			if got := errors.As(err, new(*tlsError)); got != tc.handshake || !tc.handshake && err != nil {
+				t.Fatalf("dial: %v; want a handshake error: %v", err, tc.handshake)
+			}
+		})
 	}
 }
