@@ -11,10 +11,10 @@ import (
 // protocol (connectrpc.com) is answered in Connect's error shape, so that
 // the client sees resource_exhausted, not the unavailable it reads from a
 // bare 429. A unary call (Content-Type application/proto, or any
-// application/* with Connect-Protocol-Version: 1, or a GET with
-// connect=v1 in its query) gets the HTTP status of
-// the code and a JSON error body; a streaming call (application/connect+*)
-// gets HTTP 200 and one end-of-stream message carrying the error.
+// application/* with Connect-Protocol-Version: 1, or a GET with connect=v1
+// in its query) gets the HTTP status of the code and a JSON error body; a
+// streaming call (application/connect+*) gets HTTP 200 and one
+// end-of-stream message carrying the error.
 
 // Connect's error codes for a refusal (Connect protocol, "Error Codes":
 // HTTP 429 and 503 for a unary call).
