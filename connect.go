@@ -11,9 +11,10 @@ import (
 // protocol (connectrpc.com) is answered in Connect's error shape, so that
 // the client sees resource_exhausted, not the unavailable it reads from a
 // bare 429. A unary call (Content-Type application/proto, or any
-// application/* with Connect-Protocol-Version: 1) gets the HTTP status of
-// the code and a JSON error body; a streaming call (application/connect+*)
-// gets HTTP 200 and one end-of-stream message carrying the error.
+// application/* with Connect-Protocol-Version: 1, or a GET with connect=v1
+// in its query) gets the HTTP status of the code and a JSON error body; a
+// streaming call (application/connect+*) gets HTTP 200 and one
+// end-of-stream message carrying the error.
 
 // Connect's error codes for a refusal (Connect protocol, "Error Codes":
 // HTTP 429 and 503 for a unary call).
@@ -29,6 +30,9 @@ const connectEndStream = 0x02
 // connectCall reports whether r is a Connect call and, for a streaming
 // one, the Content-Type its answer echoes.
 func connectCall(r *http.Request) (ok bool, streamCT string) {
+	if r.Method == http.MethodGet {
+		return connectGet(r.URL.RawQuery), ""
+	}
 	ct := r.Header.Get("Content-Type")
 	const app, stream = "application/", "application/connect+"
 	if len(ct) > len(stream) && strings.EqualFold(ct[:len(stream)], stream) {
@@ -88,4 +92,17 @@ func (h *Handler) refuseConnect(w http.ResponseWriter, r *http.Request, hs *head
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
 	return true
+}
+
+// connectGet reports whether a GET's query is a unary Connect call's
+// (connect=v1 among its parameters), without parsing it.
+func connectGet(q string) bool {
+	for q != "" {
+		var p string
+		p, q, _ = strings.Cut(q, "&")
+		if p == "connect=v1" {
+			return true
+		}
+	}
+	return false
 }

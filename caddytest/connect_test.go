@@ -59,7 +59,8 @@ func connectApp(t *testing.T) (calls *atomic.Int64, addr string) {
 // 3 unary calls and 1 server stream per hour. Of 10 concurrent unary calls
 // (protobuf), exactly 3 reach the service and 7 end with
 // CodeResourceExhausted and the zone's message; a unary call in JSON
-// (application/json with Connect-Protocol-Version) is refused the same; of
+// (application/json with Connect-Protocol-Version) or as a GET
+// (?connect=v1) is refused the same; of
 // two server streams, the first receives its two messages and the second
 // ends with CodeResourceExhausted, from the end-of-stream message.
 func TestConnectRefusal(t *testing.T) {
@@ -124,6 +125,12 @@ http://localhost:@A@ {
 	jsonUnary := connect.NewClient[testpb.SimpleRequest, testpb.SimpleResponse](hc, base+connectUnary, connect.WithProtoJSON())
 	if _, err := jsonUnary.CallUnary(ctx, connect.NewRequest(&testpb.SimpleRequest{})); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("unary, JSON: %v, want resource_exhausted", err)
+	}
+	getUnary := connect.NewClient[testpb.SimpleRequest, testpb.SimpleResponse](hc, base+connectUnary,
+		connect.WithHTTPGet(), connect.WithIdempotency(connect.IdempotencyNoSideEffects))
+	req := connect.NewRequest(&testpb.SimpleRequest{})
+	if _, err := getUnary.CallUnary(ctx, req); connect.CodeOf(err) != connect.CodeResourceExhausted || req.HTTPMethod() != http.MethodGet {
+		t.Errorf("unary, GET: %v (sent as %s), want resource_exhausted", err, req.HTTPMethod())
 	}
 
 	stream := connect.NewClient[testpb.StreamingOutputCallRequest, testpb.StreamingOutputCallResponse](hc, base+connectStream)

@@ -43,8 +43,8 @@ func unknownPlaceholder(ph string) bool {
 	return true
 }
 
-// peerOnly reports whether ph is the connection's peer address, which
-// Caddy can leave empty on an HTTP/3 0-RTT request (docs/identity.md).
-func peerOnly(ph string) bool {
+// peerAddress reports whether ph reads the connection's peer address,
+// which Caddy leaves empty on HTTP/3 early data (docs/identity.md).
+func peerAddress(ph string) bool {
 	return ph == "http.request.remote.host" || ph == "http.request.remote"
 }

@@ -324,13 +324,13 @@ func (z *Zone) KeyWarnings() []string {
 		}
 		if c.NeverEmpty() {
 			never = true
-			sure = sure || !slices.ContainsFunc(c.Placeholders(), peerOnly)
+			sure = sure || !slices.ContainsFunc(c.Placeholders(), peerAddress)
 		}
 		for _, ph := range c.Placeholders() {
 			switch {
 			case unknownPlaceholder(ph):
 				unknown = append(unknown, "{"+ph+"}")
-			case peerOnly(ph):
+			case peerAddress(ph):
 				out = append(out, "key uses {"+ph+"}, the TCP peer: behind a proxy or CDN every client shares the proxy's bucket; use {client_ip} with the trusted_proxies server option")
 			case spoofableHeader(ph):
 				out = append(out, "key uses {"+ph+"}, which any client can set to get a fresh bucket per request; use {client_ip} with the trusted_proxies server option")
@@ -338,7 +338,7 @@ func (z *Zone) KeyWarnings() []string {
 		}
 	}
 	if len(unknown) > 0 {
-		bad := strings.Join(unknown, ", ") + " is not a placeholder of Caddy's (always empty): for the client's address use {client_ip} (or {remote_host}, the TCP peer)"
+		bad := strings.Join(unknown, ", ") + " is not a placeholder of Caddy's (always empty): for the client's address use {client_ip} (or {remote_host}, the TCP peer; in JSON {http.vars.client_ip}, {http.request.remote.host})"
 		if never {
 			out = append(out, "key uses "+bad)
 		} else {
