@@ -253,11 +253,13 @@ type aimd struct {
 // aimdWeight is the weight of a new unloaded window in the baseline once
 // 1/n is below it; aimdCut is what a slow window leaves of the limit;
 // aimdRun is how many unloaded windows in a row past tolerance move the
-// baseline to their mean.
+// baseline to their mean; aimdQueue is the requests queued (queued) past
+// which a window is slow.
 const (
 	aimdWeight = 0.05
 	aimdCut    = 0.85
 	aimdRun    = 6
+	aimdQueue  = 1.0
 )
 
 func (a *aimd) update(w Window, limit float64) float64 {
@@ -270,10 +272,21 @@ func (a *aimd) update(w Window, limit float64) float64 {
 	case a.n == 0 && (a.base == 0 || w.RTT < a.base):
 		a.base = w.RTT
 	}
-	if float64(w.RTT) > a.tolerance*float64(a.base) {
+	if a.queued(w) {
 		return limit * aimdCut
 	}
 	return limit + 1
+}
+
+// queued reports whether window w shows a queue at the upstream: its mean
+// latency past tolerance × baseline, and more than aimdQueue requests
+// waiting by Vegas's estimate, in flight × (1 − baseline/latency) (Little's
+// law on the time past the baseline). Noise in the mean of a window moves
+// that estimate in proportion to what is in flight: a limit far below the
+// knee is not cut by a noisy window, one past it by a real queue is.
+func (a *aimd) queued(w Window) bool {
+	rtt, base := float64(w.RTT), float64(a.base)
+	return rtt > a.tolerance*base && float64(w.InFlight)*(1-base/rtt) > aimdQueue
 }
 
 // follow counts an unloaded window of mean rtt (ns) into the run of those

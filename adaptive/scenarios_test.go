@@ -183,10 +183,9 @@ func shiftScenarios() []scenario {
 // load (never the minimum), and when the limit first came within ±25% of
 // the knee at 2x. It asserts what the default meets (docs/adaptive.md says
 // what it misses): at 2x the knee reached and goodput over the seeds at
-// least 85% of the new capacity; at half load under 1% refused right
-// after the shift, and after the overload under 5% on the quiet host and
-// 10% on the noisy one; on the quiet host the limit never at its minimum
-// at half load.
+// least 90% of the new capacity; at half load under 1% refused right
+// after the shift and after the overload, and the limit never at its
+// minimum, on either host.
 func TestTestbedShift(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("\nshift goals, default controller, seeds 1-6\n| scenario | 2x goodput, worst seed | 2x goodput, mean | refused at 0.5x from 10 s after the shift | at 0.5x from 10 s after the overload | least limit at 0.5x | limit within ±25% of the knee at 2x after |\n|---|---|---|---|---|---|---|\n")
@@ -199,24 +198,20 @@ func TestTestbedShift(t *testing.T) {
 			first = fmt.Sprintf("%.2f%%", g.first)
 		}
 		fmt.Fprintf(&b, "| %s | %.0f%% | %.0f%% | %s | %.2f%% | %d | %s |\n", sc.name, g.worst, g.mean, first, g.after, g.least, since(g.knee))
-		limitAfter := 5.0
-		if sc.b.noisy {
-			limitAfter = 10
-		}
 		if g.knee < 0 {
 			t.Errorf("%s: at 2x the limit never came within ±25%% of the knee in some seed", sc.name)
 		}
-		if g.mean < 85 {
-			t.Errorf("%s: goodput at 2x %.0f%% of the new capacity over the seeds, want at least 85%%", sc.name, g.mean)
+		if g.mean < 90 {
+			t.Errorf("%s: goodput at 2x %.0f%% of the new capacity over the seeds, want at least 90%%", sc.name, g.mean)
 		}
-		if !sc.b.noisy && g.least <= DefaultMinimum {
+		if g.least <= DefaultMinimum {
 			t.Errorf("%s: at half load the limit fell to %d, its minimum", sc.name, g.least)
 		}
 		if g.first >= 1 {
 			t.Errorf("%s: %.2f%% refused at half load from 10 s after the shift, want under 1%%", sc.name, g.first)
 		}
-		if g.after >= limitAfter {
-			t.Errorf("%s: %.2f%% refused at half load from 10 s after the overload, want under %g%%", sc.name, g.after, limitAfter)
+		if g.after >= 1 {
+			t.Errorf("%s: %.2f%% refused at half load from 10 s after the overload, want under 1%%", sc.name, g.after)
 		}
 	}
 	if *testbedTable {
@@ -229,9 +224,9 @@ func TestTestbedShift(t *testing.T) {
 // TestTestbedNoisyHost: the testbed's phases on the noisy host (loads
 // are of its capacity). For the default controller: fewer than 1% refused
 // at 0.5x and after the overload (over the seeds), the limit never at its
-// minimum below capacity in any seed, and no limit collapsing at 3x. The
-// goal of 90% of the host's capacity as goodput at 3x is printed, not
-// asserted: the default misses it (docs/adaptive.md).
+// minimum below capacity in any seed, no limit collapsing at 3x, and the
+// default's goodput at 3x at least 85% of the host's capacity in each
+// seed (the goal, 90%, is printed: docs/adaptive.md).
 func TestTestbedNoisyHost(t *testing.T) {
 	sc := scenario{"the testbed on the noisy host", bed{sigma: testbedSigma, noisy: true}, testbedPhases}
 	all := runScenario(t, sc, []contender{noLimit(), fixed(10), defaultContender()})
@@ -250,6 +245,9 @@ func TestTestbedNoisyHost(t *testing.T) {
 			}
 		}
 		worstGood = min(worstGood, goodput(sc.b, res[testbedOver], sc.phases[testbedOver], fast))
+		if g := goodput(sc.b, res[testbedOver], sc.phases[testbedOver], fast); g < 0.85 {
+			t.Errorf("seed %d at 3x: goodput %.0f%% of the host's capacity, want at least 85%%", seed, 100*g)
+		}
 		if g := goodput(sc.b, all["no limit"][s][testbedOver], sc.phases[testbedOver], fast); g > 0.5 {
 			t.Errorf("seed %d at 3x: no limit's goodput %.0f%%; the noisy host should collapse it", seed, 100*g)
 		}
