@@ -42,7 +42,10 @@ func readRequest(a *admission, st *settlement, ask bool) {
 	n, err := io.ReadFull(r.Body, buf)
 	buf = buf[:n]
 	if err != io.EOF && err != io.ErrUnexpectedEOF {
-		// Over the bound, or a read error the next handler sees again.
+		// Over the bound (a chunked body: at least what was read counts
+		// for the unknown rule), or a read error the next handler sees
+		// again.
+		st.bodyLen = int64(n)
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
 		return
 	}

@@ -386,12 +386,17 @@ func TestSettleAskUsageBytes(t *testing.T) {
 }
 
 // leaveEarly streams body as key and hangs up once the chunk with
-// finish_reason "stop" arrived, before the usage.
-func leaveEarly(t *testing.T, key, body string) {
+// finish_reason "stop" arrived, before the usage; chunked sends the body
+// without a Content-Length.
+func leaveEarly(t *testing.T, key, body string, chunked bool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteA+"/v1/chat/completions", strings.NewReader(body))
+	var in io.Reader = strings.NewReader(body)
+	if chunked {
+		in = io.MultiReader(in) // a length net/http cannot see
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, siteA+"/v1/chat/completions", in)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := loopbackClient(4).Do(req)
@@ -457,23 +462,29 @@ func checkLeaveEarly(t *testing.T, store string) {
 	// Without an output bound: the body's length plus the bytes of the 20
 	// chunks the zone read (asked for usage, each carries "usage": null).
 	streamed := int64(len(unbounded) + len(strings.Join(chatStream("m", 20, true, 0)[:20], "")))
+	// A chunked body over the 64 KiB read (not rewritten, its max_tokens
+	// unread): at least the bytes read of it, 64 KiB + 1, plus the chunks.
+	huge := `{"model":"m","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("x", 70_000) + `"}]}`
+	hugeCharge := int64(64<<10+1) + int64(len(strings.Join(chatStream("m", 20, false, 0)[:20], "")))
 	for _, c := range []struct {
 		name, opts, end, body string
+		chunked               bool
 		debt                  int64 // the charge less the capacity, 1,000
 	}{
-		{"default", "", "hold", bounded, 60_000 + int64(len(bounded)) - 1000},
-		{"default unbounded", "", "hold", unbounded, streamed - 1000},
-		{"fixed", "{\n\t\t\t\tunknown 2000\n\t\t\t}", "hold", bounded, 1000},
-		{"field", "{\n\t\t\t\tunknown {http.rate_limit.request_json.max_tokens} 500\n\t\t\t}", "hold", bounded, 60_500 - 1000},
-		{"upstream stopped", "", "stop", bounded, 60_000 + int64(len(bounded)) - 1000},
-		{"malformed", "", "malformed", bounded, 60_000 + int64(len(bounded)) - 1000},
+		{"default", "", "hold", bounded, false, 60_000 + int64(len(bounded)) - 1000},
+		{"default unbounded", "", "hold", unbounded, false, streamed - 1000},
+		{"chunked over the bound", "", "hold", huge, true, hugeCharge - 1000},
+		{"fixed", "{\n\t\t\t\tunknown 2000\n\t\t\t}", "hold", bounded, false, 1000},
+		{"field", "{\n\t\t\t\tunknown {http.rate_limit.request_json.max_tokens} 500\n\t\t\t}", "hold", bounded, false, 60_500 - 1000},
+		{"upstream stopped", "", "stop", bounded, false, 60_000 + int64(len(bounded)) - 1000},
+		{"malformed", "", "malformed", bounded, false, 60_000 + int64(len(bounded)) - 1000},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			zone := zoneName("leave")
 			loadUsageSite(t, up, zone, "usage.total_tokens", c.opts, store)
 			up.end = c.end
 			key := "sk-leave-" + nonce
-			leaveEarly(t, key, c.body)
+			leaveEarly(t, key, c.body, c.chunked)
 			waitSettled(t, zone, key)
 			expectDebt(t, zone, key, c.debt, "left early")
 			up.end = ""
