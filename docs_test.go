@@ -47,6 +47,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/memstore"
 	"github.com/sluicehq/caddy-sluice/redisstore"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // docFiles are the pages of the manual.
@@ -908,10 +909,7 @@ func TestDocsPlaceholders(t *testing.T) {
 			documented = append(documented, name[:strings.Index(name, "}")])
 		}
 	}
-	want := []string{phDelay}
-	for _, p := range placeholders {
-		want = append(want, p.name)
-	}
+	want := reply.PlaceholderNames()
 	slices.Sort(documented)
 	slices.Sort(want)
 	if !slices.Equal(documented, want) {
