@@ -512,7 +512,7 @@ func (p *adminPeek) showInFlight(n []int64) {
 }
 
 // mostConstrained returns the index of the most constrained of the peeked
-// decisions that found state (rank.go; a decision not Allowed is a
+// decisions that found state (reply.Standing; a decision not Allowed is a
 // refusal), -1 if none did.
 func mostConstrained(decs []algorithms.Decision, found []bool) int {
 	best := -1

@@ -19,7 +19,7 @@ package sluice
 //   - TestDocsMetricsTable: every collector the code registers is in
 //     docs/operating.md's metrics table, with its type and labels.
 //   - TestDocsPlaceholders: docs/reference.md's placeholders table lists
-//     exactly the placeholders the code names (placeholders.go).
+//     exactly the placeholders the code names (reply/placeholders.go).
 //   - TestDocsLinks, TestDocsReadme: relative links and anchors resolve;
 //     the README keeps its two commands and its length.
 //
@@ -889,7 +889,7 @@ func TestDocsNoRedisAddrs(t *testing.T) {
 }
 
 // TestDocsPlaceholders: the placeholders table of docs/reference.md lists
-// the refusal's placeholders (placeholders.go's table, which builds them)
+// the refusal's placeholders (reply/placeholders.go's table, which builds them)
 // and the delay's, and nothing else.
 func TestDocsPlaceholders(t *testing.T) {
 	raw, err := os.ReadFile("docs/reference.md")
