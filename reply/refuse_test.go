@@ -1,9 +1,14 @@
 package reply
 
 import (
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +86,57 @@ func raceBuild() bool {
 		}
 	}
 	return false
+}
+
+// TestLeaf: package reply is a leaf that takes values: of this module it
+// imports only the vocabulary (algorithms), never the root package.
+func TestLeaf(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const module = "github.com/sluicehq/caddy-sluice"
+	for _, p := range pkgs {
+		for name, f := range p.Files {
+			for _, imp := range f.Imports {
+				path, _ := strconv.Unquote(imp.Path.Value)
+				if (path == module || strings.HasPrefix(path, module+"/")) && path != module+"/algorithms" {
+					t.Errorf("%s imports %s: reply imports only algorithms of this module", name, path)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkRefuse prices package reply's share of a refusal (the root's
+// BenchmarkServeHTTPSideBySide prices the whole request): the default
+// body, the problem details and a gRPC call's answer.
+func BenchmarkRefuse(b *testing.B) {
+	f := Refusal{Zone: "login", JSONZone: "login", Limit: 5, RetryAfter: 30 * time.Second, Retry: 30,
+		Limits: Limits{LimitText: "5", Remaining: 0, Reset: 1764650000}, Violated: `"login"`}
+	for _, c := range []struct {
+		name string
+		resp *Response
+		ct   string
+	}{
+		{"default", nil, ""},
+		{"problem", &Response{Problem: true}, ""},
+		{"grpc", nil, "application/grpc"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := c.resp.Compile(Settings{Legacy: true})
+			r := httptest.NewRequest("POST", "/", nil)
+			if c.ct != "" {
+				r.Header.Set("Content-Type", c.ct)
+			}
+			repl := caddyhttp.NewTestReplacer(r)
+			w := &recorder{hdr: http.Header{}}
+			b.ReportAllocs()
+			for b.Loop() {
+				w.reset()
+				_ = s.Refuse(w, r, repl, &f)
+			}
+		})
+	}
 }
