@@ -319,7 +319,7 @@ const (
 // appendProblem appends the RFC 9457 problem details of a refusal
 // (response problem): quota-exceeded, or temporary-reduced-capacity for a
 // fail-closed refusal (unavailable), with the status, a detail saying when
-// to retry, and violated-policies, the refusing zones (verdict.violated).
+// to retry, and violated-policies, the refusing zones (Refusal.Violated).
 func appendProblem(b []byte, status int, unavailable bool, msg string, retry int64, violated string) []byte {
 	if unavailable {
 		b = append(b, problemReducedCapacity...)
