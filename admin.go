@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/reply"
 	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
@@ -511,20 +512,20 @@ func (p *adminPeek) showInFlight(n []int64) {
 }
 
 // mostConstrained returns the index of the most constrained of the peeked
-// decisions that found state (rank.go; a decision not Allowed is a
+// decisions that found state (reply.Standing; a decision not Allowed is a
 // refusal), -1 if none did.
 func mostConstrained(decs []algorithms.Decision, found []bool) int {
 	best := -1
 	for i := range decs {
-		if found[i] && (best < 0 || peekStanding(&decs[i]).tighter(peekStanding(&decs[best]))) {
+		if found[i] && (best < 0 || peekStanding(&decs[i]).Tighter(peekStanding(&decs[best]))) {
 			best = i
 		}
 	}
 	return best
 }
 
-func peekStanding(d *algorithms.Decision) standing {
-	return standing{refused: !d.Allowed, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
+func peekStanding(d *algorithms.Decision) reply.Standing {
+	return reply.Standing{Refused: !d.Allowed, Retry: int64(d.RetryAfter), Remaining: d.Remaining, Reset: int64(d.ResetAfter)}
 }
 
 // resetKey answers DELETE .../keys/<key> and .../tokens/<token>: every

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // admission is one request through a rate_limit handler, from its plan to
@@ -218,15 +219,15 @@ func (a *admission) verdict() {
 		for _, c := range h.on[atRank] {
 			c.rank(a)
 		}
-		best, top := -1, standing{}
+		best, top := -1, reply.Standing{}
 		for i := range a.decs {
 			d := &a.decs[i]
-			st := standing{refused: !d.Allowed && !a.reqs[i].ReportOnly, retry: int64(d.RetryAfter), remaining: d.Remaining, reset: int64(d.ResetAfter)}
-			if best < 0 || st.tighter(top) {
+			st := reply.Standing{Refused: !d.Allowed && !a.reqs[i].ReportOnly, Retry: int64(d.RetryAfter), Remaining: d.Remaining, Reset: int64(d.ResetAfter)}
+			if best < 0 || st.Tighter(top) {
 				best, top = i, st
 			}
 		}
-		refused := top.refused
+		refused := top.Refused
 		countDecisions(a, refused)
 		if !refused {
 			h.reportWouldRefuse(a)
@@ -243,7 +244,7 @@ func (a *admission) verdict() {
 		}
 		if refused {
 			a.out = refuse
-			if h.resp.problem {
+			if h.resp.Problem() {
 				a.v.violated = violatedPolicies(a, false)
 			}
 		}
@@ -268,12 +269,8 @@ func (a *admission) reserve() *reservation {
 
 // respond sets the rate limit headers of an allowed request.
 func (a *admission) respond(w http.ResponseWriter) {
-	if !a.h.legacy && a.v.policy == "" {
-		return // headers off
-	}
-	var hs headerSet
-	a.h.addLimitHeaders(&hs, w.Header(), &a.v, false, 0, resetUnix(a.now, a.v.ResetAfter))
-	hs.set(w.Header())
+	l := a.v.limits(a.now)
+	a.h.resp.SetLimitHeaders(w.Header(), &l)
 }
 
 // serve runs the controls' last steps before the next handlers (marks, a

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 	"github.com/sluicehq/caddy-sluice/internal/zonename"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // zone is a Zone compiled at Provision (compileZone): the hot path parses
@@ -67,10 +68,10 @@ type zone struct {
 
 // setNames fills in the forms of z's name each sink carries.
 func (z *zone) setNames() {
-	z.jsonName = jsonEscape(z.name)
+	z.jsonName = reply.JSONEscape(z.name)
 	z.policyID = zonename.Policy(z.name)
-	z.sfName = sfString(z.policyID)
-	z.jsonPolicyID = `"` + jsonEscape(z.policyID) + `"`
+	z.sfName = reply.SFString(z.policyID)
+	z.jsonPolicyID = `"` + reply.JSONEscape(z.policyID) + `"`
 }
 
 // compileZone checks a zone's configuration (defaults set) and builds its

@@ -167,7 +167,7 @@ func TestHugeJitterIsBounded(t *testing.T) {
 	for _, j := range []float64{1.5, 1e6, 1e300} {
 		h := &Handler{Jitter: j}
 		for range 100 {
-			s := h.retryAfterSeconds(10_000_000_000) // 10s
+			s := h.resp.RetryAfter(10_000_000_000) // 10s
 			if s < 10 {
 				t.Fatalf("jitter %g: Retry-After %d, below the 10 s it was", j, s)
 			}

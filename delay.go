@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
@@ -178,10 +180,10 @@ var timerPool = sync.Pool{New: func() any {
 func markDelay(r *http.Request, d time.Duration) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	ms := d.Milliseconds()
-	if prior, ok := repl.Get(phDelay); ok {
+	if prior, ok := repl.Get(reply.PlaceholderDelay); ok {
 		if p, ok := prior.(int64); ok {
 			ms += p
 		}
 	}
-	repl.Set(phDelay, ms)
+	repl.Set(reply.PlaceholderDelay, ms)
 }

@@ -10,8 +10,9 @@
 //   - take: one Store.Take (store.go) decides every zone at once, all or
 //     nothing; the fail policy (failpolicy.go) is the layer around it that
 //     applies each zone's fail open, closed or local when the store fails.
-//   - verdict: the decisions ranked (rank.go); a refusal is answered
-//     (response.go); an allowed request gets its headers (headers.go).
+//   - verdict: the decisions ranked (reply.Standing); a refusal is
+//     answered (refuse.go, package reply); an allowed request gets its
+//     headers (reply.Shape.SetLimitHeaders).
 //   - serve: the marks of on_exceed pass, a delay's wait for its turn.
 //   - forward: the next handlers; when the response's status is known, a
 //     count zone's charge is settled (statuswriter.go).

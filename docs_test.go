@@ -19,7 +19,7 @@ package sluice
 //   - TestDocsMetricsTable: every collector the code registers is in
 //     docs/operating.md's metrics table, with its type and labels.
 //   - TestDocsPlaceholders: docs/reference.md's placeholders table lists
-//     exactly the placeholders the code names (placeholders.go).
+//     exactly the placeholders the code names (reply/placeholders.go).
 //   - TestDocsLinks, TestDocsReadme: relative links and anchors resolve;
 //     the README keeps its two commands and its length.
 //
@@ -47,6 +47,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/memstore"
 	"github.com/sluicehq/caddy-sluice/redisstore"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // docFiles are the pages of the manual.
@@ -888,7 +889,7 @@ func TestDocsNoRedisAddrs(t *testing.T) {
 }
 
 // TestDocsPlaceholders: the placeholders table of docs/reference.md lists
-// the refusal's placeholders (placeholders.go's table, which builds them)
+// the refusal's placeholders (reply/placeholders.go's table, which builds them)
 // and the delay's, and nothing else.
 func TestDocsPlaceholders(t *testing.T) {
 	raw, err := os.ReadFile("docs/reference.md")
@@ -908,10 +909,7 @@ func TestDocsPlaceholders(t *testing.T) {
 			documented = append(documented, name[:strings.Index(name, "}")])
 		}
 	}
-	want := []string{phDelay}
-	for _, p := range placeholders {
-		want = append(want, p.name)
-	}
+	want := reply.PlaceholderNames()
 	slices.Sort(documented)
 	slices.Sort(want)
 	if !slices.Equal(documented, want) {

@@ -344,7 +344,7 @@ func TestProblemConfig(t *testing.T) {
 		if err := json.Unmarshal([]byte(js), &r); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.validate(); err == nil {
+		if err := r.Validate(); err == nil {
 			t.Errorf("%s: accepted", js)
 		}
 	}

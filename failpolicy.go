@@ -26,7 +26,7 @@ func (h *Handler) takeStage() taker {
 		h.planned[i].FailApart = z.failApart(&h.planned[i])
 	}
 	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
-	var t taker = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.problem}
+	var t taker = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.Problem()}
 	for _, c := range controls {
 		if c.layer != nil {
 			t = c.layer(h, t)

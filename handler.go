@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // ServeHTTP admits the request through its stages (admission.go): plan
@@ -106,7 +107,7 @@ func (h *Handler) reportWouldRefuse(s *admission) {
 			h.refusalLog.write(ce,
 				zap.String("zone", s.zones[i].name),
 				zap.String("key", s.reqs[i].Key.String()),
-				zap.Int64("retry_after", ceilSeconds(s.decs[i].RetryAfter)),
+				zap.Int64("retry_after", reply.CeilSeconds(s.decs[i].RetryAfter)),
 				zap.Int64("cost", s.reqs[i].Cost),
 			)
 		}

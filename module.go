@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 func init() {
@@ -121,7 +122,7 @@ type Handler struct {
 	legacy      bool
 	draft       bool
 	enabled     bool
-	resp        compiledResponse
+	resp        reply.Shape
 	app         *App // the configuration's: zone names are checked across it
 	events      *caddyevents.App
 	logger      *zap.Logger
@@ -222,7 +223,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionControls(); err != nil {
 		return err
 	}
-	h.resp = h.Response.compile()
+	h.resp = h.Response.Compile(reply.Settings{Legacy: h.legacy, Jitter: h.Jitter, GRPCStatus: h.GRPCStatus})
 	h.take = h.takeStage()
 
 	ev, err := ctx.App("events")
@@ -336,10 +337,10 @@ func (h *Handler) Validate() error {
 	if _, err := settleWaitOf(h.SettleWait); err != nil {
 		return err
 	}
-	if err := h.validateGRPC(); err != nil {
+	if err := reply.CheckGRPCStatus(h.GRPCStatus); err != nil {
 		return err
 	}
-	return h.Response.validate()
+	return h.Response.Validate()
 }
 
 // provisionAllowances gives the store the zones with a local allowance.

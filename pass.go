@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // passControl: a zone's soft mode (`on_exceed pass`). A request the zone
@@ -101,25 +103,16 @@ func passedOf(a *admission) {
 // as its literal text), unless an earlier directive marked the request
 // already; over an on_exceed pass zone, the zone and its numbers. They are
 // static values, so a later directive overwrites them, and its refusal's
-// too (publishPlaceholders, which sees markedByPass).
+// too (reply.Publish, which sees markedByPass).
 func markPass(a *admission) error {
 	repl := a.r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if a.out != allow || a.passed < 0 {
-		if _, marked := repl.Get(phExceeded); !marked {
-			repl.Set(phExceeded, false)
-			repl.Set(phZone, "")
-			repl.Set(phExceededName, "")
-		}
+		reply.SetWithin(repl)
 		return nil
 	}
 	z, p := a.zones[a.passed], &a.decs[a.passed]
-	vars := refusalVars{zone: z.name, retry: a.h.retryAfterSeconds(p.RetryAfter), limit: p.Limit,
-		remaining: p.Remaining, reset: resetUnix(a.now, p.ResetAfter)}
-	for _, ph := range placeholders {
-		if ph.pass {
-			repl.Set(ph.name, ph.value(vars))
-		}
-	}
+	reply.SetPassed(repl, reply.Vars{Zone: z.name, Retry: a.h.resp.RetryAfter(p.RetryAfter), Limit: p.Limit,
+		Remaining: p.Remaining, Reset: reply.ResetUnix(a.now, p.ResetAfter)})
 	return nil
 }
 
@@ -129,12 +122,11 @@ var passDirectives atomic.Int64
 
 // markedByPass reports whether a directive with an on_exceed pass zone
 // marked this request (static values, which a refusal's placeholder
-// provider would not override: publishPlaceholders then sets its own as
+// provider would not override: reply.Publish then sets its own as
 // static values too).
 func markedByPass(repl *caddy.Replacer) bool {
 	if passDirectives.Load() == 0 {
 		return false
 	}
-	_, ok := repl.Get(phExceeded)
-	return ok
+	return reply.Marked(repl)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // TestRankingAgrees runs one table of decision pairs through the three
@@ -48,13 +49,13 @@ func TestRankingAgrees(t *testing.T) {
 			}
 			// A later directive's headers, a having decided first.
 			h := http.Header{}
-			h.Set(hdrRemaining, strconv.FormatInt(c.a.Remaining, 10))
-			h.Set(hdrReset, strconv.FormatInt(int64(c.a.ResetAfter/time.Second), 10))
+			h.Set(reply.HeaderRemaining, strconv.FormatInt(c.a.Remaining, 10))
+			h.Set(reply.HeaderReset, strconv.FormatInt(int64(c.a.ResetAfter/time.Second), 10))
 			if !c.a.Allowed {
-				h.Set(hdrRetryAfter, strconv.FormatInt(int64(c.a.RetryAfter/time.Second), 10))
+				h.Set(reply.HeaderRetryAfter, strconv.FormatInt(int64(c.a.RetryAfter/time.Second), 10))
 			}
 			got := 1
-			if priorLegacyWins(h, !c.b.Allowed, int64(c.b.RetryAfter/time.Second), c.b.Remaining, int64(c.b.ResetAfter/time.Second)) {
+			if reply.PriorLegacyWins(h, !c.b.Allowed, int64(c.b.RetryAfter/time.Second), c.b.Remaining, int64(c.b.ResetAfter/time.Second)) {
 				got = 0
 			}
 			if got != c.want {

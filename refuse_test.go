@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"net/http"
@@ -17,11 +18,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
-// defaultBodyTemplate is the default refusal body as a body template:
-// appendDefaultBody must write what it renders to (for a zone name that
-// needs no JSON escaping).
+// defaultBodyTemplate is the default refusal body as a body template
+// (reply's TestDefaultBodyIsTheTemplate holds reply.AppendDefaultBody to it).
 const defaultBodyTemplate = `{"status":{http.rate_limit.status},"error":"{http.rate_limit.error}","zone":"{http.rate_limit.zone}","retry_after":{http.rate_limit.retry_after}}`
 
 // referenceRefuse is the refusal as it was written before it was made
@@ -34,21 +35,25 @@ func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verd
 			hdr := w.Header()
 			hdr.Set("X-RateLimit-Limit", v.shown.limit)
 			hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(v.Remaining, 10))
-			hdr.Set("X-RateLimit-Reset", strconv.FormatInt(resetUnix(now, v.ResetAfter), 10))
+			hdr.Set("X-RateLimit-Reset", strconv.FormatInt(reply.ResetUnix(now, v.ResetAfter), 10))
 		}
 		if v.policy != "" {
 			hdr := w.Header()
-			hdr[hdrPolicy] = []string{v.policy}
-			hdr[hdrState] = []string{v.state}
+			hdr[reply.HeaderPolicy] = []string{v.policy}
+			hdr[reply.HeaderState] = []string{v.state}
 		}
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	status, msg := h.resp.status, msgExceeded
-	if unavailable {
-		status, msg = http.StatusServiceUnavailable, msgUnavailable
+	cfg := h.Response
+	if cfg == nil {
+		cfg = &Response{}
 	}
-	retry := h.retryAfterSeconds(v.RetryAfter)
-	reset := resetUnix(now, v.ResetAfter)
+	status, msg := cmp.Or(cfg.StatusCode, http.StatusTooManyRequests), reply.MsgExceeded
+	if unavailable {
+		status, msg = http.StatusServiceUnavailable, reply.MsgUnavailable
+	}
+	retry := h.resp.RetryAfter(v.RetryAfter)
+	reset := reply.ResetUnix(now, v.ResetAfter)
 
 	hdr := w.Header()
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
@@ -63,22 +68,27 @@ func referenceRefuse(h *Handler, w http.ResponseWriter, r *http.Request, v *verd
 	repl.Set("http.rate_limit.status", status)
 	repl.Set("http.rate_limit.error", msg)
 
-	if h.resp.handleErrors {
-		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.name})
+	if cfg.HandleErrors {
+		return caddyhttp.Error(status, reply.Refused{Msg: msg, Zone: v.zone.name})
 	}
-	for name, vals := range h.resp.headers {
+	for name, vals := range cfg.Headers {
 		hdr.Del(name)
 		for _, val := range vals {
 			hdr.Add(name, repl.ReplaceKnown(val, ""))
 		}
 	}
-	tmpl := h.resp.body
-	if tmpl == "" {
+	tmpl, ct := cfg.Body, "application/json"
+	switch t := strings.TrimSpace(tmpl); {
+	case tmpl == "":
 		tmpl = defaultBodyTemplate
+	case strings.HasPrefix(t, "<"):
+		ct = "text/html; charset=utf-8"
+	case !strings.HasPrefix(t, "{") && !strings.HasPrefix(t, "["):
+		ct = "text/plain; charset=utf-8"
 	}
 	body := repl.ReplaceKnown(tmpl, "")
-	hdr.Set("Content-Type", h.resp.contentType)
-	if r.Method == http.MethodHead || len(body) > autoContentLength {
+	hdr.Set("Content-Type", cmp.Or(cfg.ContentType, ct))
+	if r.Method == http.MethodHead || len(body) > reply.AutoContentLength {
 		// Else the server writes it (net/http: a whole small body).
 		hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	}
@@ -214,14 +224,14 @@ func TestRefusalMatchesReference(t *testing.T) {
 					t.Errorf("error %#v, want %#v", errGot, errWant)
 				}
 			}
-			for _, ph := range placeholders {
-				if ph.name == phExceeded {
-					continue // newer than the reference
+			for _, ph := range reply.PlaceholderNames() {
+				if ph == "http.rate_limit.exceeded" || ph == reply.PlaceholderDelay {
+					continue // newer than the reference; not a refusal's
 				}
-				g, okG := replGot.GetString(ph.name)
-				w, okW := replWant.GetString(ph.name)
+				g, okG := replGot.GetString(ph)
+				w, okW := replWant.GetString(ph)
 				if !okG || !okW || g != w || g == "" {
-					t.Errorf("{%s} = %q (known %v), want %q", ph.name, g, okG, w)
+					t.Errorf("{%s} = %q (known %v), want %q", ph, g, okG, w)
 				}
 			}
 			// The shapes a client sees are what the README says.
@@ -250,29 +260,6 @@ func equalHeaders(a, b http.Header) bool {
 		}
 	}
 	return true
-}
-
-// TestDefaultBodyIsTheTemplate: appendDefaultBody writes what the
-// defaultBodyTemplate renders to, for each status, message and a range of
-// zone names and Retry-After values.
-func TestDefaultBodyIsTheTemplate(t *testing.T) {
-	for _, status := range []int{429, 503, 400, 599} {
-		for _, msg := range []string{msgExceeded, msgUnavailable} {
-			for _, zone := range []string{"z", "login", "api.v2-EU_1", strings.Repeat("x", maxZoneNameLen)} {
-				for _, retry := range []int64{1, 9, 10, 99, 100, 3600, 86400, 1 << 40} {
-					repl := caddy.NewReplacer()
-					repl.Set("http.rate_limit.status", status)
-					repl.Set("http.rate_limit.error", msg)
-					repl.Set("http.rate_limit.zone", zone)
-					repl.Set("http.rate_limit.retry_after", retry)
-					want := repl.ReplaceKnown(defaultBodyTemplate, "")
-					if got := string(appendDefaultBody(nil, status, msg, zone, retry)); got != want {
-						t.Fatalf("got  %s\nwant %s", got, want)
-					}
-				}
-			}
-		}
-	}
 }
 
 // TestRefusalPlaceholdersReachLaterReaders: the placeholders of a refusal
@@ -390,7 +377,7 @@ func TestRefusalHeaderValuesAreIndependent(t *testing.T) {
 	if w.Code != 429 {
 		t.Fatalf("status %d", w.Code)
 	}
-	checkIndependent(t, w.Header(), hdrLimit, hdrRemaining, hdrReset, hdrPolicy, hdrState, hdrRetryAfter, hdrCacheControl, hdrContentType)
+	checkIndependent(t, w.Header(), reply.HeaderLimit, reply.HeaderRemaining, reply.HeaderReset, reply.HeaderPolicy, reply.HeaderState, reply.HeaderRetryAfter, reply.HeaderCacheControl, reply.HeaderContentType)
 }
 
 // TestAllowedHeaderValuesAreIndependent: an allowed response's
@@ -407,10 +394,10 @@ func TestAllowedHeaderValuesAreIndependent(t *testing.T) {
 	}`, clock)
 	w := serve(t, h, "GET", "/", map[string]string{"X-User": "alice"})
 	hdr := w.Header()
-	if w.Code != 200 || hdr.Get(hdrLimit) != "1000" || hdr.Get(hdrRemaining) != "999" || len(hdr.Get(hdrReset)) != 10 {
+	if w.Code != 200 || hdr.Get(reply.HeaderLimit) != "1000" || hdr.Get(reply.HeaderRemaining) != "999" || len(hdr.Get(reply.HeaderReset)) != 10 {
 		t.Fatalf("status %d, headers %v", w.Code, hdr)
 	}
-	checkIndependent(t, hdr, hdrLimit, hdrRemaining, hdrReset)
+	checkIndependent(t, hdr, reply.HeaderLimit, reply.HeaderRemaining, reply.HeaderReset)
 }
 
 // checkIndependent fails unless each of names has one value in hdr, and

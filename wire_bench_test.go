@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/sluicehq/caddy-sluice/reply"
 )
 
 // BenchmarkServeHTTPWire serves requests through net/http's own server
@@ -83,7 +85,7 @@ func BenchmarkServeHTTPWire(b *testing.B) {
 // staticFields are three X-RateLimit-* fields as Sluice writes them, set by
 // the bare_fields row to price what net/http does with them alone.
 var staticFields = [...][2]string{
-	{hdrLimit, "1000000000"}, {hdrRemaining, "999999999"}, {hdrReset, "1764650000"},
+	{reply.HeaderLimit, "1000000000"}, {reply.HeaderRemaining, "999999999"}, {reply.HeaderReset, "1764650000"},
 }
 
 // wireBench serves b.N requests, one at a time over one keep-alive

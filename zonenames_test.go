@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/reply"
 	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
@@ -148,7 +149,7 @@ func TestZoneNamesInEverySink(t *testing.T) {
 				Zone  string `json:"zone"`
 				Error string `json:"error"`
 			}
-			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || body.Zone != name || body.Error != msgExceeded {
+			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || body.Zone != name || body.Error != reply.MsgExceeded {
 				t.Errorf("body %s: %+v, %v; want zone %q", w.Body, body, err, name)
 			}
 			if cl := w.Header().Get("Content-Length"); cl != "" && cl != strconv.Itoa(w.Body.Len()) { // else net/http sets it
@@ -163,14 +164,14 @@ func TestZoneNamesInEverySink(t *testing.T) {
 
 			// The handle_errors message, dropped into a JSON string as
 			// `{"error":"{err.message}"}` would, stays one valid string.
-			h.resp.handleErrors = true
+			h.resp = (&Response{HandleErrors: true}).Compile(reply.Settings{Legacy: h.legacy, Jitter: h.Jitter, GRPCStatus: h.GRPCStatus})
 			err := h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(r.Context()), okHandler)
 			var he caddyhttp.HandlerError
 			if !errors.As(err, &he) {
 				t.Fatalf("handle_errors: %v", err)
 			}
 			var msg string
-			if err := json.Unmarshal([]byte(`"`+he.Err.Error()+`"`), &msg); err != nil || msg != msgExceeded+" in zone "+name {
+			if err := json.Unmarshal([]byte(`"`+he.Err.Error()+`"`), &msg); err != nil || msg != reply.MsgExceeded+" in zone "+name {
 				t.Errorf("handle_errors message %q: decodes to %q (%v)", he.Err.Error(), msg, err)
 			}
 		})

@@ -1,4 +1,8 @@
-package sluice
+// Package reply writes what a rate_limit directive answers: the refusal
+// (429/503 bodies, the problem details, gRPC and Connect answers), the rate
+// limit headers of every answer and the placeholders. It takes values, not
+// the admission that decided them.
+package reply
 
 import (
 	"errors"
@@ -12,7 +16,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
@@ -44,8 +47,9 @@ type Response struct {
 	Problem bool `json:"problem,omitempty"`
 }
 
-// compiledResponse is the refusal's shape, compiled at Provision.
-type compiledResponse struct {
+// Shape is a directive's answer, compiled at Provision: the refusal's
+// shape and the settings every answer of the directive reads.
+type Shape struct {
 	handleErrors bool
 	status       int
 	contentType  string
@@ -55,9 +59,30 @@ type compiledResponse struct {
 	body    string
 	problem bool
 	headers http.Header
+
+	legacy          bool    // X-RateLimit-* headers
+	jitter          float64 // see Settings
+	grpcUnavailable bool    // GRPCStatus unavailable
 }
 
-func (r *Response) validate() error {
+// Settings are the directive's options an answer reads besides its
+// Response block.
+type Settings struct {
+	// Legacy sets the X-RateLimit-* headers (headers legacy or both).
+	Legacy bool
+	// Jitter adds up to this fraction of random time to Retry-After and a
+	// gRPC pushback.
+	Jitter float64
+	// GRPCStatus is the status of a refused gRPC call (CheckGRPCStatus).
+	GRPCStatus string
+}
+
+// Problem reports whether the refusal is an RFC 9457 problem details body,
+// which lists the violated policies (Refusal.Violated).
+func (s *Shape) Problem() bool { return s.problem }
+
+// Validate checks the response block (nil: none).
+func (r *Response) Validate() error {
 	if r == nil {
 		return nil
 	}
@@ -73,9 +98,11 @@ func (r *Response) validate() error {
 	return nil
 }
 
-// compile builds the refusal's shape from a validated Response.
-func (r *Response) compile() compiledResponse {
-	c := compiledResponse{status: http.StatusTooManyRequests, contentType: "application/json"}
+// Compile builds the directive's answer from a validated Response (nil:
+// none) and its settings.
+func (r *Response) Compile(set Settings) Shape {
+	c := Shape{status: http.StatusTooManyRequests, contentType: "application/json",
+		legacy: set.Legacy, jitter: set.Jitter, grpcUnavailable: set.GRPCStatus == grpcUnavailable}
 	if r == nil {
 		return c
 	}
@@ -107,136 +134,128 @@ func sniffContentType(body string) string {
 	return "text/plain; charset=utf-8"
 }
 
-// retryAfterSeconds is Retry-After's value: whole seconds rounded up, never
-// 0, with the configured jitter added.
-func (h *Handler) retryAfterSeconds(d time.Duration) int64 {
-	if h.Jitter > 0 {
+// RetryAfter is Retry-After's value for a request that could pass after d:
+// whole seconds rounded up, never 0, with the configured jitter added.
+func (s *Shape) RetryAfter(d time.Duration) int64 {
+	return max(1, CeilSeconds(s.jittered(d)))
+}
+
+// jittered is d with the configured jitter added.
+func (s *Shape) jittered(d time.Duration) time.Duration {
+	if s.jitter > 0 {
 		// Any jitter ≥ 0 is accepted (caddy-ratelimit's range); the extra
 		// time is capped so that a huge one cannot overflow.
-		d += time.Duration(min(rand.Float64()*h.Jitter*float64(d), maxJitter))
+		d += time.Duration(min(rand.Float64()*s.jitter*float64(d), maxJitter))
 	}
-	return max(1, ceilSeconds(d))
+	return d
 }
 
 // maxJitter caps the time jitter adds to Retry-After: 100 years, the
 // longest a key can take to refill (algorithms.MaxRefill).
 const maxJitter = float64(algorithms.MaxRefill) * float64(time.Millisecond)
 
-// eventExceeded is the Caddy event emitted on every refusal (the name
-// caddy-ratelimit uses).
-const eventExceeded = "rate_limit_exceeded"
-
 // Refusal messages, in {http.rate_limit.error} and handle_errors' error.
 const (
-	msgExceeded    = "rate limit exceeded"
-	msgUnavailable = "rate limiter unavailable"
+	MsgExceeded    = "rate limit exceeded"
+	MsgUnavailable = "rate limiter unavailable"
 )
 
-// logRefusal writes one line per refusal (zone, key token, retry-after,
-// cost), sampled by h.refusalLog so that an attack cannot flood the log.
-func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Request, repl *caddy.Replacer, now time.Time) {
-	ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, now)
-	if ce == nil {
-		return
+// Status is the refusal's status and message: the configured status, or
+// 503 for a fail-closed refusal (unavailable).
+func (s *Shape) Status(unavailable bool) (int, string) {
+	if unavailable {
+		return http.StatusServiceUnavailable, MsgUnavailable
 	}
-	fields := []zap.Field{
-		zap.String("zone", v.zone.name),
-		zap.String("key", v.key.String()),
-		zap.Int64("retry_after", retry),
-		zap.Int64("cost", v.cost),
-	}
-	if h.LogKey {
-		fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl, r)))
-	}
-	h.refusalLog.write(ce, fields...)
+	return s.status, MsgExceeded
 }
 
-// errRefused is the error handed to handle_errors routes. Its message holds
+// Refused is the error handed to handle_errors routes. Its message holds
 // the zone name JSON-escaped, so that a route writing it into a JSON string
 // ({"error":"{err.message}"}) writes valid JSON; the names of every zone
 // accepted before names could hold any character need no escaping.
-type errRefused struct{ msg, zone string }
+type Refused struct{ Msg, Zone string }
 
-func (e errRefused) Error() string { return e.msg + " in zone " + e.zone }
+func (e Refused) Error() string { return e.Msg + " in zone " + e.Zone }
 
-// refuse answers a refused request: the rate limit headers (as configured;
-// not on a fail-closed 503), Retry-After, Cache-Control: no-store, the
-// placeholders and the event, then either the configured body or a Caddy
-// error for the site's handle_errors routes. Headers set before (CORS from
-// a header directive, say) are kept. unavailable marks the fail-closed
-// refusal: 503, same shape, for a store that could not decide.
+// Refusal is what a refusal shows: the most constrained zone's values.
+type Refusal struct {
+	Zone     string // the zone's name
+	JSONZone string // the zone's name JSON-escaped (JSONEscape)
+	Limits          // its rate limit headers' values
+	Limit    int64  // the limit, in events
+	// RetryAfter is when the request could pass; Retry is Retry-After's
+	// value (RetryAfter, jitter added).
+	RetryAfter time.Duration
+	Retry      int64
+	// Violated lists the refusing zones (Problem only), as the members of
+	// a JSON array: their policy identifiers, quoted.
+	Violated string
+	// Penalized: a retry within the zone's penalty is refused again.
+	Penalized bool
+	// Unavailable marks the fail-closed refusal: 503, no rate limit headers.
+	Unavailable bool
+}
+
+// Refuse answers a refused request r, whose placeholders (Publish) are set
+// in repl: the rate limit headers (as configured; not on a fail-closed
+// 503), Retry-After, Cache-Control: no-store, then either the configured
+// body, a gRPC or Connect answer, or a Caddy error for the site's
+// handle_errors routes. Headers set before (CORS from a header directive,
+// say) are kept.
 //
 // A refusal must cost less than letting the request through: with the
-// default body it makes three allocations (the placeholders' provider and
-// the headerSet's two), and renders the body into a pooled buffer.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, unavailable bool, now time.Time) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	markRefusal(w)
-	status, msg := h.resp.status, msgExceeded
-	if unavailable {
-		status, msg = http.StatusServiceUnavailable, msgUnavailable
-	}
-	retry := h.retryAfterSeconds(v.RetryAfter)
-	reset := resetUnix(now, v.ResetAfter)
-	publishPlaceholders(r, repl, refusalVars{zone: v.zone.name, retry: retry, limit: v.Limit, remaining: v.Remaining, reset: reset,
-		msg: msg, status: status})
-	// Building the event costs allocations; skip it when nothing listens.
-	if !unavailable && h.events.ShouldEmit(eventExceeded) {
-		h.events.Emit(h.ctx, eventExceeded, map[string]any{
-			"zone":        v.zone.name,
-			"key":         v.key.String(),
-			"retry_after": retry,
-		})
-	}
-	h.logRefusal(msg, v, retry, r, repl, now)
-
+// default body it makes two allocations (the headerSet's), and renders the
+// body into a pooled buffer.
+func (s *Shape) Refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, f *Refusal) error {
+	status, msg := s.Status(f.Unavailable)
+	retry := f.Retry
 	// An earlier rate_limit may have refused this request too (a route with
 	// two directives, or an error route after a refusal): the longer
 	// Retry-After stands, and addLimitHeaders merges the rate limit headers.
 	hdr := w.Header()
 	var hs headerSet
-	if !unavailable {
-		h.addLimitHeaders(&hs, hdr, v, true, retry, reset)
+	if !f.Unavailable {
+		s.addLimitHeaders(&hs, hdr, &f.Limits, true, retry)
 	}
-	if prior, refused := headerInt(hdr, hdrRetryAfter); !refused || prior < retry {
-		hs.addInt(hdrRetryAfter, retry)
+	if prior, refused := headerInt(hdr, HeaderRetryAfter); !refused || prior < retry {
+		hs.addInt(HeaderRetryAfter, retry)
 	}
-	hs.add(hdrCacheControl, "no-store")
-	if h.refuseGRPC(w, r, &hs, v, unavailable) || h.refuseConnect(w, r, &hs, v, unavailable) {
+	hs.add(HeaderCacheControl, "no-store")
+	if s.refuseGRPC(w, r, &hs, f) || refuseConnect(w, r, &hs, f) {
 		return nil
 	}
-	if h.resp.handleErrors {
+	if s.handleErrors {
 		hs.set(hdr)
-		return caddyhttp.Error(status, errRefused{msg: msg, zone: v.zone.jsonName})
+		return caddyhttp.Error(status, Refused{Msg: msg, Zone: f.JSONZone})
 	}
 
 	bp := bodyPool.Get().(*[]byte)
 	body := (*bp)[:0]
 	switch {
-	case h.resp.problem:
-		body = appendProblem(body, status, unavailable, msg, retry, v.violated)
-	case h.resp.body == "":
-		body = appendDefaultBody(body, status, msg, v.zone.jsonName, retry)
+	case s.problem:
+		body = appendProblem(body, status, f.Unavailable, msg, retry, f.Violated)
+	case s.body == "":
+		body = AppendDefaultBody(body, status, msg, f.JSONZone, retry)
 	}
-	if h.resp.body != "" || len(h.resp.headers) > 0 {
+	if s.body != "" || len(s.headers) > 0 {
 		// The response block's headers override the refusal's, and its
 		// placeholders (in them and in its body) may read them: they come
 		// once those are set, and the body's own two headers last.
 		hs.spare = 2
 		hs.set(hdr)
-		for name, vals := range h.resp.headers {
+		for name, vals := range s.headers {
 			hdr.Del(name)
 			for _, val := range vals {
 				hdr.Add(name, repl.ReplaceKnown(val, ""))
 			}
 		}
-		if h.resp.body != "" {
-			body = append(body, repl.ReplaceKnown(h.resp.body, "")...)
+		if s.body != "" {
+			body = append(body, repl.ReplaceKnown(s.body, "")...)
 		}
 	}
-	hs.add(hdrContentType, h.resp.contentType)
-	if r.Method == http.MethodHead || len(body) > autoContentLength {
-		hs.addInt(hdrContentLength, int64(len(body)))
+	hs.add(HeaderContentType, s.contentType)
+	if r.Method == http.MethodHead || len(body) > AutoContentLength {
+		hs.addInt(HeaderContentLength, int64(len(body)))
 	}
 	hs.set(hdr)
 	w.WriteHeader(status)
@@ -248,13 +267,13 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, v *verdict, una
 	return nil
 }
 
-// autoContentLength is the longest body whose Content-Length the server
+// AutoContentLength is the longest body whose Content-Length the server
 // writes itself: net/http (and its HTTP/2 server) sets it for a body
 // written whole before the handler returns that fits its 2 KiB response
 // buffer, without a header map entry, which costs every response a copy of
 // the map (docs/performance.md). So a refusal sets Content-Length only for
 // a HEAD request (no body is written) or a longer body.
-const autoContentLength = 2048
+const AutoContentLength = 2048
 
 // bodyPool holds the buffers refusal bodies are rendered into. A buffer goes
 // back once written: io.Writer implementations must not retain what they
@@ -274,11 +293,11 @@ func putBody(bp *[]byte) {
 	bodyPool.Put(bp)
 }
 
-// appendDefaultBody appends the default refusal body, a small JSON object:
+// AppendDefaultBody appends the default refusal body, a small JSON object:
 // {"status":429,"error":"rate limit exceeded","zone":"login","retry_after":30},
-// with zone already JSON-escaped (zone.jsonName; the messages need no
+// with zone already JSON-escaped (JSONEscape; the messages need no
 // escaping).
-func appendDefaultBody(b []byte, status int, msg, zone string, retry int64) []byte {
+func AppendDefaultBody(b []byte, status int, msg, zone string, retry int64) []byte {
 	b = append(b, `{"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"error":"`...)
@@ -300,7 +319,7 @@ const (
 // appendProblem appends the RFC 9457 problem details of a refusal
 // (response problem): quota-exceeded, or temporary-reduced-capacity for a
 // fail-closed refusal (unavailable), with the status, a detail saying when
-// to retry, and violated-policies, the refusing zones (verdict.violated).
+// to retry, and violated-policies, the refusing zones (Refusal.Violated).
 func appendProblem(b []byte, status int, unavailable bool, msg string, retry int64, violated string) []byte {
 	if unavailable {
 		b = append(b, problemReducedCapacity...)
@@ -322,35 +341,10 @@ func appendProblem(b []byte, status int, unavailable bool, msg string, retry int
 	return append(b, "]}"...)
 }
 
-// publishPlaceholders makes the refusal's placeholders readable by everything
-// that runs after it in the request: the response block's templates, the
-// handle_errors routes, handlers that wrap this one (log_append, a deferred
-// header) and the access log.
-//
-// They are served by one provider added to the request's replacer, one
-// allocation (the closure holding the values), where setting eight static
-// values boxed each value and grew the replacer's map. The provider is asked
-// only when a placeholder is read, and formats then.
-//
-// A provider is asked after the replacer's static values, and two providers
-// of one request would answer in the order they were added: in an error
-// route, where a rate_limit may refuse a request that an earlier one already
-// refused, the values are set as static values instead, so that the latest
-// refusal is what the error route reads.
-func publishPlaceholders(r *http.Request, repl *caddy.Replacer, p refusalVars) {
-	if _, inErrorRoute := r.Context().Value(caddyhttp.ErrorCtxKey).(error); inErrorRoute || markedByPass(repl) {
-		for _, ph := range placeholders {
-			repl.Set(ph.name, ph.value(p))
-		}
-		return
-	}
-	repl.Map(func(key string) (any, bool) { return p.get(key) })
-}
-
-// jsonEscape returns s escaped for the inside of a JSON string: '"', '\'
+// JSONEscape returns s escaped for the inside of a JSON string: '"', '\'
 // and control characters escaped, everything else (valid UTF-8) as it is.
 // It returns s itself when nothing needs escaping.
-func jsonEscape(s string) string {
+func JSONEscape(s string) string {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c == '"' || c == '\\' {
 			return string(appendJSONEscaped(make([]byte, 0, len(s)+8), s))
@@ -359,7 +353,7 @@ func jsonEscape(s string) string {
 	return s
 }
 
-// appendJSONEscaped appends s escaped as jsonEscape does.
+// appendJSONEscaped appends s escaped as JSONEscape does.
 func appendJSONEscaped(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	for i := 0; i < len(s); i++ {

@@ -1,4 +1,4 @@
-package sluice
+package reply
 
 import (
 	"encoding/binary"
@@ -48,16 +48,16 @@ func connectCall(r *http.Request) (ok bool, streamCT string) {
 // refuseConnect answers a refused Connect call (see above) and reports
 // whether r was one; hs holds the refusal's headers gathered so far (the
 // rate limit headers, Retry-After), which the answer carries. A
-// fail-closed refusal (unavailable) is unavailable, HTTP 503 for a unary
+// fail-closed refusal (Unavailable) is unavailable, HTTP 503 for a unary
 // call.
-func (h *Handler) refuseConnect(w http.ResponseWriter, r *http.Request, hs *headerSet, v *verdict, unavailable bool) bool {
+func refuseConnect(w http.ResponseWriter, r *http.Request, hs *headerSet, f *Refusal) bool {
 	ok, streamCT := connectCall(r)
 	if !ok {
 		return false
 	}
-	code, msg, status := connectResourceExhausted, msgExceeded, http.StatusTooManyRequests
-	if unavailable {
-		code, msg, status = connectUnavailable, msgUnavailable, http.StatusServiceUnavailable
+	code, msg, status := connectResourceExhausted, MsgExceeded, http.StatusTooManyRequests
+	if f.Unavailable {
+		code, msg, status = connectUnavailable, MsgUnavailable, http.StatusServiceUnavailable
 	}
 	b := make([]byte, 5, 128) // room for a streaming message's envelope
 	if streamCT != "" {
@@ -68,17 +68,17 @@ func (h *Handler) refuseConnect(w http.ResponseWriter, r *http.Request, hs *head
 	b = append(b, `","message":"`...)
 	b = append(b, msg...)
 	b = append(b, " in zone "...)
-	b = append(b, v.zone.jsonName...)
-	if !unavailable {
+	b = append(b, f.JSONZone...)
+	if !f.Unavailable {
 		b = append(b, " (limit "...)
-		b = strconv.AppendInt(b, v.Limit, 10)
+		b = strconv.AppendInt(b, f.Limit, 10)
 		b = append(b, ')')
 	}
 	b = append(b, `"}`...)
 	hdr := w.Header()
 	hs.set(hdr)
 	if streamCT == "" {
-		hdr.Set(hdrContentType, "application/json")
+		hdr.Set(HeaderContentType, "application/json")
 		hdr.Set("Content-Length", strconv.Itoa(len(b)-5))
 		w.WriteHeader(status)
 		_, _ = w.Write(b[5:])
@@ -87,7 +87,7 @@ func (h *Handler) refuseConnect(w http.ResponseWriter, r *http.Request, hs *head
 	b = append(b, '}')
 	b[0] = connectEndStream
 	binary.BigEndian.PutUint32(b[1:5], uint32(len(b)-5))
-	hdr.Set(hdrContentType, streamCT)
+	hdr.Set(HeaderContentType, streamCT)
 	hdr.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)

@@ -1,9 +1,8 @@
-package sluice
+package reply
 
 import (
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,7 +16,7 @@ import (
 // trailers-only (grpc-status, grpc-message and grpc-retry-pushback-ms in
 // the one HEADERS frame that ends the stream), no body.
 
-// gRPC status names accepted by Handler.GRPCStatus, and their codes.
+// gRPC status names accepted by Settings.GRPCStatus, and their codes.
 const (
 	grpcResourceExhausted = "resource_exhausted"
 	grpcUnavailable       = "unavailable"
@@ -37,13 +36,13 @@ const (
 // negative number (gRPC proposal A6, "Pushback").
 const grpcNoRetry = "-1"
 
-// validateGRPC checks GRPCStatus.
-func (h *Handler) validateGRPC() error {
-	switch h.GRPCStatus {
+// CheckGRPCStatus checks the status name of a refused gRPC call.
+func CheckGRPCStatus(status string) error {
+	switch status {
 	case "", grpcResourceExhausted, grpcUnavailable:
 		return nil
 	}
-	return fmt.Errorf("grpc_status: unknown status %q (known: %s, %s)", h.GRPCStatus, grpcResourceExhausted, grpcUnavailable)
+	return fmt.Errorf("grpc_status: unknown status %q (known: %s, %s)", status, grpcResourceExhausted, grpcUnavailable)
 }
 
 // grpcContentType returns the Content-Type of the gRPC answer to r: r's own
@@ -67,35 +66,35 @@ func grpcContentType(r *http.Request) string {
 // refuseGRPC answers a refused gRPC call (see above) and reports whether r
 // was one; hs holds the refusal's headers gathered so far (the rate limit
 // headers, Retry-After), which the answer carries. A fail-closed refusal
-// (unavailable) is UNAVAILABLE whatever GRPCStatus says.
-func (h *Handler) refuseGRPC(w http.ResponseWriter, r *http.Request, hs *headerSet, v *verdict, unavailable bool) bool {
+// (Unavailable) is UNAVAILABLE whatever GRPCStatus says.
+func (s *Shape) refuseGRPC(w http.ResponseWriter, r *http.Request, hs *headerSet, f *Refusal) bool {
 	ct := grpcContentType(r)
 	if ct == "" {
 		return false
 	}
 	hdr := w.Header()
 	hs.set(hdr)
-	code, msg := grpcCodeResourceExhausted, msgExceeded
-	if h.GRPCStatus == grpcUnavailable {
+	code, msg := grpcCodeResourceExhausted, MsgExceeded
+	if s.grpcUnavailable {
 		code = grpcCodeUnavailable
 	}
-	if unavailable {
-		code, msg = grpcCodeUnavailable, msgUnavailable
+	if f.Unavailable {
+		code, msg = grpcCodeUnavailable, MsgUnavailable
 	}
 	pushback := grpcNoRetry
-	if !v.zone.penalized() {
-		pushback = strconv.FormatInt(h.pushbackMillis(v.RetryAfter), 10)
+	if !f.Penalized {
+		pushback = strconv.FormatInt(s.pushbackMillis(f.RetryAfter), 10)
 	}
 	b := make([]byte, 0, 96)
 	b = append(b, msg...)
 	b = append(b, " in zone "...)
-	b = append(b, v.zone.name...)
-	if !unavailable {
+	b = append(b, f.Zone...)
+	if !f.Unavailable {
 		b = append(b, " (limit "...)
-		b = strconv.AppendInt(b, v.Limit, 10)
+		b = strconv.AppendInt(b, f.Limit, 10)
 		b = append(b, ')')
 	}
-	hdr.Set(hdrContentType, ct)
+	hdr.Set(HeaderContentType, ct)
 	hdr.Set(hdrGRPCStatus, code)
 	hdr.Set(hdrGRPCMessage, string(appendGRPCPercentEncoded(nil, string(b))))
 	hdr.Set(hdrGRPCPushback, pushback)
@@ -103,19 +102,12 @@ func (h *Handler) refuseGRPC(w http.ResponseWriter, r *http.Request, hs *headerS
 	return true
 }
 
-// penalized reports that the zone keeps a refused key refused for its
-// penalty: a retry within it is refused again, so the client is told not to
-// retry.
-func (z *zone) penalized() bool { return z.limit.Penalty > 0 }
-
 // pushbackMillis is grpc-retry-pushback-ms for a refusal whose request
 // could pass after d: milliseconds rounded up, at least 1, with the
 // configured jitter added as for Retry-After, and at most 2^31-1 (clients
 // may read it as a 32-bit number).
-func (h *Handler) pushbackMillis(d time.Duration) int64 {
-	if h.Jitter > 0 {
-		d += time.Duration(min(rand.Float64()*h.Jitter*float64(d), maxJitter))
-	}
+func (s *Shape) pushbackMillis(d time.Duration) int64 {
+	d = s.jittered(d)
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	return min(max(1, int64(ms)), math.MaxInt32)
 }

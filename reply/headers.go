@@ -1,4 +1,4 @@
-package sluice
+package reply
 
 import (
 	"net/http"
@@ -12,15 +12,15 @@ import (
 
 // Header names, in canonical form (as net/http sends them).
 const (
-	hdrLimit         = "X-Ratelimit-Limit"
-	hdrRemaining     = "X-Ratelimit-Remaining"
-	hdrReset         = "X-Ratelimit-Reset"
-	hdrPolicy        = "Ratelimit-Policy" // draft-ietf-httpapi-ratelimit-headers
-	hdrState         = "Ratelimit"
-	hdrRetryAfter    = "Retry-After"
-	hdrCacheControl  = "Cache-Control"
-	hdrContentType   = "Content-Type"
-	hdrContentLength = "Content-Length"
+	HeaderLimit         = "X-Ratelimit-Limit"
+	HeaderRemaining     = "X-Ratelimit-Remaining"
+	HeaderReset         = "X-Ratelimit-Reset"
+	HeaderPolicy        = "Ratelimit-Policy" // draft-ietf-httpapi-ratelimit-headers
+	HeaderState         = "Ratelimit"
+	HeaderRetryAfter    = "Retry-After"
+	HeaderCacheControl  = "Cache-Control"
+	HeaderContentType   = "Content-Type"
+	HeaderContentLength = "Content-Length"
 )
 
 // headerSet gathers the header values of one response and sets them with
@@ -110,43 +110,64 @@ func (s *headerSet) set(h http.Header) {
 	s.n, s.nd, s.ints = 0, 0, 0
 }
 
-// addLimitHeaders gathers the rate limit headers of verdict v (refused or
-// not; retry and reset are Retry-After and X-RateLimit-Reset, in seconds),
-// as configured, on a response whose headers are hdr: X-RateLimit-Limit,
-// -Remaining and -Reset (the Unix second at which the key is back to full),
-// unless another rate_limit that decided the request first reported a
-// zone at least as constrained; and the draft's RateLimit-Policy and
-// RateLimit, after the members of any earlier directive.
-func (h *Handler) addLimitHeaders(s *headerSet, hdr http.Header, v *verdict, refused bool, retry, reset int64) {
-	if h.legacy && !priorLegacyWins(hdr, refused, retry, v.Remaining, reset) {
-		s.add(hdrLimit, v.shown.limit)
-		s.addInt(hdrRemaining, v.Remaining)
-		s.addInt(hdrReset, reset)
+// Limits are the values of one answer's rate limit headers: the most
+// constrained zone's X-RateLimit-Limit, -Remaining and -Reset (the Unix
+// second at which the key is back to full), and the RateLimit-Policy and
+// RateLimit field values covering every zone decided ("" with the draft's
+// headers off).
+type Limits struct {
+	LimitText        string
+	Remaining, Reset int64
+	Policy, State    string
+}
+
+// SetLimitHeaders sets the rate limit headers of an allowed request, as
+// configured, on its response's headers hdr.
+func (s *Shape) SetLimitHeaders(hdr http.Header, l *Limits) {
+	if !s.legacy && l.Policy == "" {
+		return // headers off
 	}
-	if v.policy != "" {
-		s.add(hdrPolicy, appendToPrior(hdr, hdrPolicy, v.policy))
-		s.add(hdrState, appendToPrior(hdr, hdrState, v.state))
+	var hs headerSet
+	s.addLimitHeaders(&hs, hdr, l, false, 0)
+	hs.set(hdr)
+}
+
+// addLimitHeaders gathers the rate limit headers l (refused or not; retry
+// is Retry-After, in seconds), as configured, on a response whose headers
+// are hdr: X-RateLimit-Limit, -Remaining and -Reset, unless another
+// rate_limit that decided the request first reported a zone at least as
+// constrained; and the draft's RateLimit-Policy and RateLimit, after the
+// members of any earlier directive.
+func (s *Shape) addLimitHeaders(hs *headerSet, hdr http.Header, l *Limits, refused bool, retry int64) {
+	if s.legacy && !PriorLegacyWins(hdr, refused, retry, l.Remaining, l.Reset) {
+		hs.add(HeaderLimit, l.LimitText)
+		hs.addInt(HeaderRemaining, l.Remaining)
+		hs.addInt(HeaderReset, l.Reset)
+	}
+	if l.Policy != "" {
+		hs.add(HeaderPolicy, appendToPrior(hdr, HeaderPolicy, l.Policy))
+		hs.add(HeaderState, appendToPrior(hdr, HeaderState, l.State))
 	}
 }
 
-// priorLegacyWins reports whether the response already carries the
+// PriorLegacyWins reports whether the response already carries the
 // X-RateLimit-* headers of a zone at least as constrained as this
 // directive's verdict (refused or not, with Retry-After retry, remaining
-// and reset Unix seconds), ranked as admission.rank ranks the zones of one directive
-// (rank.go): another rate_limit decided the request before this one.
+// and reset Unix seconds), ranked as the zones of one directive are
+// (Standing): another rate_limit decided the request before this one.
 // Without parsable headers (the first directive), it reports false.
-func priorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
-	rem, ok := headerInt(h, hdrRemaining)
+func PriorLegacyWins(h http.Header, refused bool, retry, remaining, reset int64) bool {
+	rem, ok := headerInt(h, HeaderRemaining)
 	if !ok {
 		return false
 	}
-	priorRetry, priorRefused := headerInt(h, hdrRetryAfter)
-	rst, ok := headerInt(h, hdrReset)
+	priorRetry, priorRefused := headerInt(h, HeaderRetryAfter)
+	rst, ok := headerInt(h, HeaderReset)
 	if !ok && !priorRefused {
 		return false
 	}
-	prior := standing{refused: priorRefused, retry: priorRetry, remaining: rem, reset: rst}
-	return !standing{refused: refused, retry: retry, remaining: remaining, reset: reset}.tighter(prior)
+	prior := Standing{Refused: priorRefused, Retry: priorRetry, Remaining: rem, Reset: rst}
+	return !Standing{Refused: refused, Retry: retry, Remaining: remaining, Reset: reset}.Tighter(prior)
 }
 
 // headerInt parses the header's value, a decimal integer as this package
@@ -188,64 +209,47 @@ func appendToPrior(h http.Header, name, v string) string {
 	return strings.Join(prior, ", ") + ", " + v
 }
 
-// formatPolicyItem is the zone's RateLimit-Policy list member under limit
-// l, as draft-ietf-httpapi-ratelimit-headers-11 defines it: the policy
-// identifier (see zone.setNames), the quota q and the window w (whole
-// seconds; a window under a second, or not a whole number of seconds, is
-// rounded up, which understates the rate).
+// PolicyItem is a zone's RateLimit-Policy list member under limit l, as
+// draft-ietf-httpapi-ratelimit-headers-11 defines it: the policy identifier
+// sfName (SFString), the quota q and the window w (whole seconds; a window
+// under a second, or not a whole number of seconds, is rounded up, which
+// understates the rate).
 //
 // The quota unit (qu) is requests, the draft's default, so it is not sent:
-// a zone whose requests each cost a static c counts q (and r) in requests,
-// its events divided by c. A cost chosen per request cannot be converted:
-// q and r then count cost units, which none of the registered units
-// (requests, content-bytes, concurrent-requests) names and qu must not
-// name otherwise, so the vendor parameter sluice-qu="cost" says so.
-func (z *zone) formatPolicyItem(l algorithms.Limit) string {
-	if l.Algorithm == algorithms.Concurrency {
-		return z.concurrencyPolicyItem(l) // concurrency.go
-	}
+// a zone whose requests each cost a static unit counts q (and r) in
+// requests, its events divided by unit. A cost chosen per request
+// (perRequest, unit 1) cannot be converted: q and r then count cost units,
+// which none of the registered units (requests, content-bytes,
+// concurrent-requests) names and qu must not name otherwise, so the vendor
+// parameter sluice-qu="cost" says so.
+func PolicyItem(sfName string, l algorithms.Limit, unit int64, perRequest bool) string {
 	w := (l.Window + 999) / 1000
-	item := z.sfName + ";q=" + strconv.FormatInt(l.Events/z.draftUnit(), 10) + ";w=" + strconv.FormatInt(w, 10)
-	if z.costExpr != nil {
+	item := sfName + ";q=" + strconv.FormatInt(l.Events/unit, 10) + ";w=" + strconv.FormatInt(w, 10)
+	if perRequest {
 		item += `;sluice-qu="cost"`
 	}
 	return item
 }
 
-// draftUnit is the size, in the zone's events, of the unit its draft
-// fields count in: the static cost, or 1 (a cost chosen per request).
-func (z *zone) draftUnit() int64 {
-	if z.costExpr != nil {
-		return 1
+// AppendMembers appends one zone's members to RateLimit-Policy (pb: its
+// policy item, PolicyItem) and RateLimit (sb), after a ", " unless they are
+// the first: the available quota r of decision d, in units of unit events
+// (see PolicyItem), and, where the decision tells it, the effective window
+// t (see effectiveWindow) under limit l for a request of cost.
+func AppendMembers(pb, sb []byte, policyItem, sfName string, unit int64, l algorithms.Limit, d *algorithms.Decision, cost int64) ([]byte, []byte) {
+	if len(sb) > 0 {
+		pb = append(pb, ", "...)
+		sb = append(sb, ", "...)
 	}
-	return z.cost
-}
-
-// draftFields formats RateLimit-Policy and RateLimit for every zone decided:
-// one list member per zone, with the available quota r (in the zone's
-// unit: see formatPolicyItem) and, where the decision tells it, the
-// effective window t (see effectiveWindow).
-func draftFields(s *admission) (policy, state string) {
-	var pb, sb []byte
-	var pbuf, sbuf [256]byte
-	pb, sb = pbuf[:0], sbuf[:0]
-	for i, z := range s.zones {
-		if i > 0 {
-			pb = append(pb, ", "...)
-			sb = append(sb, ", "...)
-		}
-		pb = append(pb, s.shown[i].policy...)
-		d := &s.decs[i]
-		unit := z.draftUnit()
-		sb = append(sb, z.sfName...)
-		sb = append(sb, ";r="...)
-		sb = strconv.AppendInt(sb, max(d.Remaining, 0)/unit, 10)
-		if t, ok := effectiveWindow(s.reqs[i].Limit, d, unit, s.reqs[i].Cost); ok {
-			sb = append(sb, ";t="...)
-			sb = strconv.AppendInt(sb, t, 10)
-		}
+	pb = append(pb, policyItem...)
+	sb = append(sb, sfName...)
+	sb = append(sb, ";r="...)
+	sb = strconv.AppendInt(sb, max(d.Remaining, 0)/unit, 10)
+	if t, ok := effectiveWindow(l, d, unit, cost); ok {
+		sb = append(sb, ";t="...)
+		sb = strconv.AppendInt(sb, t, 10)
 	}
-	return string(pb), string(sb)
+	return pb, sb
 }
 
 // effectiveWindow is the t parameter of RateLimit (draft -11, 4.1.2) for
@@ -290,19 +294,19 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// resetUnix is the Unix second, rounded up, at which the key is back to full.
-func resetUnix(now time.Time, after time.Duration) int64 {
-	return ceilSeconds(time.Duration(now.UnixNano()) + after)
+// ResetUnix is the Unix second, rounded up, at which the key is back to full.
+func ResetUnix(now time.Time, after time.Duration) int64 {
+	return CeilSeconds(time.Duration(now.UnixNano()) + after)
 }
 
-// ceilSeconds rounds a duration up to whole seconds.
-func ceilSeconds(d time.Duration) int64 {
+// CeilSeconds rounds a duration up to whole seconds.
+func CeilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// sfString serialises s, printable ASCII only (zonename.Policy makes sure),
+// SFString serialises s, printable ASCII only (zonename.Policy makes sure),
 // as an RFC 9651 sf-string: quoted, with '"' and '\' escaped.
-func sfString(s string) string {
+func SFString(s string) string {
 	b := make([]byte, 0, len(s)+4)
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
@@ -312,4 +316,28 @@ func sfString(s string) string {
 		b = append(b, s[i])
 	}
 	return string(append(b, '"'))
+}
+
+// Standing is what ranks one zone's decision against another's, to show the
+// most constrained: the refusal, the rate limit headers and the admin API's
+// peek all rank with Tighter. Retry and Reset may be in any unit (or Reset
+// an instant) as long as both sides use the same.
+type Standing struct {
+	Refused          bool  // an enforced refusal
+	Retry            int64 // its Retry-After
+	Remaining, Reset int64
+}
+
+// Tighter reports whether a is more constrained than b: a refusal beats an
+// allowed zone, and between refusals the longer Retry-After; between
+// allowed zones the least remaining wins, then the later reset. Equals are
+// not tighter, so the first ranked of them stands.
+func (a Standing) Tighter(b Standing) bool {
+	switch {
+	case a.Refused != b.Refused:
+		return a.Refused
+	case a.Refused:
+		return a.Retry > b.Retry
+	}
+	return a.Remaining < b.Remaining || a.Remaining == b.Remaining && a.Reset > b.Reset
 }
