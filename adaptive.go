@@ -376,12 +376,8 @@ func adaptiveRetryHint(lim *adaptive.Limiter) time.Duration {
 // a place is given back. It returns the requests in flight with this one,
 // 0 if none freed in time, or a 499 error if the client left.
 func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
-	h := a.h
-	if a.place == nil {
-		if h.room == nil || !h.room.enter() {
-			return 0, nil
-		}
-		a.place = &h.room.n // given back after the verdict
+	if !a.enterRoom() {
+		return 0, nil
 	}
 	ak := ah.key
 	ak.waiters.Add(1)

@@ -33,7 +33,7 @@ type admission struct {
 	shown []*shownLimit
 	buf   []byte
 	// place is the waiting room's count this request holds a place in
-	// (delay.go, inflight.go), nil for none.
+	// (enterRoom), nil for none.
 	place *atomic.Int64
 
 	// take: the outcome, and the store that decided.
@@ -361,6 +361,52 @@ func (a *admission) exit() {
 	}
 	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res, adapt: a.adapt[:0]}
 	admissionPool.Put(a)
+}
+
+// waitingRoom counts the requests of a handler holding a place to wait
+// (n), at most max (max_waiting): those waiting for their turn (delay),
+// for charges in flight and for an adaptive place. The stage code owns
+// it; a control that waits takes a place through enterRoom.
+type waitingRoom struct {
+	n   atomic.Int64
+	max int64
+}
+
+// defaultMaxWaiting is max_waiting's default.
+const defaultMaxWaiting = 1000
+
+// newWaitingRoom returns a room of size places (0: the default).
+func newWaitingRoom(size int) *waitingRoom {
+	if size <= 0 {
+		size = defaultMaxWaiting
+	}
+	return &waitingRoom{max: int64(size)}
+}
+
+// enter takes a place in the room, if one is free; the place goes back
+// with n.Add(-1).
+func (room *waitingRoom) enter() bool {
+	for n := room.n.Load(); n < room.max; n = room.n.Load() {
+		if room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
+			return true
+		}
+	}
+	return false
+}
+
+// enterRoom takes a place in the waiting room for the request, unless it
+// holds one already; false: the room is full. The place goes back after
+// the verdict for a request that need not wait, else at the end of its
+// wait or at exit (leaveRoom).
+func (a *admission) enterRoom() bool {
+	if a.place != nil {
+		return true
+	}
+	if !a.h.room.enter() {
+		return false
+	}
+	a.place = &a.h.room.n
+	return true
 }
 
 // leaveRoom gives the request's place in the waiting room back, if any.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -33,9 +32,6 @@ var delayControl = control{
 	hooks: hooks{admit: enterWaitingRoom, verdict: waitOf, serve: await},
 }
 
-// defaultMaxWaiting is max_waiting's default.
-const defaultMaxWaiting = 1000
-
 // errWaitAbandoned is the error of a request whose client went away while
 // it waited for its turn.
 var errWaitAbandoned = errors.New("the client went away while its request waited for its turn; its reservation was given back")
@@ -44,31 +40,20 @@ var errWaitAbandoned = errors.New("the client went away while its request waited
 // away (nginx's 499).
 const statusClientClosed = 499
 
-// waitingRoom counts the requests of a handler holding a place to wait
-// (n), at most max.
-type waitingRoom struct {
-	n   atomic.Int64
-	max int64
-}
-
-// provisionDelay sets up the waiting room (shared with the waits for
-// charges in flight, inflight.go) and refuses delay zones on a store that
-// cannot give a departed waiter's reservation back.
+// provisionDelay refuses delay zones on a store that cannot give a
+// departed waiter's reservation back.
 func provisionDelay(h *Handler) (stages, error) {
-	h.room = &waitingRoom{max: defaultMaxWaiting}
-	if h.MaxWaiting > 0 {
-		h.room.max = int64(h.MaxWaiting)
-	}
+	delaying := false
 	_, canRefund := h.store.(refunder)
 	for _, z := range h.zones {
 		if z.limit.Delay > 0 {
 			if !canRefund {
 				return 0, zoneErr(z.name, errors.New("delay: the store cannot give a departed request's reservation back (use store memory or store redis)"))
 			}
-			h.delaying = true
+			delaying = true
 		}
 	}
-	if !h.delaying {
+	if !delaying {
 		return 0, nil
 	}
 	for i, z := range h.zones {
@@ -83,24 +68,12 @@ func provisionDelay(h *Handler) (stages, error) {
 // planned request, or, when the room is full, marks its zones as unable
 // to wait.
 func enterWaitingRoom(a *admission) {
-	if a.h.room.enter() {
-		a.place = &a.h.room.n
+	if a.enterRoom() {
 		return
 	}
 	for i := range a.reqs {
 		a.reqs[i].NoDelay = true
 	}
-}
-
-// enter takes a place in the room, if one is free; the place goes back
-// with n.Add(-1).
-func (room *waitingRoom) enter() bool {
-	for n := room.n.Load(); n < room.max; n = room.n.Load() {
-		if room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
-			return true
-		}
-	}
-	return false
 }
 
 // waitOf notes the wait of an allowed request: the longest its enforcing

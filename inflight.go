@@ -100,11 +100,8 @@ func awaitCharges(s *admission) error {
 		return nil
 	}
 	h, r := s.h, s.r
-	if s.place == nil {
-		if !h.room.enter() {
-			return nil // the room is full: refused now
-		}
-		s.place = &h.room.n // given back after the verdict
+	if !s.enterRoom() {
+		return nil // the room is full: refused now
 	}
 	c := watchClient(r) // net/http alone misses a client leaving before its body is read
 	defer c.stop()

@@ -17,7 +17,7 @@ import (
 // controls table names the file that declares that control.
 func TestLayoutHubNamesNoControl(t *testing.T) {
 	controlState := map[string]bool{"conc": true, "counts": true, "pass": true, "delaying": true, "counting": true,
-		"passing": true, "concurrent": true, "room": true, "settled": true, "settleWait": true,
+		"passing": true, "concurrent": true, "settled": true, "settleWait": true,
 		"settling": true, "requestJSON": true}
 	fset := token.NewFileSet()
 	parse := func(name string) *ast.File {

@@ -131,10 +131,9 @@ type Handler struct {
 	// (requestjson.go).
 	requestJSON []string
 	passing     bool // a zone forwards its would-be refusals (pass.go)
-	// delaying: a zone lets requests wait for their turn (delay.go),
-	// within room.
-	delaying bool
-	room     *waitingRoom
+	// room holds the requests waiting (delay, charges in flight, an
+	// adaptive place), at most max_waiting (admission.go).
+	room *waitingRoom
 	// settleWait: the longest a request waits for charges in flight
 	// (inflight.go); 0: none.
 	settleWait time.Duration
@@ -219,6 +218,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for i, z := range h.zones {
 		h.planned[i] = algorithms.Request{Zone: z.name, Limit: z.limit, ReportOnly: z.reportOnly}
 	}
+	h.room = newWaitingRoom(h.MaxWaiting)
 	if err := h.provisionControls(); err != nil {
 		return err
 	}
