@@ -35,7 +35,6 @@ var adaptiveControl = control{
 	hooks: hooks{
 		verdict: func(a *admission) {
 			if len(a.adapt) > 0 {
-				a.reserve() // so that the exit hook runs
 				a.wantsStatus = true
 			}
 		},
@@ -130,8 +129,14 @@ func compileAdaptive(z *zone, cfg *Zone) error {
 		return err
 	}
 	z.adapt = &adaptiveZone{settings: s, wait: time.Duration(cfg.Delay), poolKey: z.name + "\x00" + z.dynSpec}
+	z.giver = z.adapt
 	return nil
 }
+
+// give keeps an adaptive zone's charge (reservation.go): its place is this
+// process's, given back by the control (adaptiveFirstByte, adaptiveExit),
+// and the store holds nothing of it.
+func (*adaptiveZone) give(*charge, giving, int, *algorithms.Refund) gift { return keep }
 
 // provisionAdaptive loads each adaptive zone's state (kept from the last
 // configuration when its settings are the same) and its gauges.

@@ -51,8 +51,10 @@ type admission struct {
 	wait     time.Duration
 	waitZone *zone
 
-	// obligations: what an allowed request gives back (reservation.go),
-	// and whether it waits for the response's status to do it.
+	// obligations: an allowed request runs the exit hooks (exit). What
+	// the store charged it, for the controls that give it back
+	// (reservation.go), recorded once (reserved) by those that do; and
+	// whether a control waits for the response's status.
 	res         reservation
 	reserved    bool
 	wantsStatus bool
@@ -344,10 +346,11 @@ func (a *admission) statusKnown(status int) {
 }
 
 // exit runs on every exit of ServeHTTP (an error, a panic, a client gone,
-// a stream's end), once the status is settled: the allowed request's last
-// obligations (its slots back), then the admission is recycled.
+// a stream's end), once the status is settled: an allowed request's last
+// obligations (the exit hooks: its settlements, its slots back), whether
+// or not it reserved anything, then the admission is recycled.
 func (a *admission) exit() {
-	if a.reserved {
+	if a.out == allow { // an allowed request's obligations, whatever it reserved
 		for _, c := range a.h.on[atExit] {
 			c.exit(a)
 		}

@@ -29,6 +29,10 @@ type zone struct {
 	// dynSpec renders dyn's placeholders ("" for a static limit), for the
 	// check that every use of a zone name carries the same limit.
 	dynSpec string
+	// giver is the control whose charges the zone's are (set by its
+	// compile): what giving one back means (reservation.go); nil: a rate
+	// charge.
+	giver giver
 	// conc is a concurrency zone's run time (concurrency.go); nil for a
 	// rate zone.
 	conc *concurrencyZone

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // countControl: a zone that counts only some responses (`count 401 403`,
@@ -19,9 +21,9 @@ var countControl = control{
 	provision: provisionCount,
 	admin:     func(z *zone, info *adminZoneInfo) { info.Count = z.countSpec },
 	hooks: hooks{
-		verdict: func(a *admission) { a.wantsStatus = a.reserve().counted() },
+		verdict: func(a *admission) { a.wantsStatus = awaitsStatus(a.reserve()) },
 		status: func(a *admission, status int) {
-			_ = a.res.give(settleCounts, status) // refunds only: no error
+			_ = a.res.give(giveStatus, status) // refunds only: no error
 		},
 	},
 }
@@ -81,8 +83,40 @@ func compileCount(z *zone, cfg *Zone) error {
 	if err != nil {
 		return err
 	}
-	z.counts, z.countSpec = set, cfg.Count
+	z.counts, z.countSpec, z.giver = set, cfg.Count, countCharge{}
 	return nil
+}
+
+// countCharge is a count zone's charge (reservation.go): once the status
+// is known, kept if the zone counts it, else given back; given back whole
+// when the request is called off.
+type countCharge struct{}
+
+func (countCharge) give(c *charge, why giving, status int, r *algorithms.Refund) gift {
+	switch {
+	case why&giveCancel != 0:
+		return refund
+	case why&giveStatus != 0:
+		r.Keep = status == statusUnknown || c.zone.counts.has(status)
+		if m := c.zone.metrics; m != nil && !r.Keep {
+			m.refunded.Inc()
+		}
+		return refund
+	}
+	return keep
+}
+
+// awaitsStatus reports whether a count zone's charge in rs awaits the
+// status.
+func awaitsStatus(rs *reservation) bool {
+	for i := range rs.charges {
+		if c := &rs.charges[i]; !c.done {
+			if _, ok := c.back.(countCharge); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // provisionCount refuses count zones on a store that cannot give charges

@@ -128,7 +128,7 @@ func await(a *admission) error {
 		markDelay(a.r, a.wait)
 		return nil
 	}
-	_ = a.res.give(cancelCharges, 0) // refunds only: no error
+	_ = a.res.give(giveCancel, 0) // refunds only: no error
 	if m := a.waitZone.metrics; m != nil {
 		m.abandoned.Inc()
 	}
