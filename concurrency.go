@@ -30,10 +30,10 @@ var concurrencyControl = control{
 	provision: provisionConcurrency,
 	admin:     concurrencyInfo,
 	hooks: hooks{
-		plan: func(_ *admission, z *zone, rq *algorithms.Request) { rq.Holder = z.holder() },
-		rank: concurrencyHints,
+		plan:    func(_ *admission, z *zone, rq *algorithms.Request) { rq.Holder = z.holder() },
+		rank:    concurrencyHints,
 		verdict: func(a *admission) { holdSlots(a.reserve()) },
-		exit: releaseHeld,
+		exit:    releaseHeld,
 	},
 }
 
