@@ -167,7 +167,6 @@ func provisionConcurrency(h *Handler) (stages, error) {
 		if z.conc == nil {
 			continue
 		}
-		h.concurrent = true
 		names = append(names, z.name)
 		if _, ok := h.store.(releaser); !ok {
 			return 0, zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
@@ -176,13 +175,13 @@ func provisionConcurrency(h *Handler) (stages, error) {
 			z.conc.slots = metrics.concurrentSlots.WithLabelValues(z.name)
 		}
 	}
-	if _, ok := h.local.(releaser); h.concurrent && h.local != nil && !ok {
+	if _, ok := h.local.(releaser); names != nil && h.local != nil && !ok {
 		return 0, fmt.Errorf("concurrent: the fail-local store (%T) cannot hold concurrency slots", h.local)
 	}
 	if heir, ok := h.store.(slotHeir); ok && names != nil {
 		heir.InheritSlots(names)
 	}
-	if !h.concurrent {
+	if names == nil {
 		return 0, nil
 	}
 	return joins(atPlan, atRank, atVerdict, atExit), nil

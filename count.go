@@ -124,6 +124,7 @@ func awaitsStatus(rs *reservation) bool {
 // and the status settles them.
 func provisionCount(h *Handler) (stages, error) {
 	_, canRefund := h.store.(refunder)
+	counting := false
 	for i, z := range h.zones {
 		if z.counts == nil {
 			continue
@@ -131,22 +132,13 @@ func provisionCount(h *Handler) (stages, error) {
 		if !canRefund {
 			return 0, zoneErr(z.name, errors.New("count: the store cannot give charges back (use store memory or store redis)"))
 		}
-		h.counting = true
+		counting = true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 	}
-	if !h.counting {
+	if !counting {
 		return 0, nil
 	}
-	h.holdStore()
 	return joins(atVerdict, atStatus), nil
-}
-
-// holdStore keeps the store open across a reload while this directive's
-// requests may call it after their decision (count, delay).
-func (h *Handler) holdStore() {
-	if hs, ok := h.store.(storeHolder); ok {
-		h.hold = hs
-	}
 }
 
 // The statuses statusKnown takes besides the response's own.

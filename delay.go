@@ -60,7 +60,6 @@ func provisionDelay(h *Handler) (stages, error) {
 		// A concurrency zone's slot is released, never refunded.
 		h.planned[i].Refundable = z.conc == nil
 	}
-	h.holdStore()
 	return joins(atAdmit, atVerdict, atServe), nil
 }
 

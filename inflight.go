@@ -23,6 +23,7 @@ import (
 var inflightControl = control{
 	name:      "charges in flight",
 	provision: provisionInflight,
+	derive:    deriveInflight,
 	hooks: hooks{
 		take:   awaitCharges,
 		status: func(a *admission, _ int) { a.h.settled.notify() },
@@ -56,22 +57,27 @@ func settleWaitOf(d *caddy.Duration) (time.Duration, error) {
 	return time.Duration(*d), nil
 }
 
-// provisionInflight sets settle_wait up for a directive that counts: its
-// requests wait for charges in flight (take), and its settlements wake
-// them (status).
+// provisionInflight sets settle_wait and the settlements' signal up.
 func provisionInflight(h *Handler) (stages, error) {
 	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
 	h.settled = new(settleSignal)
-	if !h.counting {
+	return 0, nil
+}
+
+// deriveInflight has a directive whose planned requests leave charges in
+// flight (count, settle) wait for them (take) and its settlements wake the
+// waiters (status).
+func deriveInflight(h *Handler) stages {
+	if !chargesInFlight(h.planned) {
 		if h.SettleWait != nil {
 			h.logger.Warn("settle_wait is set, but no zone of this rate_limit has count or settle (or those that do are switched off): nothing waits for charges in flight")
 		}
-		return 0, nil
+		return 0
 	}
 	if h.settleWait > 0 {
-		return joins(atTake, atStatus), nil
+		return joins(atTake, atStatus)
 	}
-	return joins(atStatus), nil
+	return joins(atStatus)
 }
 
 // waitsForCharges reports whether s's decisions refuse the request only

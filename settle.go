@@ -110,7 +110,7 @@ func provisionSettle(h *Handler) (stages, error) {
 		if !canSettle {
 			return 0, zoneErr(z.name, errors.New("settle: the store cannot settle charges (use store memory or store redis)"))
 		}
-		settling, h.counting = true, true
+		settling = true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 		if z.metrics != nil {
 			z.settle.settled = metrics.settled.WithLabelValues(z.name)
@@ -120,7 +120,6 @@ func provisionSettle(h *Handler) (stages, error) {
 	if !settling {
 		return 0, nil
 	}
-	h.holdStore()
 	return joins(atVerdict, atStatus, atBody, atExit), nil
 }
 
