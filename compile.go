@@ -46,10 +46,8 @@ type zone struct {
 	// metrics are the zone's counters; nil with disable_metrics.
 	metrics    *zoneMetrics
 	reportOnly bool
-	// counts are the response statuses the zone charges (count.go); nil:
-	// every response. countSpec is the setting as written.
-	counts    *statusSet
-	countSpec []string
+	// count is a count zone's (count.go); nil: every response charged.
+	count *countZone
 	// settle is where the zone reads the actual amount (settle.go); nil:
 	// none.
 	settle *settleZone

@@ -19,7 +19,11 @@ var countControl = control{
 	name:      "count",
 	compile:   compileCount,
 	provision: provisionCount,
-	admin:     func(z *zone, info *adminZoneInfo) { info.Count = z.countSpec },
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.count != nil {
+			info.Count = z.count.spec
+		}
+	},
 	hooks: hooks{
 		verdict: func(a *admission) { a.wantsStatus = awaitsStatus(a.reserve()) },
 		status: func(a *admission, status int) {
@@ -83,21 +87,27 @@ func compileCount(z *zone, cfg *Zone) error {
 	if err != nil {
 		return err
 	}
-	z.counts, z.countSpec, z.giver = set, cfg.Count, countCharge{}
+	z.count = &countZone{statuses: *set, spec: cfg.Count}
+	z.giver = z.count
 	return nil
 }
 
-// countCharge is a count zone's charge (reservation.go): once the status
-// is known, kept if the zone counts it, else given back; given back whole
-// when the request is called off.
-type countCharge struct{}
+// countZone is a count zone's: the response statuses it charges, and the
+// setting as written.
+type countZone struct {
+	statuses statusSet
+	spec     []string
+}
 
-func (countCharge) give(c *charge, why giving, status int, r *algorithms.Refund) gift {
+// give is a count zone's charge given back (reservation.go): once the
+// status is known, kept if the zone counts it, else given back; given back
+// whole when the request is called off.
+func (cz *countZone) give(c *charge, why giving, status int, r *algorithms.Refund) gift {
 	switch {
 	case why&giveCancel != 0:
 		return refund
 	case why&giveStatus != 0:
-		r.Keep = status == statusUnknown || c.zone.counts.has(status)
+		r.Keep = status == statusUnknown || cz.statuses.has(status)
 		if m := c.zone.metrics; m != nil && !r.Keep {
 			m.refunded.Inc()
 		}
@@ -111,7 +121,7 @@ func (countCharge) give(c *charge, why giving, status int, r *algorithms.Refund)
 func awaitsStatus(rs *reservation) bool {
 	for i := range rs.charges {
 		if c := &rs.charges[i]; !c.done {
-			if _, ok := c.back.(countCharge); ok {
+			if _, ok := c.back.(*countZone); ok {
 				return true
 			}
 		}
@@ -126,7 +136,7 @@ func provisionCount(h *Handler) (stages, error) {
 	_, canRefund := h.store.(refunder)
 	counting := false
 	for i, z := range h.zones {
-		if z.counts == nil {
+		if z.count == nil {
 			continue
 		}
 		if !canRefund {

@@ -26,7 +26,7 @@ var inflightControl = control{
 	derive:    deriveInflight,
 	hooks: hooks{
 		take:   awaitCharges,
-		status: func(a *admission, _ int) { a.h.settled.notify() },
+		status: func(a *admission, _ int) { settled(a) },
 	},
 }
 
@@ -57,11 +57,24 @@ func settleWaitOf(d *caddy.Duration) (time.Duration, error) {
 	return time.Duration(*d), nil
 }
 
+// chargesWait is a directive's wait for charges in flight: how long
+// (settle_wait; 0: none), and the signal its settlements send.
+type chargesWait struct {
+	wait    time.Duration
+	settled settleSignal
+}
+
 // provisionInflight sets settle_wait and the settlements' signal up.
 func provisionInflight(h *Handler) (stages, error) {
-	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
-	h.settled = new(settleSignal)
+	h.inflight = new(chargesWait)
+	h.inflight.wait, _ = settleWaitOf(h.SettleWait) // checked by Validate
 	return 0, nil
+}
+
+// settled wakes the requests waiting for charges in flight in a's
+// directive: one of its charges settled.
+func settled(a *admission) {
+	a.h.inflight.settled.notify()
 }
 
 // deriveInflight has a directive whose planned requests leave charges in
@@ -74,7 +87,7 @@ func deriveInflight(h *Handler) stages {
 		}
 		return 0
 	}
-	if h.settleWait > 0 {
+	if h.inflight.wait > 0 {
 		return joins(atTake, atStatus)
 	}
 	return joins(atStatus)
@@ -113,13 +126,14 @@ func awaitCharges(s *admission) error {
 	defer c.stop()
 	done := c.done()
 	t := timerPool.Get().(*time.Timer)
-	settled := h.settled.join()
+	cw := h.inflight
+	woke := cw.settled.join()
 	defer func() {
-		h.settled.leave(settled)
+		cw.settled.leave(woke)
 		t.Stop()
 		timerPool.Put(t)
 	}()
-	end := time.Now().Add(h.settleWait)
+	end := time.Now().Add(cw.wait)
 	for pause := settlePollFirst; ; pause = min(2*pause, settlePollMax) {
 		left := time.Until(end)
 		if left <= 0 {
@@ -129,7 +143,7 @@ func awaitCharges(s *admission) error {
 		woken := false
 		select {
 		case <-t.C:
-		case <-settled:
+		case <-woke:
 			t.Stop()
 			woken = true
 		case <-done:
@@ -137,7 +151,7 @@ func awaitCharges(s *admission) error {
 		}
 		err := s.store.Take(r.Context(), s.reqs, s.decs)
 		if woken {
-			h.settled.pass(settled) // the next waiter's turn
+			cw.settled.pass(woke) // the next waiter's turn
 		}
 		if err != nil {
 			if r.Context().Err() != nil {

@@ -18,8 +18,8 @@ import (
 // controls table names the file that declares that control.
 func TestLayoutHubNamesNoControl(t *testing.T) {
 	controlState := map[string]bool{"conc": true, "counts": true, "pass": true, "delaying": true, "counting": true,
-		"passing": true, "concurrent": true, "settled": true, "settleWait": true,
-		"settling": true, "requestJSON": true, "countSpec": true}
+		"passing": true, "concurrent": true, "settled": true, "inflight": true,
+		"settling": true, "requestJSON": true, "count": true}
 	fset := token.NewFileSet()
 	parse := func(name string) *ast.File {
 		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)

@@ -131,10 +131,8 @@ type Handler struct {
 	// room holds the requests waiting (delay, charges in flight, an
 	// adaptive place), at most max_waiting (admission.go).
 	room *waitingRoom
-	// settleWait: the longest a request waits for charges in flight
-	// (inflight.go); 0: none.
-	settleWait time.Duration
-	settled    *settleSignal
+	// inflight is the wait for charges in flight (inflight.go).
+	inflight *chargesWait
 	// hold: the store, when it is one a reload keeps open while requests
 	// use it (storeHolder) and this directive's requests may call it after
 	// their decision (a planned charge given back or settled,

@@ -371,7 +371,7 @@ func finishSettle(a *admission) {
 		}
 	}
 	_ = a.res.give(giveSettle, 0) // refunds only: no error
-	a.h.settled.notify()
+	settled(a)                    // inflight.go
 	settlementPool.Put(st)
 }
 
