@@ -26,7 +26,7 @@ var inflightControl = control{
 	derive:    deriveInflight,
 	hooks: hooks{
 		take:   awaitCharges,
-		status: func(a *admission, _ int) { settled(a) },
+		status: func(a *admission, _ int) { chargesSettled(a) },
 	},
 }
 
@@ -71,9 +71,9 @@ func provisionInflight(h *Handler) (stages, error) {
 	return 0, nil
 }
 
-// settled wakes the requests waiting for charges in flight in a's
+// chargesSettled wakes the requests waiting for charges in flight in a's
 // directive: one of its charges settled.
-func settled(a *admission) {
+func chargesSettled(a *admission) {
 	a.h.inflight.settled.notify()
 }
 

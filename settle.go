@@ -371,7 +371,7 @@ func finishSettle(a *admission) {
 		}
 	}
 	_ = a.res.give(giveSettle, 0) // refunds only: no error
-	settled(a)                    // inflight.go
+	chargesSettled(a)
 	settlementPool.Put(st)
 }
 
