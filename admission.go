@@ -43,13 +43,12 @@ type admission struct {
 	// verdict: what ServeHTTP answers with.
 	v   verdict
 	now time.Time
-	// passed is the on_exceed pass zone an allowed request exceeded
-	// (pass.go), -1 for none.
-	passed int
-	// wait is an allowed request's wait for its turn, asked by waitZone
-	// (delay.go); 0 for none.
-	wait     time.Duration
-	waitZone *zone
+	// waits: a serve hook waits, holding the request's place in the
+	// waiting room; else the place goes back after the verdict.
+	waits bool
+	// The controls' per-request state: pass.go's, delay.go's.
+	pass passMark
+	turn delayTurn
 
 	// obligations: an allowed request runs the exit hooks (exit). What
 	// the store charged it, for the controls that give it back
@@ -114,7 +113,7 @@ var admissionPool = sync.Pool{New: func() any {
 // admit starts the admission of r.
 func (h *Handler) admit(r *http.Request) *admission {
 	a := admissionPool.Get().(*admission)
-	a.h, a.r, a.passed = h, r, -1
+	a.h, a.r = h, r
 	return a
 }
 
@@ -250,7 +249,7 @@ func (a *admission) verdict() {
 			}
 		}
 	}
-	if a.wait == 0 {
+	if !a.waits {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
 	if a.now.IsZero() { // not set by the store call (storeCall.take)

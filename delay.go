@@ -75,6 +75,12 @@ func enterWaitingRoom(a *admission) {
 	}
 }
 
+// delayTurn is a request's wait for its turn (0: none), asked by zone.
+type delayTurn struct {
+	wait time.Duration
+	zone *zone
+}
+
 // waitOf notes the wait of an allowed request: the longest its enforcing
 // zones ask (a report-only or on_exceed pass zone never holds a request
 // up: its reservation is made, as under enforcement, and not waited for).
@@ -92,7 +98,8 @@ func waitOf(a *admission) {
 	if _, ok := a.store.(refunder); !ok {
 		return
 	}
-	a.wait, a.waitZone = a.decs[best].Delay, a.zones[best]
+	a.turn = delayTurn{wait: a.decs[best].Delay, zone: a.zones[best]}
+	a.waits = true
 	a.reserve()
 }
 
@@ -102,18 +109,19 @@ func waitOf(a *admission) {
 // (clientgone.go), it cancels the reservation's charges and returns a 499
 // error; the slots go back at exit.
 func await(a *admission) error {
-	if a.wait == 0 {
+	if a.turn.wait == 0 {
 		markDelay(a.r, 0)
 		return nil
 	}
 	defer a.leaveRoom()
-	if m := a.waitZone.metrics; m != nil {
-		m.delay.Observe(a.wait.Seconds())
+	turn := a.turn
+	if m := turn.zone.metrics; m != nil {
+		m.delay.Observe(turn.wait.Seconds())
 		metrics.waiting.Inc()
 		defer metrics.waiting.Dec()
 	}
 	t := timerPool.Get().(*time.Timer)
-	t.Reset(a.wait)
+	t.Reset(turn.wait)
 	defer func() {
 		t.Stop()
 		timerPool.Put(t)
@@ -124,11 +132,11 @@ func await(a *admission) error {
 	case <-c.done():
 	}
 	if !c.stop() {
-		markDelay(a.r, a.wait)
+		markDelay(a.r, turn.wait)
 		return nil
 	}
 	_ = a.res.give(giveCancel, 0) // refunds only: no error
-	if m := a.waitZone.metrics; m != nil {
+	if m := turn.zone.metrics; m != nil {
 		m.abandoned.Inc()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)
