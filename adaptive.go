@@ -35,7 +35,6 @@ var adaptiveControl = control{
 	hooks: hooks{
 		verdict: func(a *admission) {
 			if len(a.adapt) > 0 {
-				a.reserve() // so that the exit hook runs
 				a.wantsStatus = true
 			}
 		},
@@ -130,8 +129,14 @@ func compileAdaptive(z *zone, cfg *Zone) error {
 		return err
 	}
 	z.adapt = &adaptiveZone{settings: s, wait: time.Duration(cfg.Delay), poolKey: z.name + "\x00" + z.dynSpec}
+	z.giver = z.adapt
 	return nil
 }
+
+// give keeps an adaptive zone's charge (reservation.go): its place is this
+// process's, given back by the control (adaptiveFirstByte, adaptiveExit),
+// and the store holds nothing of it.
+func (*adaptiveZone) give(*charge, giving, int, *algorithms.Refund) gift { return keep }
 
 // provisionAdaptive loads each adaptive zone's state (kept from the last
 // configuration when its settings are the same) and its gauges.
@@ -376,12 +381,8 @@ func adaptiveRetryHint(lim *adaptive.Limiter) time.Duration {
 // a place is given back. It returns the requests in flight with this one,
 // 0 if none freed in time, or a 499 error if the client left.
 func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
-	h := a.h
-	if a.place == nil {
-		if h.room == nil || !h.room.enter() {
-			return 0, nil
-		}
-		a.place = &h.room.n // given back after the verdict
+	if !a.enterRoom() {
+		return 0, nil
 	}
 	ak := ah.key
 	ak.waiters.Add(1)

@@ -489,10 +489,11 @@ type inFlightPeeker interface {
 }
 
 // peekInFlight reads each key's units charged in flight, for a zone whose
-// charges wait for the response (settle, count); nil for another zone.
+// charges stay in flight until the response (its planned request's
+// InFlight: count, settle); nil for another zone.
 func peekInFlight(ctx context.Context, az *adminZone, keys []identity.Token) ([]int64, error) {
 	ip, ok := az.h.store.(inFlightPeeker)
-	if !ok || az.z.settle == nil && az.z.counts == nil {
+	if i := slices.Index(az.h.zones, az.z); !ok || i < 0 || !az.h.planned[i].InFlight {
 		return nil, nil
 	}
 	n := make([]int64, len(keys))

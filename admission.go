@@ -34,7 +34,7 @@ type admission struct {
 	shown []*shownLimit
 	buf   []byte
 	// place is the waiting room's count this request holds a place in
-	// (delay.go, inflight.go), nil for none.
+	// (enterRoom), nil for none.
 	place *atomic.Int64
 
 	// take: the outcome, and the store that decided.
@@ -44,16 +44,17 @@ type admission struct {
 	// verdict: what ServeHTTP answers with.
 	v   verdict
 	now time.Time
-	// passed is the on_exceed pass zone an allowed request exceeded
-	// (pass.go), -1 for none.
-	passed int
-	// wait is an allowed request's wait for its turn, asked by waitZone
-	// (delay.go); 0 for none.
-	wait     time.Duration
-	waitZone *zone
+	// waits: a serve hook waits, holding the request's place in the
+	// waiting room; else the place goes back after the verdict.
+	waits bool
+	// The controls' per-request state: pass.go's, delay.go's.
+	pass passMark
+	turn delayTurn
 
-	// obligations: what an allowed request gives back (reservation.go),
-	// and whether it waits for the response's status to do it.
+	// obligations: an allowed request runs the exit hooks (exit). What
+	// the store charged it, for the controls that give it back
+	// (reservation.go), recorded once (reserved) by those that do; and
+	// whether a control waits for the response's status.
 	res         reservation
 	reserved    bool
 	wantsStatus bool
@@ -113,7 +114,7 @@ var admissionPool = sync.Pool{New: func() any {
 // admit starts the admission of r.
 func (h *Handler) admit(r *http.Request) *admission {
 	a := admissionPool.Get().(*admission)
-	a.h, a.r, a.passed = h, r, -1
+	a.h, a.r = h, r
 	return a
 }
 
@@ -249,7 +250,7 @@ func (a *admission) verdict() {
 			}
 		}
 	}
-	if a.wait == 0 {
+	if !a.waits {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
 	if a.now.IsZero() { // not set by the store call (storeCall.take)
@@ -341,10 +342,11 @@ func (a *admission) statusKnown(status int) {
 }
 
 // exit runs on every exit of ServeHTTP (an error, a panic, a client gone,
-// a stream's end), once the status is settled: the allowed request's last
-// obligations (its slots back), then the admission is recycled.
+// a stream's end), once the status is settled: an allowed request's last
+// obligations (the exit hooks: its settlements, its slots back), whether
+// or not it reserved anything, then the admission is recycled.
 func (a *admission) exit() {
-	if a.reserved {
+	if a.out == allow { // an allowed request's obligations, whatever it reserved
 		for _, c := range a.h.on[atExit] {
 			c.exit(a)
 		}
@@ -358,6 +360,52 @@ func (a *admission) exit() {
 	}
 	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res, adapt: a.adapt[:0]}
 	admissionPool.Put(a)
+}
+
+// waitingRoom counts the requests of a handler holding a place to wait
+// (n), at most max (max_waiting): those waiting for their turn (delay),
+// for charges in flight and for an adaptive place. The stage code owns
+// it; a control that waits takes a place through enterRoom.
+type waitingRoom struct {
+	n   atomic.Int64
+	max int64
+}
+
+// defaultMaxWaiting is max_waiting's default.
+const defaultMaxWaiting = 1000
+
+// newWaitingRoom returns a room of size places (0: the default).
+func newWaitingRoom(size int) *waitingRoom {
+	if size <= 0 {
+		size = defaultMaxWaiting
+	}
+	return &waitingRoom{max: int64(size)}
+}
+
+// enter takes a place in the room, if one is free; the place goes back
+// with n.Add(-1).
+func (room *waitingRoom) enter() bool {
+	for n := room.n.Load(); n < room.max; n = room.n.Load() {
+		if room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
+			return true
+		}
+	}
+	return false
+}
+
+// enterRoom takes a place in the waiting room for the request, unless it
+// holds one already; false: the room is full. The place goes back after
+// the verdict for a request that need not wait, else at the end of its
+// wait or at exit (leaveRoom).
+func (a *admission) enterRoom() bool {
+	if a.place != nil {
+		return true
+	}
+	if !a.h.room.enter() {
+		return false
+	}
+	a.place = &a.h.room.n
+	return true
 }
 
 // leaveRoom gives the request's place in the waiting room back, if any.

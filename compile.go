@@ -30,6 +30,10 @@ type zone struct {
 	// dynSpec renders dyn's placeholders ("" for a static limit), for the
 	// check that every use of a zone name carries the same limit.
 	dynSpec string
+	// giver is the control whose charges the zone's are (set by its
+	// compile): what giving one back means (reservation.go); nil: a rate
+	// charge.
+	giver giver
 	// conc is a concurrency zone's run time (concurrency.go); nil for a
 	// rate zone.
 	conc *concurrencyZone
@@ -43,10 +47,8 @@ type zone struct {
 	// metrics are the zone's counters; nil with disable_metrics.
 	metrics    *zoneMetrics
 	reportOnly bool
-	// counts are the response statuses the zone charges (count.go); nil:
-	// every response. countSpec is the setting as written.
-	counts    *statusSet
-	countSpec []string
+	// count is a count zone's (count.go); nil: every response charged.
+	count *countZone
 	// settle is where the zone reads the actual amount (settle.go); nil:
 	// none.
 	settle *settleZone

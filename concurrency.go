@@ -30,12 +30,10 @@ var concurrencyControl = control{
 	provision: provisionConcurrency,
 	admin:     concurrencyInfo,
 	hooks: hooks{
-		plan: func(_ *admission, z *zone, rq *algorithms.Request) { rq.Holder = z.holder() },
-		rank: concurrencyHints,
-		verdict: func(a *admission) {
-			a.reserve().hold()
-		},
-		exit: releaseHeld,
+		plan:    func(_ *admission, z *zone, rq *algorithms.Request) { rq.Holder = z.holder() },
+		rank:    concurrencyHints,
+		verdict: func(a *admission) { holdSlots(a.reserve()) },
+		exit:    releaseHeld,
 	},
 }
 
@@ -58,6 +56,7 @@ type concurrencyZone struct {
 func (z *zone) compileConcurrency() {
 	if z.limit.Algorithm == algorithms.Concurrency {
 		z.conc = new(concurrencyZone)
+		z.giver = z.conc
 	}
 }
 
@@ -116,10 +115,45 @@ func concurrencyHints(s *admission) {
 	}
 }
 
+// holdSlots counts the slots reserved in rs as held from now (the slots
+// gauge, and the hold time that feeds the Retry-After hint).
+func holdSlots(rs *reservation) {
+	var now time.Time
+	for i := range rs.charges {
+		c := &rs.charges[i]
+		cz, ok := c.back.(*concurrencyZone)
+		if !ok || !c.since.IsZero() {
+			continue
+		}
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if cz.slots != nil {
+			cz.slots.Inc()
+		}
+		c.since = now
+	}
+}
+
+// give releases a concurrency zone's slot when the request ends or is
+// called off (reservation.go), recording how long a held one was held.
+func (cz *concurrencyZone) give(c *charge, why giving, _ int, _ *algorithms.Refund) gift {
+	if why&giveRelease == 0 {
+		return keep
+	}
+	if !c.since.IsZero() {
+		cz.observe(max(time.Since(c.since), 1))
+		if cz.slots != nil {
+			cz.slots.Dec()
+		}
+	}
+	return release
+}
+
 // releaseHeld gives an allowed request's slots back to the store that
 // granted them (its reservation) and records how long they were held.
 func releaseHeld(a *admission) {
-	if err := a.res.give(releaseSlots, 0); err != nil {
+	if err := a.res.give(giveRelease, 0); err != nil {
 		a.h.storeErrors.log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
 	}
 }
@@ -133,7 +167,6 @@ func provisionConcurrency(h *Handler) (stages, error) {
 		if z.conc == nil {
 			continue
 		}
-		h.concurrent = true
 		names = append(names, z.name)
 		if _, ok := h.store.(releaser); !ok {
 			return 0, zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
@@ -142,13 +175,13 @@ func provisionConcurrency(h *Handler) (stages, error) {
 			z.conc.slots = metrics.concurrentSlots.WithLabelValues(z.name)
 		}
 	}
-	if _, ok := h.local.(releaser); h.concurrent && h.local != nil && !ok {
+	if _, ok := h.local.(releaser); names != nil && h.local != nil && !ok {
 		return 0, fmt.Errorf("concurrent: the fail-local store (%T) cannot hold concurrency slots", h.local)
 	}
 	if heir, ok := h.store.(slotHeir); ok && names != nil {
 		heir.InheritSlots(names)
 	}
-	if !h.concurrent {
+	if names == nil {
 		return 0, nil
 	}
 	return joins(atPlan, atRank, atVerdict, atExit), nil

@@ -1,6 +1,8 @@
 package sluice
 
 import (
+	"slices"
+
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
@@ -16,10 +18,15 @@ type control struct {
 	// compile checks the control's fields of cfg and compiles them into z;
 	// the errors name the field (the caller names the zone).
 	compile func(z *zone, cfg *Zone) error
-	// provision checks what the control needs of h (its store) and returns
-	// the stages it joins in h, none for a directive that does not use it.
-	// It runs once the zones are compiled, in the order of the table below.
+	// provision checks what the control needs of h (its store), sets its
+	// fields of the zones' planned requests (h.planned) and returns the
+	// stages it joins in h, none for a directive that does not use it. It
+	// runs once the zones are compiled, and reads nothing another control's
+	// provision sets: the controls may be provisioned in any order.
 	provision func(h *Handler) (stages, error)
+	// derive returns further stages the control joins, decided from the
+	// planned requests' fields once every control has set its own.
+	derive func(h *Handler) stages
 	// cleanup undoes what provision registered outside h.
 	cleanup func(h *Handler)
 	// admin adds the control's fields to a zone's admin listing.
@@ -148,7 +155,17 @@ func compileControls(z *zone, cfg *Zone) error {
 // lists, per stage, the controls that joined it with a hook for it (h.on).
 // Called by Provision once the zones are compiled.
 func (h *Handler) provisionControls() error {
-	for _, c := range controls {
+	return h.provisionIn(controls[:])
+}
+
+// provisionIn provisions the controls in the order given, then derives
+// what follows from the planned requests: further stages (derive), and
+// whether the directive's requests may call the store after their
+// decision (h.hold). Within a stage the hooks run in the table's order,
+// whatever the order given.
+func (h *Handler) provisionIn(order []*control) error {
+	var joined [len(controls)]stages
+	for _, c := range order {
 		if c.provision == nil {
 			continue
 		}
@@ -156,13 +173,39 @@ func (h *Handler) provisionControls() error {
 		if err != nil {
 			return err
 		}
-		for s := range numStages {
-			if set&(1<<s) != 0 && c.hookAt(s) {
+		joined[slices.Index(controls[:], c)] |= set
+	}
+	for i, c := range controls {
+		if c.derive != nil {
+			joined[i] |= c.derive(h)
+		}
+	}
+	h.hold = nil
+	if hs, ok := h.store.(storeHolder); ok && slices.ContainsFunc(h.planned, givenBack) {
+		h.hold = hs
+	}
+	h.on = [numStages][]*control{}
+	for s := range numStages {
+		for i, c := range controls {
+			if joined[i]&(1<<s) != 0 && c.hookAt(s) {
 				h.on[s] = append(h.on[s], c)
 			}
 		}
 	}
 	return nil
+}
+
+// givenBack reports whether a planned request's charge may be given back
+// or settled after its decision: the store is then kept open across a
+// reload while the directive's requests use it (storeHolder).
+func givenBack(rq algorithms.Request) bool {
+	return rq.Refundable || rq.InFlight
+}
+
+// chargesInFlight reports whether a directive's planned requests leave
+// charges in flight (inflight.go).
+func chargesInFlight(planned []algorithms.Request) bool {
+	return slices.ContainsFunc(planned, func(rq algorithms.Request) bool { return rq.InFlight })
 }
 
 // cleanupControls undoes what the controls registered at Provision.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
 // countControl: a zone that counts only some responses (`count 401 403`,
@@ -17,11 +19,15 @@ var countControl = control{
 	name:      "count",
 	compile:   compileCount,
 	provision: provisionCount,
-	admin:     func(z *zone, info *adminZoneInfo) { info.Count = z.countSpec },
+	admin: func(z *zone, info *adminZoneInfo) {
+		if z.count != nil {
+			info.Count = z.count.spec
+		}
+	},
 	hooks: hooks{
-		verdict: func(a *admission) { a.wantsStatus = a.reserve().counted() },
+		verdict: func(a *admission) { a.wantsStatus = awaitsStatus(a.reserve()) },
 		status: func(a *admission, status int) {
-			_ = a.res.give(settleCounts, status) // refunds only: no error
+			_ = a.res.give(giveStatus, status) // refunds only: no error
 		},
 	},
 }
@@ -81,8 +87,46 @@ func compileCount(z *zone, cfg *Zone) error {
 	if err != nil {
 		return err
 	}
-	z.counts, z.countSpec = set, cfg.Count
+	z.count = &countZone{statuses: *set, spec: cfg.Count}
+	z.giver = z.count
 	return nil
+}
+
+// countZone is a count zone's: the response statuses it charges, and the
+// setting as written.
+type countZone struct {
+	statuses statusSet
+	spec     []string
+}
+
+// give is a count zone's charge given back (reservation.go): once the
+// status is known, kept if the zone counts it, else given back; given back
+// whole when the request is called off.
+func (cz *countZone) give(c *charge, why giving, status int, r *algorithms.Refund) gift {
+	switch {
+	case why&giveCancel != 0:
+		return refund
+	case why&giveStatus != 0:
+		r.Keep = status == statusUnknown || cz.statuses.has(status)
+		if m := c.zone.metrics; m != nil && !r.Keep {
+			m.refunded.Inc()
+		}
+		return refund
+	}
+	return keep
+}
+
+// awaitsStatus reports whether a count zone's charge in rs awaits the
+// status.
+func awaitsStatus(rs *reservation) bool {
+	for i := range rs.charges {
+		if c := &rs.charges[i]; !c.done {
+			if _, ok := c.back.(*countZone); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // provisionCount refuses count zones on a store that cannot give charges
@@ -90,29 +134,21 @@ func compileCount(z *zone, cfg *Zone) error {
 // and the status settles them.
 func provisionCount(h *Handler) (stages, error) {
 	_, canRefund := h.store.(refunder)
+	counting := false
 	for i, z := range h.zones {
-		if z.counts == nil {
+		if z.count == nil {
 			continue
 		}
 		if !canRefund {
 			return 0, zoneErr(z.name, errors.New("count: the store cannot give charges back (use store memory or store redis)"))
 		}
-		h.counting = true
+		counting = true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 	}
-	if !h.counting {
+	if !counting {
 		return 0, nil
 	}
-	h.holdStore()
 	return joins(atVerdict, atStatus), nil
-}
-
-// holdStore keeps the store open across a reload while this directive's
-// requests may call it after their decision (count, delay).
-func (h *Handler) holdStore() {
-	if hs, ok := h.store.(storeHolder); ok {
-		h.hold = hs
-	}
 }
 
 // The statuses statusKnown takes besides the response's own.

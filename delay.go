@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -35,9 +34,6 @@ var delayControl = control{
 	hooks: hooks{admit: enterWaitingRoom, verdict: waitOf, serve: await},
 }
 
-// defaultMaxWaiting is max_waiting's default.
-const defaultMaxWaiting = 1000
-
 // errWaitAbandoned is the error of a request whose client went away while
 // it waited for its turn.
 var errWaitAbandoned = errors.New("the client went away while its request waited for its turn; its reservation was given back")
@@ -46,38 +42,26 @@ var errWaitAbandoned = errors.New("the client went away while its request waited
 // away (nginx's 499).
 const statusClientClosed = 499
 
-// waitingRoom counts the requests of a handler holding a place to wait
-// (n), at most max.
-type waitingRoom struct {
-	n   atomic.Int64
-	max int64
-}
-
-// provisionDelay sets up the waiting room (shared with the waits for
-// charges in flight, inflight.go) and refuses delay zones on a store that
-// cannot give a departed waiter's reservation back.
+// provisionDelay refuses delay zones on a store that cannot give a
+// departed waiter's reservation back.
 func provisionDelay(h *Handler) (stages, error) {
-	h.room = &waitingRoom{max: defaultMaxWaiting}
-	if h.MaxWaiting > 0 {
-		h.room.max = int64(h.MaxWaiting)
-	}
+	delaying := false
 	_, canRefund := h.store.(refunder)
 	for _, z := range h.zones {
 		if z.limit.Delay > 0 {
 			if !canRefund {
 				return 0, zoneErr(z.name, errors.New("delay: the store cannot give a departed request's reservation back (use store memory or store redis)"))
 			}
-			h.delaying = true
+			delaying = true
 		}
 	}
-	if !h.delaying {
+	if !delaying {
 		return 0, nil
 	}
 	for i, z := range h.zones {
 		// A concurrency zone's slot is released, never refunded.
 		h.planned[i].Refundable = z.conc == nil
 	}
-	h.holdStore()
 	return joins(atAdmit, atVerdict, atServe), nil
 }
 
@@ -85,8 +69,7 @@ func provisionDelay(h *Handler) (stages, error) {
 // planned request, or, when the room is full, marks its zones as unable
 // to wait.
 func enterWaitingRoom(a *admission) {
-	if a.h.room.enter() {
-		a.place = &a.h.room.n
+	if a.enterRoom() {
 		return
 	}
 	for i := range a.reqs {
@@ -94,15 +77,10 @@ func enterWaitingRoom(a *admission) {
 	}
 }
 
-// enter takes a place in the room, if one is free; the place goes back
-// with n.Add(-1).
-func (room *waitingRoom) enter() bool {
-	for n := room.n.Load(); n < room.max; n = room.n.Load() {
-		if room.n.CompareAndSwap(n, n+1) { // never past max, even for a moment
-			return true
-		}
-	}
-	return false
+// delayTurn is a request's wait for its turn (0: none), asked by zone.
+type delayTurn struct {
+	wait time.Duration
+	zone *zone
 }
 
 // waitOf notes the wait of an allowed request: the longest its enforcing
@@ -122,7 +100,8 @@ func waitOf(a *admission) {
 	if _, ok := a.store.(refunder); !ok {
 		return
 	}
-	a.wait, a.waitZone = a.decs[best].Delay, a.zones[best]
+	a.turn = delayTurn{wait: a.decs[best].Delay, zone: a.zones[best]}
+	a.waits = true
 	a.reserve()
 }
 
@@ -132,18 +111,19 @@ func waitOf(a *admission) {
 // (clientgone.go), it cancels the reservation's charges and returns a 499
 // error; the slots go back at exit.
 func await(a *admission) error {
-	if a.wait == 0 {
+	if a.turn.wait == 0 {
 		markDelay(a.r, 0)
 		return nil
 	}
 	defer a.leaveRoom()
-	if m := a.waitZone.metrics; m != nil {
-		m.delay.Observe(a.wait.Seconds())
+	turn := a.turn
+	if m := turn.zone.metrics; m != nil {
+		m.delay.Observe(turn.wait.Seconds())
 		metrics.waiting.Inc()
 		defer metrics.waiting.Dec()
 	}
 	t := timerPool.Get().(*time.Timer)
-	t.Reset(a.wait)
+	t.Reset(turn.wait)
 	defer func() {
 		t.Stop()
 		timerPool.Put(t)
@@ -154,11 +134,11 @@ func await(a *admission) error {
 	case <-c.done():
 	}
 	if !c.stop() {
-		markDelay(a.r, a.wait)
+		markDelay(a.r, turn.wait)
 		return nil
 	}
-	_ = a.res.give(cancelCharges, 0) // refunds only: no error
-	if m := a.waitZone.metrics; m != nil {
+	_ = a.res.give(giveCancel, 0) // refunds only: no error
+	if m := turn.zone.metrics; m != nil {
 		m.abandoned.Inc()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)

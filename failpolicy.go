@@ -219,13 +219,13 @@ func (p *failPolicy) partial(a *admission, failed []bool) {
 // given back.
 func (p *failPolicy) giveBack(a *admission, local []int) {
 	for i := range a.reqs {
-		if a.decs[i].Allowed && a.zones[i].conc == nil && !slices.Contains(local, i) {
+		if a.decs[i].Allowed && a.reqs[i].Limit.Algorithm != algorithms.Concurrency && !slices.Contains(local, i) {
 			a.decs[i].Remaining += a.reqs[i].Cost
 		}
 	}
 	rs := &a.res
 	rs.reserve(a.store, a.reqs, a.decs, a.zones, local)
-	_ = rs.give(cancelCharges|releaseSlots, 0) // a slot not released ends with its lease
+	_ = rs.give(giveCancel|giveRelease, 0) // a slot not released ends with its lease
 	rs.reset()
 }
 

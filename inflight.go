@@ -23,9 +23,10 @@ import (
 var inflightControl = control{
 	name:      "charges in flight",
 	provision: provisionInflight,
+	derive:    deriveInflight,
 	hooks: hooks{
 		take:   awaitCharges,
-		status: func(a *admission, _ int) { a.h.settled.notify() },
+		status: func(a *admission, _ int) { chargesSettled(a) },
 	},
 }
 
@@ -56,22 +57,40 @@ func settleWaitOf(d *caddy.Duration) (time.Duration, error) {
 	return time.Duration(*d), nil
 }
 
-// provisionInflight sets settle_wait up for a directive that counts: its
-// requests wait for charges in flight (take), and its settlements wake
-// them (status).
+// chargesWait is a directive's wait for charges in flight: how long
+// (settle_wait; 0: none), and the signal its settlements send.
+type chargesWait struct {
+	wait    time.Duration
+	settled settleSignal
+}
+
+// provisionInflight sets settle_wait and the settlements' signal up.
 func provisionInflight(h *Handler) (stages, error) {
-	h.settleWait, _ = settleWaitOf(h.SettleWait) // checked by Validate
-	h.settled = new(settleSignal)
-	if !h.counting {
+	h.inflight = new(chargesWait)
+	h.inflight.wait, _ = settleWaitOf(h.SettleWait) // checked by Validate
+	return 0, nil
+}
+
+// chargesSettled wakes the requests waiting for charges in flight in a's
+// directive: one of its charges settled.
+func chargesSettled(a *admission) {
+	a.h.inflight.settled.notify()
+}
+
+// deriveInflight has a directive whose planned requests leave charges in
+// flight (count, settle) wait for them (take) and its settlements wake the
+// waiters (status).
+func deriveInflight(h *Handler) stages {
+	if !chargesInFlight(h.planned) {
 		if h.SettleWait != nil {
 			h.logger.Warn("settle_wait is set, but no zone of this rate_limit has count or settle (or those that do are switched off): nothing waits for charges in flight")
 		}
-		return 0, nil
+		return 0
 	}
-	if h.settleWait > 0 {
-		return joins(atTake, atStatus), nil
+	if h.inflight.wait > 0 {
+		return joins(atTake, atStatus)
 	}
-	return joins(atStatus), nil
+	return joins(atStatus)
 }
 
 // waitsForCharges reports whether s's decisions refuse the request only
@@ -100,23 +119,21 @@ func awaitCharges(s *admission) error {
 		return nil
 	}
 	h, r := s.h, s.r
-	if s.place == nil {
-		if !h.room.enter() {
-			return nil // the room is full: refused now
-		}
-		s.place = &h.room.n // given back after the verdict
+	if !s.enterRoom() {
+		return nil // the room is full: refused now
 	}
 	c := watchClient(r) // net/http alone misses a client leaving before its body is read
 	defer c.stop()
 	done := c.done()
 	t := timerPool.Get().(*time.Timer)
-	settled := h.settled.join()
+	cw := h.inflight
+	woke := cw.settled.join()
 	defer func() {
-		h.settled.leave(settled)
+		cw.settled.leave(woke)
 		t.Stop()
 		timerPool.Put(t)
 	}()
-	end := time.Now().Add(h.settleWait)
+	end := time.Now().Add(cw.wait)
 	for pause := settlePollFirst; ; pause = min(2*pause, settlePollMax) {
 		left := time.Until(end)
 		if left <= 0 {
@@ -126,7 +143,7 @@ func awaitCharges(s *admission) error {
 		woken := false
 		select {
 		case <-t.C:
-		case <-settled:
+		case <-woke:
 			t.Stop()
 			woken = true
 		case <-done:
@@ -134,7 +151,7 @@ func awaitCharges(s *admission) error {
 		}
 		err := s.store.Take(r.Context(), s.reqs, s.decs)
 		if woken {
-			h.settled.pass(settled) // the next waiter's turn
+			cw.settled.pass(woke) // the next waiter's turn
 		}
 		if err != nil {
 			if r.Context().Err() != nil {

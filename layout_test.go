@@ -11,14 +11,15 @@ import (
 )
 
 // TestLayoutHubNamesNoControl: the admission's hub (admission.go,
-// controls.go, statuswriter.go and ServeHTTP) reaches the controls only
+// controls.go, statuswriter.go, the ledger reservation.go, the fail policy
+// failpolicy.go and ServeHTTP) reaches the controls only
 // through their hooks: it reads none of their zone or handler state (the
 // admission's own fields are the hooks' per-request state). And each line of the
 // controls table names the file that declares that control.
 func TestLayoutHubNamesNoControl(t *testing.T) {
 	controlState := map[string]bool{"conc": true, "counts": true, "pass": true, "delaying": true, "counting": true,
-		"passing": true, "concurrent": true, "room": true, "settled": true, "settleWait": true,
-		"settling": true, "requestJSON": true}
+		"passing": true, "concurrent": true, "settled": true, "inflight": true,
+		"settling": true, "requestJSON": true, "count": true, "turn": true}
 	fset := token.NewFileSet()
 	parse := func(name string) *ast.File {
 		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
@@ -35,7 +36,7 @@ func TestLayoutHubNamesNoControl(t *testing.T) {
 			return true
 		})
 	}
-	for _, name := range []string{"admission.go", "controls.go", "statuswriter.go"} {
+	for _, name := range []string{"admission.go", "controls.go", "statuswriter.go", "reservation.go", "failpolicy.go"} {
 		check(name, parse(name))
 	}
 	for _, d := range parse("handler.go").Decls {

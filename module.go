@@ -110,10 +110,8 @@ type Handler struct {
 	// controls set their fields); a request's plan fills in the rest.
 	planned []algorithms.Request
 	// on lists, per stage, the controls that joined it (controls.go).
-	on   [numStages][]*control
-	take taker // the take stage's layers (failpolicy.go)
-	// concurrent: a zone is a concurrency zone (concurrency.go).
-	concurrent  bool
+	on          [numStages][]*control
+	take        taker // the take stage's layers (failpolicy.go)
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
@@ -127,22 +125,19 @@ type Handler struct {
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
-	counting    bool // a zone counts only some statuses (count.go)
 	// requestJSON: the request JSON paths the zones' keys read
 	// (requestjson.go).
 	requestJSON []string
 	passing     bool // a zone forwards its would-be refusals (pass.go)
-	// delaying: a zone lets requests wait for their turn (delay.go),
-	// within room.
-	delaying bool
-	room     *waitingRoom
-	// settleWait: the longest a request waits for charges in flight
-	// (inflight.go); 0: none.
-	settleWait time.Duration
-	settled    *settleSignal
+	// room holds the requests waiting (delay, charges in flight, an
+	// adaptive place), at most max_waiting (admission.go).
+	room *waitingRoom
+	// inflight is the wait for charges in flight (inflight.go).
+	inflight *chargesWait
 	// hold: the store, when it is one a reload keeps open while requests
 	// use it (storeHolder) and this directive's requests may call it after
-	// their decision (count, delay); nil otherwise.
+	// their decision (a planned charge given back or settled,
+	// provisionIn); nil otherwise.
 	hold     storeHolder
 	releases []func() // the local allowances' registrations (provisionAllowances)
 }
@@ -216,10 +211,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.storeStats = newStoreMetrics(name)
 	}
-	h.planned = make([]algorithms.Request, len(h.zones))
-	for i, z := range h.zones {
-		h.planned[i] = algorithms.Request{Zone: z.name, Limit: z.limit, ReportOnly: z.reportOnly}
-	}
+	h.planned = plannedOf(h.zones)
+	h.room = newWaitingRoom(h.MaxWaiting)
 	if err := h.provisionControls(); err != nil {
 		return err
 	}
@@ -243,6 +236,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.app = app
 	adminRegister(h) // for admin.api.rate_limit (admin.go)
 	return nil
+}
+
+// plannedOf returns the zones' requests as far as their configuration
+// says; the controls set their fields at Provision.
+func plannedOf(zones []*zone) []algorithms.Request {
+	planned := make([]algorithms.Request, len(zones))
+	for i, z := range zones {
+		planned[i] = algorithms.Request{Zone: z.name, Limit: z.limit, ReportOnly: z.reportOnly}
+	}
+	return planned
 }
 
 // provisionZones compiles the zones, in the order of their names, loads

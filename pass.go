@@ -86,12 +86,16 @@ func provisionPass(h *Handler) (stages, error) {
 	return joins(atVerdict, atServe), nil
 }
 
+// passMark is the on_exceed pass zone an allowed request exceeded: its
+// position in the admission's zones plus one; 0 for none.
+type passMark struct{ at int }
+
 // passedOf notes, for an allowed request, the on_exceed pass zone that
 // would refuse it with the longest Retry-After, if any.
 func passedOf(a *admission) {
 	for i, z := range a.zones {
-		if z.pass && !a.decs[i].Allowed && (a.passed < 0 || a.decs[i].RetryAfter > a.decs[a.passed].RetryAfter) {
-			a.passed = i
+		if z.pass && !a.decs[i].Allowed && (a.pass.at == 0 || a.decs[i].RetryAfter > a.decs[a.pass.at-1].RetryAfter) {
+			a.pass.at = i + 1
 		}
 	}
 }
@@ -106,11 +110,11 @@ func passedOf(a *admission) {
 // too (reply.Publish, which sees markedByPass).
 func markPass(a *admission) error {
 	repl := a.r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if a.out != allow || a.passed < 0 {
+	if a.out != allow || a.pass.at == 0 {
 		reply.SetWithin(repl)
 		return nil
 	}
-	z, p := a.zones[a.passed], &a.decs[a.passed]
+	z, p := a.zones[a.pass.at-1], &a.decs[a.pass.at-1]
 	reply.SetPassed(repl, reply.Vars{Zone: z.name, Retry: a.h.resp.RetryAfter(p.RetryAfter), Limit: p.Limit,
 		Remaining: p.Remaining, Reset: reply.ResetUnix(a.now, p.ResetAfter)})
 	return nil

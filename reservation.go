@@ -10,10 +10,9 @@ import (
 
 // reservation is what the store that decided an admitted request charged
 // it, zone by zone, and the one path that gives it back (give), as
-// golang.org/x/time/rate's Reservation has one Cancel: a count zone's
-// charge when the status is known (settle), every rate charge when a
-// waiter's client leaves or a fail-local zone refuses after the store
-// decided the others (cancel), the concurrency slots at exit (release).
+// golang.org/x/time/rate's Reservation has one Cancel. Each charge carries
+// the control it belongs to (its giver), which says what giving it back
+// means on each occasion; the reservation only batches the store calls.
 // Each charge goes back once, into the store that took it. Pooled with its
 // admission.
 type reservation struct {
@@ -21,8 +20,6 @@ type reservation struct {
 	// memory store after a failover.
 	store   Store
 	charges []charge
-	// held is when the slots were taken; zero while none is held.
-	held time.Time
 	// give's buffers.
 	refunds []algorithms.Refund
 	slots   []algorithms.Request
@@ -33,29 +30,61 @@ type charge struct {
 	zone *zone
 	req  algorithms.Request
 	at   int64 // the decision's At
-	// held: a slot counted in the zone's gauge (hold); done: given back.
-	held, done bool
-	// told: a settle zone's response told the actual amount, settled
-	// (settle.go); freed: its status is not charged, the estimate given
-	// back; else its estimate stays.
-	told, freed bool
-	settled     int64
+	// back is the control whose charge it is (the zone's giver; nil: a
+	// rate charge, given back only when the request is called off).
+	back giver
+	// since is when its control began holding it (a slot), zero while not
+	// held; done: given back.
+	since time.Time
+	done  bool
 }
 
-// What give gives back (a bit set).
+// giver is a control's side of its charges: what giving charge c back
+// means on an occasion (why, with the response's status for giveStatus).
+// It returns what c comes to, and completes r (c's refund, kept false)
+// for a refund. Called on the hot path: no allocation.
+type giver interface {
+	give(c *charge, why giving, status int, r *algorithms.Refund) gift
+}
+
+// gift is what a charge comes to on an occasion.
+type gift uint8
+
+const (
+	// keep: nothing now.
+	keep gift = iota
+	// refund: r goes back (a Refund, or a Settle when r.Settle).
+	refund
+	// release: the charge's slot is released.
+	release
+)
+
+// The occasions of give (a bit set), each named for who gives; what each
+// means for a charge is its control's to say.
 type giving uint8
 
 const (
-	// settleCounts: the count zones' charges, kept when the status counts.
-	settleCounts giving = 1 << iota
-	// cancelCharges: every rate charge.
-	cancelCharges
-	// releaseSlots: the concurrency slots.
-	releaseSlots
-	// settleAmounts: the settle zones' charges, settled to the amounts
-	// their responses told (the estimate kept when untold).
-	settleAmounts
+	// giveStatus: the response's status is known.
+	giveStatus giving = 1 << iota
+	// giveCancel: the request is called off after the store charged it
+	// (a waiter's client left, a fail-local zone refused).
+	giveCancel
+	// giveRelease: the request ended: what it holds goes back.
+	giveRelease
+	// giveSettle: the request ended: what it owes is settled.
+	giveSettle
 )
+
+// rateCharge is a charge without a control of its own: given back, whole,
+// only when the request is called off.
+type rateCharge struct{}
+
+func (rateCharge) give(_ *charge, why giving, _ int, _ *algorithms.Refund) gift {
+	if why&giveCancel != 0 {
+		return refund
+	}
+	return keep
+}
 
 // reserve records the charges of the zones that allowed a request (a
 // report-only zone that would refuse was not charged), but those at skip
@@ -63,82 +92,38 @@ const (
 func (rs *reservation) reserve(store Store, reqs []algorithms.Request, decs []algorithms.Decision, zones []*zone, skip []int) {
 	rs.store = store
 	for i := range reqs {
-		if !decs[i].Allowed || slices.Contains(skip, i) || zones[i].adapt != nil { // adaptive.go gives its own back
+		if !decs[i].Allowed || slices.Contains(skip, i) {
 			continue
 		}
-		rs.charges = append(rs.charges, charge{zone: zones[i], req: reqs[i], at: decs[i].At})
+		back := zones[i].giver
+		if back == nil {
+			back = rateCharge{}
+		}
+		rs.charges = append(rs.charges, charge{zone: zones[i], req: reqs[i], at: decs[i].At, back: back})
 	}
 }
 
-// hold counts the reserved slots as held from now (the slots gauge, the
-// hold time that feeds the Retry-After hint), and reports whether there
-// are any.
-func (rs *reservation) hold() bool {
-	for i := range rs.charges {
-		c := &rs.charges[i]
-		if c.zone.conc == nil {
-			continue
-		}
-		if !c.held && c.zone.conc.slots != nil {
-			c.zone.conc.slots.Inc()
-		}
-		c.held = true
-		rs.held = time.Now()
-	}
-	return !rs.held.IsZero()
-}
-
-// counted reports whether a count zone's charge awaits the status.
-func (rs *reservation) counted() bool {
-	for i := range rs.charges {
-		if c := &rs.charges[i]; c.zone.counts != nil && c.zone.conc == nil && !c.done {
-			return true
-		}
-	}
-	return false
-}
-
-// give gives back what is picked and not given back yet, in one call per
-// kind (Refund, or Settle when a charge is settled to an amount; Release)
-// into the store that decided; status is the response's for settleCounts. The stores never block on the network: a
-// remote one queues the call. A refund's error is the store's to count;
-// Release's is returned (a slot not released ends with its lease).
-func (rs *reservation) give(what giving, status int) error {
+// give gives back what the charges' controls say comes back on the
+// occasion why and was not given back yet, in one call per kind (Refund,
+// or Settle when a charge is settled to an amount; Release) into the store
+// that decided. The stores never block on the network: a remote one
+// queues the call. A refund's error is the store's to count; Release's is
+// returned (a slot not released ends with its lease).
+func (rs *reservation) give(why giving, status int) error {
 	rs.refunds, rs.slots = rs.refunds[:0], rs.slots[:0]
-	var slotsHeld time.Duration
 	settles := false
 	for i := range rs.charges {
 		c := &rs.charges[i]
-		switch {
-		case c.done:
+		if c.done {
 			continue
-		case c.zone.conc != nil:
-			if what&releaseSlots == 0 {
-				continue
-			}
-			rs.slots = append(rs.slots, c.req)
-			if c.held {
-				if slotsHeld == 0 {
-					slotsHeld = max(time.Since(rs.held), 1)
-				}
-				c.zone.conc.observe(slotsHeld)
-				if c.zone.conc.slots != nil {
-					c.zone.conc.slots.Dec()
-				}
-			}
-		case what&cancelCharges != 0:
-			rs.refunds = append(rs.refunds, refundOf(c, false))
-		case what&settleCounts != 0 && c.zone.counts != nil:
-			keep := status == statusUnknown || c.zone.counts.has(status)
-			if m := c.zone.metrics; m != nil && !keep {
-				m.refunded.Inc()
-			}
-			rs.refunds = append(rs.refunds, refundOf(c, keep))
-		case what&settleAmounts != 0 && c.zone.settle != nil:
-			r := refundOf(c, !c.told && !c.freed)
-			r.Settle, r.Settled = c.told, c.settled
+		}
+		r := refundOf(c, false)
+		switch c.back.give(c, why, status, &r) {
+		case refund:
 			rs.refunds = append(rs.refunds, r)
-			settles = settles || c.told
+			settles = settles || r.Settle
+		case release:
+			rs.slots = append(rs.slots, c.req)
 		default:
 			continue
 		}
@@ -173,5 +158,5 @@ func refundOf(c *charge, keep bool) algorithms.Refund {
 func (rs *reservation) reset() {
 	clear(rs.charges)
 	rs.charges = rs.charges[:0]
-	rs.store, rs.held = nil, time.Time{}
+	rs.store = nil
 }

@@ -58,16 +58,16 @@ func TestReservationGivesBackOnce(t *testing.T) {
 		t.Fatalf("admitted: %d left, %d slots in use; want 9, 1", left(a), inUse(a))
 	}
 	// A 200 is not counted: the charge comes back, once.
-	_ = a.res.give(settleCounts, 200)
-	_ = a.res.give(settleCounts|cancelCharges, 200)
+	_ = a.res.give(giveStatus, 200)
+	_ = a.res.give(giveStatus|giveCancel, 200)
 	if left(a) != 10 || inUse(a) != 1 {
 		t.Errorf("settled with a 200, twice: %d left, %d slots in use; want 10, 1", left(a), inUse(a))
 	}
 	b := admitted()
-	if err := a.res.give(releaseSlots, 0); err != nil {
+	if err := a.res.give(giveRelease, 0); err != nil {
 		t.Fatal(err)
 	}
-	_ = a.res.give(releaseSlots|cancelCharges, 0)
+	_ = a.res.give(giveRelease|giveCancel, 0)
 	if inUse(b) != 1 || left(b) != 9 {
 		t.Errorf("the first released twice beside a second: %d slots in use, %d left; want 1 (the second's), 9", inUse(b), left(b))
 	}
@@ -75,14 +75,14 @@ func TestReservationGivesBackOnce(t *testing.T) {
 
 	// A cancel (a waiter's client gone) gives every rate charge back; the
 	// status then settles nothing more, and the exit releases the slot.
-	_ = b.res.give(cancelCharges, 0)
-	_ = b.res.give(settleCounts, 503)
+	_ = b.res.give(giveCancel, 0)
+	_ = b.res.give(giveStatus, 503)
 	if left(b) != 10 || inUse(b) != 1 {
 		t.Errorf("cancelled, then a 503: %d left, %d slots in use; want 10, 1", left(b), inUse(b))
 	}
 	b.exit()
 	c := admitted()
-	_ = c.res.give(settleCounts, 503) // counted: kept
+	_ = c.res.give(giveStatus, 503) // counted: kept
 	if left(c) != 9 {
 		t.Errorf("a 503 counted: %d left, want 9", left(c))
 	}

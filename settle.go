@@ -93,7 +93,7 @@ func compileSettle(z *zone, cfg *Zone) error {
 		sz.header = http.CanonicalHeaderKey(s.Header)
 		sz.trailer = http.TrailerPrefix + sz.header
 	}
-	z.settle = sz
+	z.settle, z.giver = sz, sz
 	return nil
 }
 
@@ -110,7 +110,7 @@ func provisionSettle(h *Handler) (stages, error) {
 		if !canSettle {
 			return 0, zoneErr(z.name, errors.New("settle: the store cannot settle charges (use store memory or store redis)"))
 		}
-		settling, h.counting = true, true
+		settling = true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 		if z.metrics != nil {
 			z.settle.settled = metrics.settled.WithLabelValues(z.name)
@@ -120,7 +120,6 @@ func provisionSettle(h *Handler) (stages, error) {
 	if !settling {
 		return 0, nil
 	}
-	h.holdStore()
 	return joins(atVerdict, atStatus, atBody, atExit), nil
 }
 
@@ -160,6 +159,39 @@ type usageRead struct {
 	// one was.
 	found, bad bool
 	value      int64
+	// told: the charge is settled to amount at exit; freed: its status is
+	// not charged, the estimate given back; else the estimate stays.
+	told, freed bool
+	amount      int64
+}
+
+// give settles the charge read by rd at exit (reservation.go): to the
+// amount told, given back when freed, else kept; given back whole when
+// the request is called off.
+func (rd *usageRead) give(_ *charge, why giving, _ int, r *algorithms.Refund) gift {
+	switch {
+	case why&giveCancel != 0:
+		return refund
+	case why&giveSettle != 0:
+		r.Keep = !rd.told && !rd.freed
+		r.Settle, r.Settled = rd.told, rd.amount
+		return refund
+	}
+	return keep
+}
+
+// give keeps the estimate of a settle zone's charge not read (past
+// maxSettleReads) at exit; given back whole when the request is called
+// off.
+func (*settleZone) give(_ *charge, why giving, _ int, r *algorithms.Refund) gift {
+	switch {
+	case why&giveCancel != 0:
+		return refund
+	case why&giveSettle != 0:
+		r.Keep = true
+		return refund
+	}
+	return keep
 }
 
 type bodyKind uint8
@@ -195,6 +227,7 @@ func startSettle(a *admission) {
 		st.n++
 		*rd = usageRead{charge: i, sz: c.zone.settle}
 		rd.resetScans()
+		c.back = rd
 	}
 	if st != nil {
 		a.settling = st
@@ -301,7 +334,7 @@ func finishSettle(a *admission) {
 		if st.status == statusRefusal || st.status > 0 && rd.sz.free.has(st.status) {
 			// A later rate_limit refused it (the upstream never saw it),
 			// or the upstream answered a status it does not bill.
-			c.freed = true
+			rd.freed = true
 			if m := c.zone.metrics; m != nil {
 				m.refunded.Inc()
 			}
@@ -309,7 +342,7 @@ func finishSettle(a *admission) {
 		}
 		rd.result(hdr)
 		if rd.found {
-			c.told, c.settled = true, rd.value
+			rd.told, rd.amount = true, rd.value
 			if rd.sz.settled != nil {
 				rd.sz.settled.Add(float64(rd.value))
 			}
@@ -330,15 +363,15 @@ func finishSettle(a *admission) {
 		charged, rule := c.req.Cost, "the estimate stays (a response that is not 2xx)"
 		if st.status == statusUnknown || st.status >= 200 && st.status < 300 {
 			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost), "charged by the unknown rule"
-			c.told, c.settled = true, charged
+			rd.told, rd.amount = true, charged
 		}
 		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
 			rd.sz.log.write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
 				zap.Int64("estimate", c.req.Cost), zap.Int64("charged", charged), zap.String("rule", rule))
 		}
 	}
-	_ = a.res.give(settleAmounts, 0) // refunds only: no error
-	a.h.settled.notify()
+	_ = a.res.give(giveSettle, 0) // refunds only: no error
+	chargesSettled(a)
 	settlementPool.Put(st)
 }
 
