@@ -2,8 +2,6 @@ package sluice
 
 import (
 	"errors"
-	"mime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -449,15 +447,6 @@ func adaptiveFirstByte(a *admission, status int) {
 			ah.zone.adapt.observed(ah.key)
 		}
 	}
-}
-
-// eventStream reports whether a Content-Type is text/event-stream.
-func eventStream(ct string) bool {
-	if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream") {
-		return false
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "text/event-stream"
 }
 
 // observed updates the zone's gauges from key ak, whose window closed.
