@@ -120,7 +120,7 @@ func concurrencyHints(s *admission) {
 // granted them (its reservation) and records how long they were held.
 func releaseHeld(a *admission) {
 	if err := a.res.give(releaseSlots, 0); err != nil {
-		a.h.storeErrors.log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
+		a.h.storeErrors.Log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/stores"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // taker is a layer of the take stage: it decides an admission's planned
@@ -73,7 +74,7 @@ func (c storeCall) take(a *admission) error {
 type failPolicy struct {
 	next    taker
 	local   Store // the fail-local memory store; nil: no fail-local zone
-	errs    *sampledLog
+	errs    *telemetry.SampledLog
 	logger  *zap.Logger
 	stats   *storeMetrics // nil without metrics
 	problem bool          // the refusal lists the violated policies
@@ -260,6 +261,6 @@ func failClosedRetryOf(err error) time.Duration {
 // logError logs a failed store call (rate-limited).
 func (p *failPolicy) logError(err error) {
 	if p.errs != nil {
-		p.errs.log(p.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
+		p.errs.Log(p.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 	}
 }

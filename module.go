@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 func init() {
@@ -116,8 +117,8 @@ type Handler struct {
 	store       Store
 	local       Store
 	storeStats  *storeMetrics
-	storeErrors *sampledLog
-	refusalLog  *sampledLog
+	storeErrors *telemetry.SampledLog
+	refusalLog  *telemetry.SampledLog
 	legacy      bool
 	draft       bool
 	enabled     bool
@@ -167,8 +168,8 @@ const (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	h.storeErrors = newSampledLog(1, storeErrorInterval)
-	h.refusalLog = newSampledLog(refusalLines, time.Second)
+	h.storeErrors = telemetry.NewSampledLog(1, telemetry.StoreErrorInterval)
+	h.refusalLog = telemetry.NewSampledLog(telemetry.RefusalLines, time.Second)
 	if h.Headers == "" {
 		h.Headers = headersLegacy
 	}

@@ -44,7 +44,7 @@ func TestReportOnly(t *testing.T) {
 	// Every would-be refusal is accounted for in the log: written lines plus
 	// the counts of lines the sampler suppressed.
 	lines := logs.FilterMessage("rate limit would be exceeded (report only)").All()
-	total := int64(len(lines)) + h.refusalLog.suppressed.Load()
+	total := int64(len(lines)) + h.refusalLog.Suppressed()
 	for _, l := range lines {
 		f := l.ContextMap()
 		if f["zone"] != "report_z" || f["retry_after"] != int64(360) || f["cost"] != int64(1) || f["key"] == "" {

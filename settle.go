@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 	"github.com/sluicehq/caddy-sluice/usage"
 	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
@@ -58,7 +59,7 @@ type settleZone struct {
 	// settled counts the units settled; missing, the responses without a
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
-	log              *sampledLog
+	log              *telemetry.SampledLog
 	// unknown is the rule charging a response whose amount never arrives
 	// (settleunknown.go); asks: the usage is asked for (settleask.go).
 	unknown unknownRule
@@ -75,7 +76,7 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if err != nil {
 		return err
 	}
-	sz := &settleZone{spec: s.String(), free: free, log: newSampledLog(1, badValueInterval), asks: s.Asks()}
+	sz := &settleZone{spec: s.String(), free: free, log: telemetry.NewSampledLog(1, telemetry.BadValueInterval), asks: s.Asks()}
 	if err := sz.unknown.compile(s); err != nil {
 		return err
 	}
@@ -290,8 +291,8 @@ func finishSettle(a *admission) {
 			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost), "charged by the unknown rule"
 			c.told, c.settled = true, charged
 		}
-		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
-			rd.sz.log.write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
+		if ce := rd.sz.log.Check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
+			rd.sz.log.Write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
 				zap.Int64("estimate", c.req.Cost), zap.Int64("charged", charged), zap.String("rule", rule))
 		}
 	}
