@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/adaptive"
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // adaptiveControl: `concurrent adaptive` limits the requests of one key in
@@ -149,9 +150,9 @@ func provisionAdaptive(h *Handler) (stages, error) {
 		z.adapt.adaptiveState = st.(*adaptiveState)
 		if z.metrics != nil {
 			s := z.adapt.adaptiveState
-			s.limitGauge = metrics.adaptiveLimit.WithLabelValues(z.name)
-			s.baselineGauge = metrics.adaptiveBaseline.WithLabelValues(z.name)
-			s.latencyGauge = metrics.adaptiveLatency.WithLabelValues(z.name)
+			s.limitGauge = telemetry.Metrics.AdaptiveLimit.WithLabelValues(z.name)
+			s.baselineGauge = telemetry.Metrics.AdaptiveBaseline.WithLabelValues(z.name)
+			s.latencyGauge = telemetry.Metrics.AdaptiveLatency.WithLabelValues(z.name)
 		}
 	}
 	if !used {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // concurrencyControl: `concurrent <n>` limits how many requests of one key
@@ -139,7 +140,7 @@ func provisionConcurrency(h *Handler) (stages, error) {
 			return 0, zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
 		}
 		if z.metrics != nil {
-			z.conc.slots = metrics.concurrentSlots.WithLabelValues(z.name)
+			z.conc.slots = telemetry.Metrics.ConcurrentSlots.WithLabelValues(z.name)
 		}
 	}
 	if _, ok := h.local.(releaser); h.concurrent && h.local != nil && !ok {

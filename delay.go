@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
@@ -137,8 +139,8 @@ func await(a *admission) error {
 	defer a.leaveRoom()
 	if m := a.waitZone.metrics; m != nil {
 		m.delay.Observe(a.wait.Seconds())
-		metrics.waiting.Inc()
-		defer metrics.waiting.Dec()
+		telemetry.Metrics.Waiting.Inc()
+		defer telemetry.Metrics.Waiting.Dec()
 	}
 	t := timerPool.Get().(*time.Timer)
 	t.Reset(a.wait)

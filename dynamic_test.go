@@ -93,7 +93,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	h.logger = zap.New(core)
 	fallbacks := func(field string) float64 {
-		return testutil.ToFloat64(metrics.fallbacks.WithLabelValues("dyn_fb", field))
+		return testutil.ToFloat64(telemetry.Metrics.Fallbacks.WithLabelValues("dyn_fb", field))
 	}
 	type req struct {
 		events, window, burst, cost string

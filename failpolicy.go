@@ -41,7 +41,7 @@ func (h *Handler) takeStage() taker {
 // flight, inflight.go).
 type storeCall struct {
 	store Store
-	stats *storeMetrics // nil without metrics
+	stats *telemetry.StoreMetrics // nil without metrics
 	hooks []*control
 }
 
@@ -50,7 +50,7 @@ func (c storeCall) take(a *admission) error {
 	start := time.Now()
 	err := c.store.Take(a.r.Context(), a.reqs, a.decs)
 	if c.stats != nil {
-		c.stats.observe(start)
+		c.stats.Observe(start)
 	}
 	if err == nil && len(c.hooks) == 0 {
 		a.now = start // the decision's instant, for its headers: one clock reading less
@@ -76,8 +76,8 @@ type failPolicy struct {
 	local   Store // the fail-local memory store; nil: no fail-local zone
 	errs    *telemetry.SampledLog
 	logger  *zap.Logger
-	stats   *storeMetrics // nil without metrics
-	problem bool          // the refusal lists the violated policies
+	stats   *telemetry.StoreMetrics // nil without metrics
+	problem bool                    // the refusal lists the violated policies
 }
 
 func (p *failPolicy) take(a *admission) error {
@@ -97,7 +97,7 @@ func (p *failPolicy) take(a *admission) error {
 	}
 	p.logError(err)
 	if p.stats != nil {
-		p.stats.failed(err)
+		p.stats.Failed(err)
 	}
 	p.failover(a, err)
 	return nil

@@ -116,7 +116,7 @@ type Handler struct {
 	concurrent  bool
 	store       Store
 	local       Store
-	storeStats  *storeMetrics
+	storeStats  *telemetry.StoreMetrics
 	storeErrors *telemetry.SampledLog
 	refusalLog  *telemetry.SampledLog
 	legacy      bool
@@ -204,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	if !h.DisableMetrics {
-		if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		if err := telemetry.Register(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 		for _, z := range h.zones {
@@ -214,7 +214,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if m, ok := h.store.(caddy.Module); ok {
 			name = m.CaddyModule().ID.Name()
 		}
-		h.storeStats = newStoreMetrics(name)
+		h.storeStats = telemetry.NewStoreMetrics(name)
 	}
 	h.planned = make([]algorithms.Request, len(h.zones))
 	for i, z := range h.zones {

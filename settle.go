@@ -111,8 +111,8 @@ func provisionSettle(h *Handler) (stages, error) {
 		settling, h.counting = true, true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 		if z.metrics != nil {
-			z.settle.settled = metrics.settled.WithLabelValues(z.name)
-			z.settle.missing = metrics.settleMissing.WithLabelValues(z.name)
+			z.settle.settled = telemetry.Metrics.Settled.WithLabelValues(z.name)
+			z.settle.missing = telemetry.Metrics.SettleMissing.WithLabelValues(z.name)
 		}
 	}
 	if !settling {

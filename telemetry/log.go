@@ -1,5 +1,7 @@
 // Package telemetry holds what Sluice tells operators beside its answers:
-// the sampled log, whose lines an outage or an attack cannot flood.
+// the Prometheus collectors (metrics.go; the root resolves each zone's
+// counters) and the sampled log, whose lines an outage or an attack
+// cannot flood.
 package telemetry
 
 import (
