@@ -2,8 +2,6 @@ package sluice
 
 import (
 	"errors"
-	"mime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/adaptive"
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // adaptiveControl: `concurrent adaptive` limits the requests of one key in
@@ -156,9 +155,9 @@ func provisionAdaptive(h *Handler) (stages, error) {
 		z.adapt.adaptiveState = st.(*adaptiveState)
 		if z.metrics != nil {
 			s := z.adapt.adaptiveState
-			s.limitGauge = metrics.adaptiveLimit.WithLabelValues(z.name)
-			s.baselineGauge = metrics.adaptiveBaseline.WithLabelValues(z.name)
-			s.latencyGauge = metrics.adaptiveLatency.WithLabelValues(z.name)
+			s.limitGauge = telemetry.Metrics.AdaptiveLimit.WithLabelValues(z.name)
+			s.baselineGauge = telemetry.Metrics.AdaptiveBaseline.WithLabelValues(z.name)
+			s.latencyGauge = telemetry.Metrics.AdaptiveLatency.WithLabelValues(z.name)
 		}
 	}
 	if !used {
@@ -450,15 +449,6 @@ func adaptiveFirstByte(a *admission, status int) {
 			ah.zone.adapt.observed(ah.key)
 		}
 	}
-}
-
-// eventStream reports whether a Content-Type is text/event-stream.
-func eventStream(ct string) bool {
-	if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), "text/event-stream") {
-		return false
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "text/event-stream"
 }
 
 // observed updates the zone's gauges from key ak, whose window closed.

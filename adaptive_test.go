@@ -139,16 +139,6 @@ func TestAdaptiveSampleAtFirstByte(t *testing.T) {
 	}
 }
 
-// TestEventStream: the Content-Types taken for a stream.
-func TestEventStream(t *testing.T) {
-	for ct, want := range map[string]bool{"text/event-stream": true, "Text/Event-Stream; charset=utf-8": true,
-		"text/plain": false, "": false, "text/event-streamx": false} {
-		if eventStream(ct) != want {
-			t.Errorf("eventStream(%q) = %v, want %v", ct, !want, want)
-		}
-	}
-}
-
 // TestAdaptiveRetryAfterHint: a refusal's Retry-After is the key's last
 // measured latency (3 s here), at least 1 s before anything is measured.
 func TestAdaptiveRetryAfterHint(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 	"github.com/sluicehq/caddy-sluice/reply"
+	"github.com/sluicehq/caddy-sluice/usage"
 )
 
 // admission is one request through a rate_limit handler, from its plan to
@@ -61,9 +62,10 @@ type admission struct {
 	// wantsBody: a control reads the response's body (atBody).
 	wantsBody bool
 	// settling is the settle zones' reading of the response (settle.go);
-	// strip keeps the usage event asked for from the client (settleask.go).
+	// strip keeps the usage event asked for from the client (settleask.go,
+	// usage.Strip).
 	settling *settlement
-	strip    *usageStrip
+	strip    *usage.Strip
 	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
 	// the request was passed on; header is the response's header, for the
 	// status hooks.
@@ -313,7 +315,7 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 			sw.settle(status)
 		}
 		if a.strip != nil {
-			_ = a.strip.flush(sw.ResponseWriter)
+			_ = a.strip.Flush(sw.ResponseWriter)
 			stripPool.Put(a.strip)
 			a.strip = nil
 		}

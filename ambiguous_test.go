@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // serveHeader sends one request with header (names as given, values in
@@ -80,7 +82,7 @@ func TestAmbiguousKeyRefusedWith400(t *testing.T) {
 			t.Errorf("error %q: want the zone and the header's name, never a value", msg)
 		}
 	}
-	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("amb_account", outcomeAmbiguous)); got != 5 {
+	if got := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("amb_account", telemetry.OutcomeAmbiguous)); got != 5 {
 		t.Errorf("ambiguous_key metric = %v, want 5", got)
 	}
 	lines := logs.FilterMessage("rate limit key is ambiguous: request refused with 400").All()
@@ -147,10 +149,10 @@ func TestAmbiguousKeyReportOnly(t *testing.T) {
 			t.Fatalf("ambiguous request %d: limit %s remaining %s, want 100 and %d", i, l, r, 100-i)
 		}
 	}
-	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("amb_ro_account", outcomeReportOnlyAmbiguous)); got != 3 {
+	if got := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("amb_ro_account", telemetry.OutcomeReportOnlyAmbiguous)); got != 3 {
 		t.Errorf("report_only_ambiguous_key metric = %v, want 3", got)
 	}
-	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("amb_ro_account", outcomeAmbiguous)); got != 0 {
+	if got := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("amb_ro_account", telemetry.OutcomeAmbiguous)); got != 0 {
 		t.Errorf("ambiguous_key metric = %v, want 0", got)
 	}
 	if n := len(logs.FilterMessage("rate limit key is ambiguous (report only: passed, not charged in this zone)").All()); n != 3 {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/identity"
 	"github.com/sluicehq/caddy-sluice/internal/zonename"
 	"github.com/sluicehq/caddy-sluice/reply"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // zone is a Zone compiled at Provision (compileZone): the hot path parses
@@ -41,7 +42,7 @@ type zone struct {
 	adapt *adaptiveZone
 	// badValue rate-limits the log line about unusable per-request values
 	// (cost, events, window, burst); nil when nothing is chosen per request.
-	badValue *sampledLog
+	badValue *telemetry.SampledLog
 	// shown is what responses show of the zone's default limit.
 	shown shownLimit
 	// metrics are the zone's counters; nil with disable_metrics.
@@ -96,7 +97,7 @@ func compileZone(cfg *Zone, name string) (*zone, error) {
 		return nil, err
 	}
 	if zn.costExpr != nil || zn.dyn != nil {
-		zn.badValue = newSampledLog(1, badValueInterval)
+		zn.badValue = telemetry.NewSampledLog(1, telemetry.BadValueInterval)
 	}
 	return zn, nil
 }

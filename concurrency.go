@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // concurrencyControl: `concurrent <n>` limits how many requests of one key
@@ -154,7 +155,7 @@ func (cz *concurrencyZone) give(c *charge, why giving, _ int, _ *algorithms.Refu
 // granted them (its reservation) and records how long they were held.
 func releaseHeld(a *admission) {
 	if err := a.res.give(giveRelease, 0); err != nil {
-		a.h.storeErrors.log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
+		a.h.storeErrors.Log(a.h.logger, zap.ErrorLevel, "rate limit store failed to release concurrency slots; they end with their lease", zap.Error(err))
 	}
 }
 
@@ -172,7 +173,7 @@ func provisionConcurrency(h *Handler) (stages, error) {
 			return 0, zoneErr(z.name, fmt.Errorf("concurrent: the store (%T) cannot hold concurrency slots", h.store))
 		}
 		if z.metrics != nil {
-			z.conc.slots = metrics.concurrentSlots.WithLabelValues(z.name)
+			z.conc.slots = telemetry.Metrics.ConcurrentSlots.WithLabelValues(z.name)
 		}
 	}
 	if _, ok := h.local.(releaser); names != nil && h.local != nil && !ok {

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluicehq/caddy-sluice/reply"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
@@ -119,8 +120,8 @@ func await(a *admission) error {
 	turn := a.turn
 	if m := turn.zone.metrics; m != nil {
 		m.delay.Observe(turn.wait.Seconds())
-		metrics.waiting.Inc()
-		defer metrics.waiting.Dec()
+		telemetry.Metrics.Waiting.Inc()
+		defer telemetry.Metrics.Waiting.Dec()
 	}
 	t := timerPool.Get().(*time.Timer)
 	t.Reset(turn.wait)

@@ -789,7 +789,7 @@ func TestDocsReadme(t *testing.T) {
 }
 
 // TestDocsMetricsTable: every Prometheus collector the handler and the
-// stores register (read from metrics.go, redisstore/metrics.go and
+// stores register (read from telemetry/metrics.go, redisstore/metrics.go and
 // memstore/module.go) has a row in docs/operating.md's metrics table with
 // its type and labels (issue 13, item 20: the circuit and deny cache
 // metrics were missing).
@@ -811,7 +811,7 @@ func TestDocsMetricsTable(t *testing.T) {
 	}
 	fset := token.NewFileSet()
 	n := 0
-	for _, file := range []string{"metrics.go", "redisstore/metrics.go", "memstore/module.go"} {
+	for _, file := range []string{"telemetry/metrics.go", "redisstore/metrics.go", "memstore/module.go"} {
 		f, err := parser.ParseFile(fset, file, nil, 0)
 		if err != nil {
 			t.Fatal(err)

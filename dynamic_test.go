@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // TestDynamicLimitPerPlan: the limit comes from a request header (standing
@@ -92,7 +93,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	h.logger = zap.New(core)
 	fallbacks := func(field string) float64 {
-		return testutil.ToFloat64(metrics.fallbacks.WithLabelValues("dyn_fb", field))
+		return testutil.ToFloat64(telemetry.Metrics.Fallbacks.WithLabelValues("dyn_fb", field))
 	}
 	type req struct {
 		events, window, burst, cost string
@@ -142,7 +143,7 @@ func TestDynamicLimitFallbacks(t *testing.T) {
 	if f := lines[0].ContextMap(); f["zone"] != "dyn_fb" || f["field"] != "burst" || f["value"] != "many" || f["default"] != int64(5) {
 		t.Errorf("log line fields %v, want zone dyn_fb, field burst, value many, default 5", f)
 	}
-	h.badValue().start.Store(0)             // as if a minute had passed
+	h.badValue().Restart()                  // as if a minute had passed
 	try(req{"0", "1m", "7", "1", 200, "6"}) // events 5 (the default), burst 7
 	lines = logs.FilterMessageSnippet("chosen per request").All()
 	if len(lines) != 2 || lines[1].ContextMap()["suppressed_since_last"] != int64(7) || lines[1].ContextMap()["field"] != "events" {
@@ -224,7 +225,7 @@ func TestDynamicLimitAllocations(t *testing.T) {
 }
 
 // badValue returns the only zone's rate-limited log of unusable values.
-func (h *Handler) badValue() *sampledLog { return h.zones[0].badValue }
+func (h *Handler) badValue() *telemetry.SampledLog { return h.zones[0].badValue }
 
 // TestDynamicLimitNoAllocation: resolving a per-request limit, parsing it,
 // checking it and scoping the key allocate nothing.

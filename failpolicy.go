@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/stores"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // taker is a layer of the take stage: it decides an admission's planned
@@ -40,7 +41,7 @@ func (h *Handler) takeStage() taker {
 // flight, inflight.go).
 type storeCall struct {
 	store Store
-	stats *storeMetrics // nil without metrics
+	stats *telemetry.StoreMetrics // nil without metrics
 	hooks []*control
 }
 
@@ -49,7 +50,7 @@ func (c storeCall) take(a *admission) error {
 	start := time.Now()
 	err := c.store.Take(a.r.Context(), a.reqs, a.decs)
 	if c.stats != nil {
-		c.stats.observe(start)
+		c.stats.Observe(start)
 	}
 	if err == nil && len(c.hooks) == 0 {
 		a.now = start // the decision's instant, for its headers: one clock reading less
@@ -73,10 +74,10 @@ func (c storeCall) take(a *admission) error {
 type failPolicy struct {
 	next    taker
 	local   Store // the fail-local memory store; nil: no fail-local zone
-	errs    *sampledLog
+	errs    *telemetry.SampledLog
 	logger  *zap.Logger
-	stats   *storeMetrics // nil without metrics
-	problem bool          // the refusal lists the violated policies
+	stats   *telemetry.StoreMetrics // nil without metrics
+	problem bool                    // the refusal lists the violated policies
 }
 
 func (p *failPolicy) take(a *admission) error {
@@ -96,7 +97,7 @@ func (p *failPolicy) take(a *admission) error {
 	}
 	p.logError(err)
 	if p.stats != nil {
-		p.stats.failed(err)
+		p.stats.Failed(err)
 	}
 	p.failover(a, err)
 	return nil
@@ -260,6 +261,6 @@ func failClosedRetryOf(err error) time.Duration {
 // logError logs a failed store call (rate-limited).
 func (p *failPolicy) logError(err error) {
 	if p.errs != nil {
-		p.errs.log(p.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
+		p.errs.Log(p.logger, zap.ErrorLevel, "rate limit store failed; applying each zone's fail policy", zap.Error(err))
 	}
 }

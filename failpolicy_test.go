@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // TestFailPolicyLayer runs the take stage's fail policy alone, over a real
@@ -56,7 +57,7 @@ func TestFailPolicyLayer(t *testing.T) {
 	}`, nil)
 	local := memstore.New(memstore.Config{SweepInterval: -1})
 	t.Cleanup(local.Close)
-	layer := &failPolicy{next: storeCall{store: h.store}, local: local, errs: newSampledLog(1, storeErrorInterval), logger: zap.NewNop()}
+	layer := &failPolicy{next: storeCall{store: h.store}, local: local, errs: telemetry.NewSampledLog(1, telemetry.StoreErrorInterval), logger: zap.NewNop()}
 
 	// take plans a request to the zones named and runs it through the layer.
 	take := func(zones ...string) (outcome, *admission) {

@@ -71,8 +71,8 @@ func (h *Handler) ambiguousKey(z *zone, field *identity.Ambiguity) error {
 	if z.reportOnly {
 		msg = "rate limit key is ambiguous (report only: passed, not charged in this zone)"
 	}
-	if ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
-		h.refusalLog.write(ce, zap.String("zone", z.name), zap.String("source", field.Source), zap.String("name", field.Name))
+	if ce := h.refusalLog.Check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
+		h.refusalLog.Write(ce, zap.String("zone", z.name), zap.String("source", field.Source), zap.String("name", field.Name))
 	}
 	if z.reportOnly {
 		return nil
@@ -103,8 +103,8 @@ func (h *Handler) reportWouldRefuse(s *admission) {
 		if s.zones[i].pass {
 			msg = "rate limit exceeded (on_exceed pass: forwarded, marked)"
 		}
-		if ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
-			h.refusalLog.write(ce,
+		if ce := h.refusalLog.Check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {
+			h.refusalLog.Write(ce,
 				zap.String("zone", s.zones[i].name),
 				zap.String("key", s.reqs[i].Key.String()),
 				zap.Int64("retry_after", reply.CeilSeconds(s.decs[i].RetryAfter)),

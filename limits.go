@@ -125,8 +125,8 @@ func (z *zone) limitOf(repl identity.Resolver, tok identity.Token, scratch []byt
 	}
 	if err := l.Validate(); err != nil {
 		z.countFallback(fieldLimit)
-		if ce := z.badValue.check(logger, zap.WarnLevel, fallbackMsg[fieldLimit], time.Now()); ce != nil {
-			z.badValue.write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[fieldLimit]),
+		if ce := z.badValue.Check(logger, zap.WarnLevel, fallbackMsg[fieldLimit], time.Now()); ce != nil {
+			z.badValue.Write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[fieldLimit]),
 				zap.String("resolved", describeLimit(l)), zap.String("default", describeLimit(z.limit)), zap.Error(err))
 		}
 		return z.limit, tok, scratch
@@ -177,8 +177,8 @@ var fallbackMsg = [numFields]string{
 // it is written: a misconfigured placeholder falls back on every request.
 func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v []byte, def int64) {
 	z.countFallback(field)
-	if ce := z.badValue.check(logger, zap.WarnLevel, fallbackMsg[field], time.Now()); ce != nil {
-		z.badValue.write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[field]),
+	if ce := z.badValue.Check(logger, zap.WarnLevel, fallbackMsg[field], time.Now()); ce != nil {
+		z.badValue.Write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[field]),
 			zap.String("placeholder", ph.String()), zap.String("value", string(v)), zap.Int64("default", def))
 	}
 }

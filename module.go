@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
 	"github.com/sluicehq/caddy-sluice/reply"
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 func init() {
@@ -114,9 +115,9 @@ type Handler struct {
 	take        taker // the take stage's layers (failpolicy.go)
 	store       Store
 	local       Store
-	storeStats  *storeMetrics
-	storeErrors *sampledLog
-	refusalLog  *sampledLog
+	storeStats  *telemetry.StoreMetrics
+	storeErrors *telemetry.SampledLog
+	refusalLog  *telemetry.SampledLog
 	legacy      bool
 	draft       bool
 	enabled     bool
@@ -163,8 +164,8 @@ const (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	h.storeErrors = newSampledLog(1, storeErrorInterval)
-	h.refusalLog = newSampledLog(refusalLines, time.Second)
+	h.storeErrors = telemetry.NewSampledLog(1, telemetry.StoreErrorInterval)
+	h.refusalLog = telemetry.NewSampledLog(telemetry.RefusalLines, time.Second)
 	if h.Headers == "" {
 		h.Headers = headersLegacy
 	}
@@ -199,7 +200,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	if !h.DisableMetrics {
-		if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		if err := telemetry.Register(ctx.GetMetricsRegistry()); err != nil {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 		for _, z := range h.zones {
@@ -209,7 +210,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if m, ok := h.store.(caddy.Module); ok {
 			name = m.CaddyModule().ID.Name()
 		}
-		h.storeStats = newStoreMetrics(name)
+		h.storeStats = telemetry.NewStoreMetrics(name)
 	}
 	h.planned = plannedOf(h.zones)
 	h.room = newWaitingRoom(h.MaxWaiting)

@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // on_exceed pass: every request reaches the next handler; exactly the
@@ -41,7 +43,7 @@ func TestOnExceedPass(t *testing.T) {
 		w.WriteHeader(200)
 		return nil
 	})
-	before := testutil.ToFloat64(metrics.decisions.WithLabelValues("soft_quota", outcomeExceededPassed))
+	before := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("soft_quota", telemetry.OutcomeExceededPassed))
 	var codes []int
 	for range 8 {
 		w, err := serveNext(t, h, app, map[string]string{"X-User": "u"})
@@ -71,7 +73,7 @@ func TestOnExceedPass(t *testing.T) {
 	}
 	// Counted like report_only: every request the zone would refuse (the
 	// 4th to 6th, forwarded; the 7th and 8th, refused by hard_cap).
-	if d := testutil.ToFloat64(metrics.decisions.WithLabelValues("soft_quota", outcomeExceededPassed)) - before; d != 5 {
+	if d := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("soft_quota", telemetry.OutcomeExceededPassed)) - before; d != 5 {
 		t.Errorf("exceeded_passed counted %v, want 5", d)
 	}
 	// The soft zone was charged 3 (the marked requests charged it nothing).

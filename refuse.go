@@ -59,7 +59,7 @@ func (v *verdict) limits(now time.Time) reply.Limits {
 // logRefusal writes one line per refusal (zone, key token, retry-after,
 // cost), sampled by h.refusalLog so that an attack cannot flood the log.
 func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Request, repl *caddy.Replacer, now time.Time) {
-	ce := h.refusalLog.check(h.logger, zap.InfoLevel, msg, now)
+	ce := h.refusalLog.Check(h.logger, zap.InfoLevel, msg, now)
 	if ce == nil {
 		return
 	}
@@ -72,7 +72,7 @@ func (h *Handler) logRefusal(msg string, v *verdict, retry int64, r *http.Reques
 	if h.LogKey {
 		fields = append(fields, zap.String("raw_key", v.zone.deriver.Raw(repl, r)))
 	}
-	h.refusalLog.write(ce, fields...)
+	h.refusalLog.Write(ce, fields...)
 }
 
 // formatPolicyItem is the zone's RateLimit-Policy list member under limit

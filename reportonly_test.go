@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
 // TestReportOnly: 50 requests past a limit of 10 all pass; the headers count
@@ -35,16 +37,16 @@ func TestReportOnly(t *testing.T) {
 			t.Fatalf("request %d: remaining %q, want %d", i+1, got, want)
 		}
 	}
-	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("report_z", outcomeReportOnly)); got != 40 {
+	if got := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("report_z", telemetry.OutcomeReportOnly)); got != 40 {
 		t.Fatalf("report_only_refused metric = %v, want 40", got)
 	}
-	if got := testutil.ToFloat64(metrics.decisions.WithLabelValues("report_z", outcomeAllowed)); got != 10 {
+	if got := testutil.ToFloat64(telemetry.Metrics.Decisions.WithLabelValues("report_z", telemetry.OutcomeAllowed)); got != 10 {
 		t.Fatalf("allowed metric = %v, want 10", got)
 	}
 	// Every would-be refusal is accounted for in the log: written lines plus
 	// the counts of lines the sampler suppressed.
 	lines := logs.FilterMessage("rate limit would be exceeded (report only)").All()
-	total := int64(len(lines)) + h.refusalLog.suppressed.Load()
+	total := int64(len(lines)) + h.refusalLog.Suppressed()
 	for _, l := range lines {
 		f := l.ContextMap()
 		if f["zone"] != "report_z" || f["retry_after"] != int64(360) || f["cost"] != int64(1) || f["key"] == "" {

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/caddy-sluice/usage"
 )
 
 // requestJSONControl: a zone's key, cost and settle's unknown charge may
@@ -105,18 +107,16 @@ func readRequestJSON(a *admission) error {
 	buf = buf[:n]
 	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	var s jsonScan
+	var s usage.Scan
 	for _, p := range a.h.requestJSON {
-		s.reset(strings.Split(p, "."))
-		s.wantText = true
-		s.feed(buf)
-		s.end()
+		s.Reset(strings.Split(p, "."), true)
+		s.Feed(buf)
+		s.End()
 		v := ""
-		switch {
-		case s.found && s.isText:
-			v = string(s.text)
-		case s.found:
-			v = strconv.FormatInt(s.value, 10)
+		if text, isText := s.Text(); s.Found() && isText {
+			v = string(text)
+		} else if s.Found() {
+			v = strconv.FormatInt(s.Value(), 10)
 		}
 		repl.Set(requestJSONPrefix+p, v)
 	}

@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"bytes"
 	"errors"
 	"math"
 	"net/http"
@@ -13,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/telemetry"
+	"github.com/sluicehq/caddy-sluice/usage"
 	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
@@ -48,21 +49,17 @@ var settleControl = control{
 // settleZone is a zone's compiled settle source.
 type settleZone struct {
 	// header is the header (or trailer) read, canonical; trailer its name
-	// among the header map's trailers; paths the json source's paths, each
-	// as its segments, term the term of the sum each belongs to, terms
-	// how many; optional the terms that count 0 when absent, a bit each.
+	// among the header map's trailers; body the json source's paths and
+	// their sum (nil for a header).
 	header, trailer string
-	paths           [][]string
-	term            []uint8
-	terms           int
-	optional        uint8
+	body            *usage.Spec
 	spec            string
 	// free: the statuses whose estimate is given back whole.
 	free *statusSet
 	// settled counts the units settled; missing, the responses without a
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
-	log              *sampledLog
+	log              *telemetry.SampledLog
 	// unknown is the rule charging a response whose amount never arrives
 	// (settleunknown.go); asks: the usage is asked for (settleask.go).
 	unknown unknownRule
@@ -79,15 +76,16 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if err != nil {
 		return err
 	}
-	sz := &settleZone{spec: s.String(), free: free, log: newSampledLog(1, badValueInterval), asks: s.Asks()}
+	sz := &settleZone{spec: s.String(), free: free, log: telemetry.NewSampledLog(1, telemetry.BadValueInterval), asks: s.Asks()}
 	if err := sz.unknown.compile(s); err != nil {
 		return err
 	}
-	paths, terms, optional := s.Paths()
-	sz.paths, sz.optional = paths, optional
-	for _, t := range terms {
-		sz.term = append(sz.term, uint8(t))
-		sz.terms = t + 1
+	if paths, terms, optional := s.Paths(); paths != nil {
+		sz.body = &usage.Spec{Paths: paths, Optional: optional}
+		for _, t := range terms {
+			sz.body.Term = append(sz.body.Term, uint8(t))
+			sz.body.Terms = t + 1
+		}
 	}
 	if s.Header != "" {
 		sz.header = http.CanonicalHeaderKey(s.Header)
@@ -113,8 +111,8 @@ func provisionSettle(h *Handler) (stages, error) {
 		settling = true
 		h.planned[i].Refundable, h.planned[i].InFlight = true, true
 		if z.metrics != nil {
-			z.settle.settled = metrics.settled.WithLabelValues(z.name)
-			z.settle.missing = metrics.settleMissing.WithLabelValues(z.name)
+			z.settle.settled = telemetry.Metrics.Settled.WithLabelValues(z.name)
+			z.settle.missing = telemetry.Metrics.SettleMissing.WithLabelValues(z.name)
 		}
 	}
 	if !settling {
@@ -145,18 +143,8 @@ type settlement struct {
 type usageRead struct {
 	charge int // in the reservation's charges
 	sz     *settleZone
-	// body: how the body is read, decided at its first bytes.
-	body bodyKind
-	// json scans the body's JSON, or the current event's data or line's,
-	// one scan per path.
-	json [zonemodel.MaxSettlePaths]jsonScan
-	sse  sseLines
-	// got: the terms whose value was read (vals), a bit each; badAt: those
-	// whose value was unusable, and none read since.
-	got, badAt uint8
-	vals       [zonemodel.MaxSettleTerms]int64
-	// found: an amount was read (value, the paths' sum); bad: an unusable
-	// one was.
+	body   usage.Reader
+	// found: an amount was read (value); bad: an unusable one was.
 	found, bad bool
 	value      int64
 	// told: the charge is settled to amount at exit; freed: its status is
@@ -194,15 +182,8 @@ func (*settleZone) give(_ *charge, why giving, _ int, r *algorithms.Refund) gift
 	return keep
 }
 
-type bodyKind uint8
-
-const (
-	bodyUnknown bodyKind = iota
-	bodyJSON
-	bodyEvents
-	bodyLines      // NDJSON: a JSON text per line
-	bodyCompressed // not read: see startSettle
-)
+// A settle zone's paths and terms fit a usage.Reader.
+const _ = uint(usage.MaxPaths-zonemodel.MaxSettlePaths) + uint(usage.MaxTerms-zonemodel.MaxSettleTerms)
 
 var settlementPool = sync.Pool{New: func() any { return new(settlement) }}
 
@@ -226,7 +207,9 @@ func startSettle(a *admission) {
 		rd := &st.reads[st.n]
 		st.n++
 		*rd = usageRead{charge: i, sz: c.zone.settle}
-		rd.resetScans()
+		if rd.sz.body != nil {
+			rd.body.Reset(rd.sz.body)
+		}
 		c.back = rd
 	}
 	if st != nil {
@@ -265,7 +248,7 @@ func (st *settlement) readsRequest() (ask, read bool) {
 // readsBody reports whether a settle zone reads the response's body.
 func (st *settlement) readsBody() bool {
 	for i := 0; i < st.n; i++ {
-		if st.reads[i].sz.paths != nil {
+		if st.reads[i].sz.body != nil {
 			return true
 		}
 	}
@@ -281,38 +264,14 @@ func readUsage(a *admission, p []byte) {
 	st.seen += int64(len(p))
 	for i := 0; i < st.n; i++ {
 		rd := &st.reads[i]
-		if rd.sz.paths == nil {
+		if rd.sz.body == nil {
 			continue
 		}
-		if rd.body == bodyUnknown {
-			rd.body = bodyJSON
-			switch ct := a.header.Get("Content-Type"); {
-			case eventStream(ct):
-				rd.body = bodyEvents
-			case ndjsonStream(ct):
-				rd.body = bodyLines
-			}
-			if ce := a.header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-				rd.body = bodyCompressed
-			}
+		if rd.body.Kind() == usage.Unknown {
+			rd.body.Start(usage.KindOf(a.header.Get("Content-Type"), a.header.Get("Content-Encoding")))
 		}
-		switch rd.body {
-		case bodyEvents:
-			rd.sse.feed(rd, p)
-		case bodyLines:
-			rd.feedLines(p)
-		case bodyJSON:
-			rd.feed(p, true)
-		}
+		rd.body.Feed(p)
 	}
-}
-
-// ndjsonStream reports whether a Content-Type is a stream of JSON lines
-// (application/x-ndjson, Ollama's; application/jsonl).
-func ndjsonStream(ct string) bool {
-	ct, _, _ = strings.Cut(ct, ";")
-	ct = strings.TrimSpace(ct)
-	return strings.EqualFold(ct, "application/x-ndjson") || strings.EqualFold(ct, "application/jsonl")
 }
 
 // finishSettle settles the request's settle zones to the amounts read, or
@@ -353,7 +312,7 @@ func finishSettle(a *admission) {
 		}
 		reason := "settle: the response told no amount"
 		switch {
-		case rd.body == bodyCompressed:
+		case rd.body.Kind() == usage.Compressed:
 			reason = "settle: the response's body came compressed (despite Accept-Encoding: identity), unreadable as it streams"
 		case rd.bad:
 			reason = "settle: the response told an unusable amount (not a whole number from 0 to 2^53)"
@@ -365,8 +324,8 @@ func finishSettle(a *admission) {
 			charged, rule = rd.sz.unknown.charge(a, st, c.req.Cost), "charged by the unknown rule"
 			rd.told, rd.amount = true, charged
 		}
-		if ce := rd.sz.log.check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
-			rd.sz.log.write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
+		if ce := rd.sz.log.Check(a.h.logger, zap.WarnLevel, reason, time.Now()); ce != nil {
+			rd.sz.log.Write(ce, zap.String("zone", c.zone.name), zap.String("settle", rd.sz.spec), zap.Int("status", st.status),
 				zap.Int64("estimate", c.req.Cost), zap.Int64("charged", charged), zap.String("rule", rule))
 		}
 	}
@@ -376,109 +335,24 @@ func finishSettle(a *admission) {
 }
 
 // result completes the read once the response has ended: a header, else a
-// trailer; the JSON body's or the last line's end, and the terms' sum,
-// an amount once every term not optional was told.
+// trailer; or the body's (usage.Reader.Result).
 func (rd *usageRead) result(hdr http.Header) {
-	if rd.sz.paths == nil {
-		if hdr == nil {
-			return
-		}
-		v := hdr.Get(rd.sz.header)
-		if v == "" {
-			v = hdr.Get(rd.sz.trailer)
-		}
-		if v == "" {
-			return
-		}
-		rd.value, rd.found = parseAmount(strings.TrimSpace(v))
-		rd.bad = !rd.found
+	if rd.sz.body != nil {
+		rd.value, rd.found, rd.bad = rd.body.Result()
 		return
 	}
-	switch rd.body {
-	case bodyJSON:
-		rd.endText(true)
-	case bodyLines:
-		rd.endText(false)
+	if hdr == nil {
+		return
 	}
-	var sum int64
-	for i := range rd.sz.terms {
-		if rd.got&(1<<i) != 0 {
-			sum += rd.vals[i]
-		}
+	v := hdr.Get(rd.sz.header)
+	if v == "" {
+		v = hdr.Get(rd.sz.trailer)
 	}
-	all := uint8(1)<<rd.sz.terms - 1
-	rd.bad = rd.badAt != 0 || sum > maxSettled
-	rd.found, rd.value = rd.got != 0 && (rd.got|rd.sz.optional)&all == all && !rd.bad, sum
-}
-
-// resetScans readies the scans for a new text (the body, an event, a
-// line).
-func (rd *usageRead) resetScans() {
-	for i, p := range rd.sz.paths {
-		rd.json[i].reset(p)
+	if v == "" {
+		return
 	}
-}
-
-// feed scans p, the next bytes of the body's JSON (whole: the bytes after
-// its end are not read), or of the current event's or line's (which must
-// hold one JSON text and nothing else).
-func (rd *usageRead) feed(p []byte, whole bool) {
-	for i := range rd.sz.paths {
-		if j := &rd.json[i]; !j.failed && !(whole && j.done) {
-			j.feed(p)
-		}
-	}
-}
-
-// scanByte scans one byte of the current event's data.
-func (rd *usageRead) scanByte(c byte) {
-	for i := range rd.sz.paths {
-		if j := &rd.json[i]; !j.failed {
-			j.byte(c)
-		}
-	}
-}
-
-// endText ends a text: each term's value in it (its first alternative
-// told), if it told one, is the term's: the last text telling it wins. An
-// event's or a line's counts only when whole; the body's, whatever was
-// read of it (whole).
-func (rd *usageRead) endText(whole bool) {
-	var told, bad uint8
-	for i := range rd.sz.paths {
-		j, t := &rd.json[i], rd.sz.term[i]
-		bit := uint8(1) << t
-		j.end()
-		if (whole || !j.failed && j.done) && told&bit == 0 {
-			switch {
-			case j.found:
-				told |= bit
-				rd.vals[t] = j.value
-			case j.bad:
-				bad |= bit
-			}
-		}
-		j.reset(rd.sz.paths[i])
-	}
-	bad &^= told | rd.got // unusable, and never told
-	rd.got |= told
-	rd.badAt = (rd.badAt | bad) &^ told
-}
-
-// feedLines reads p, the next bytes of an NDJSON stream: each line is a
-// JSON text; a line cut by the stream's end counts unless its JSON is
-// whole.
-func (rd *usageRead) feedLines(p []byte) {
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			rd.feed(p, false)
-			return
-		}
-		rd.feed(p[:i], false)
-		rd.endText(false)
-		p = p[i+1:]
-	}
+	rd.value, rd.found = parseAmount(strings.TrimSpace(v))
+	rd.bad = !rd.found
 }
 
 // parseAmount parses a whole number from 0 to 2^53.
@@ -487,102 +361,7 @@ func parseAmount(v string) (int64, bool) {
 		return 0, true
 	}
 	n, ok := parseCount([]byte(v))
-	return n, ok && n <= maxSettled
-}
-
-// sseLines reads a text/event-stream: the data: lines of each event go to
-// the read's JSON scan, and an event that ends (a blank line) with the
-// amount at the path in its data is the read's amount so far: the last
-// one wins. An event cut short by the stream's end counts for nothing.
-type sseLines struct {
-	st sseState
-	// at is how much of "data:" the line has matched; data: the event has
-	// data lines; cr: the last byte was a CR (a CRLF's LF follows).
-	at       int
-	data, cr bool
-}
-
-type sseState uint8
-
-const (
-	sseLineStart sseState = iota
-	sseField              // matching "data:"
-	sseDataStart          // after "data:": one optional space
-	sseData               // in a data line
-	sseSkip               // in another field's line
-)
-
-// feed reads p into rd.
-func (s *sseLines) feed(rd *usageRead, p []byte) {
-	const field = "data:"
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if s.st == sseData && c != '\n' && c != '\r' {
-			// The rest of the data line at once.
-			j := bytes.IndexAny(p[i:], "\r\n")
-			if j < 0 {
-				j = len(p) - i
-			}
-			rd.feed(p[i:i+j], false)
-			s.cr = false
-			i += j - 1
-			continue
-		}
-		if s.cr && c == '\n' {
-			s.cr = false
-			continue
-		}
-		s.cr = c == '\r'
-		eol := c == '\n' || c == '\r'
-		switch s.st {
-		case sseLineStart:
-			if eol {
-				s.event(rd)
-				continue
-			}
-			s.st, s.at = sseField, 0
-			fallthrough
-		case sseField:
-			switch {
-			case eol:
-				s.st = sseLineStart
-			case c == field[s.at]:
-				if s.at++; s.at == len(field) {
-					s.st = sseDataStart
-					if s.data {
-						rd.scanByte('\n') // data lines join with a newline
-					}
-					s.data = true
-				}
-			default:
-				s.st = sseSkip
-			}
-		case sseDataStart, sseData:
-			if eol {
-				s.st = sseLineStart
-				continue
-			}
-			if s.st == sseDataStart && c == ' ' {
-				s.st = sseData
-				continue
-			}
-			s.st = sseData
-			rd.scanByte(c)
-		case sseSkip:
-			if eol {
-				s.st = sseLineStart
-			}
-		}
-	}
-}
-
-// event ends an event: the values its data told are the paths'.
-func (s *sseLines) event(rd *usageRead) {
-	if !s.data {
-		return
-	}
-	rd.endText(false)
-	s.data = false
+	return n, ok && n <= algorithms.MaxSettled
 }
 
 // showDebt adds to a settle zone's peek each key's debt: the units owed

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 )
 
@@ -37,7 +38,7 @@ func (u *unknownRule) readsRequest() bool { return u.from != nil || u.amount == 
 
 // charge returns what a response of a's request without an amount is
 // charged, with estimate its estimate: never less than the estimate, at
-// most maxSettled. The default, and a placeholder without a usable value:
+// most algorithms.MaxSettled. The default, and a placeholder without a usable value:
 // a request that bounds its output (st.bound) is charged that bound plus
 // its body's length (a text has no more tokens than bytes), so leaving
 // early never costs less than staying; one that does not, its body's
@@ -58,5 +59,5 @@ func (u *unknownRule) charge(a *admission, st *settlement, estimate int64) int64
 	case u.amount > 0:
 		n = u.amount
 	}
-	return max(min(n, maxSettled), estimate)
+	return max(min(n, algorithms.MaxSettled), estimate)
 }

@@ -70,9 +70,8 @@ func markRefusal(w http.ResponseWriter) {
 func (w *statusWriter) WriteHeader(status int) {
 	if status >= 200 || status == http.StatusSwitchingProtocols {
 		w.settle(status)
-		if s := w.hook.strip; s != nil && !s.decided {
-			s.decided = true
-			s.header(w.Header(), status)
+		if s := w.hook.strip; s != nil {
+			s.Header(w.Header(), status)
 		}
 	}
 	w.ResponseWriter.WriteHeader(status)
@@ -82,14 +81,10 @@ func (w *statusWriter) WriteHeader(status int) {
 func (w *statusWriter) Write(b []byte) (int, error) {
 	w.settle(http.StatusOK)
 	if s := w.hook.strip; s != nil {
-		if !s.decided {
-			s.decided = true
-			s.header(w.Header(), http.StatusOK)
-		}
-		if !s.off {
+		if s.Header(w.Header(), http.StatusOK); s.Filters() {
 			// The zone reads every byte; the client gets them less the
 			// usage event it did not ask for (settleask.go).
-			err := s.write(w.ResponseWriter, b)
+			err := s.Write(w.ResponseWriter, b)
 			if w.body {
 				w.hook.bodyWritten(b)
 			}
@@ -122,9 +117,8 @@ type writerOnly struct{ io.Writer }
 // flushes (http.ResponseController).
 func (w *statusWriter) FlushError() error {
 	w.settle(http.StatusOK)
-	if s := w.hook.strip; s != nil && !s.decided {
-		s.decided = true
-		s.header(w.Header(), http.StatusOK)
+	if s := w.hook.strip; s != nil {
+		s.Header(w.Header(), http.StatusOK)
 	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }

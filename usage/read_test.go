@@ -1,4 +1,4 @@
-package sluice
+package usage
 
 import (
 	"strconv"
@@ -9,16 +9,16 @@ import (
 // readAll reads body, in pieces of n bytes, as a settle zone reads a
 // response's (json or events), and returns what it concluded.
 func readAll(path []string, events bool, body string, n int) (found, bad bool, value int64) {
-	kind := bodyJSON
+	kind := JSON
 	if events {
-		kind = bodyEvents
+		kind = Events
 	}
 	return readPaths([][]string{path}, kind, body, n)
 }
 
 // readPaths reads body as a settle zone summing paths reads a response of
 // the kind given.
-func readPaths(paths [][]string, kind bodyKind, body string, n int) (found, bad bool, value int64) {
+func readPaths(paths [][]string, kind Kind, body string, n int) (found, bad bool, value int64) {
 	terms := make([]int, len(paths))
 	for i := range terms {
 		terms[i] = i
@@ -28,28 +28,21 @@ func readPaths(paths [][]string, kind bodyKind, body string, n int) (found, bad 
 
 // readTerms is readPaths with alternatives: terms[i] is paths[i]'s term;
 // optional the terms that may be absent.
-func readTerms(paths [][]string, terms []int, optional uint8, kind bodyKind, body string, n int) (found, bad bool, value int64) {
-	sz := &settleZone{optional: optional}
+func readTerms(paths [][]string, terms []int, optional uint8, kind Kind, body string, n int) (found, bad bool, value int64) {
+	spec := &Spec{Optional: optional}
 	for i, p := range paths {
-		sz.paths = append(sz.paths, p)
-		sz.term = append(sz.term, uint8(terms[i]))
-		sz.terms = terms[i] + 1
+		spec.Paths = append(spec.Paths, p)
+		spec.Term = append(spec.Term, uint8(terms[i]))
+		spec.Terms = terms[i] + 1
 	}
-	rd := &usageRead{sz: sz, body: kind}
-	rd.resetScans()
+	var r Reader
+	r.Reset(spec)
+	r.Start(kind)
 	for i := 0; i < len(body); i += n {
-		p := []byte(body[i:min(i+n, len(body))])
-		switch kind {
-		case bodyEvents:
-			rd.sse.feed(rd, p)
-		case bodyLines:
-			rd.feedLines(p)
-		default:
-			rd.feed(p, true)
-		}
+		r.Feed([]byte(body[i:min(i+n, len(body))]))
 	}
-	rd.result(nil)
-	return rd.found, rd.bad, rd.value
+	value, found, bad = r.Result()
+	return found, bad, value
 }
 
 var usagePath = []string{"usage", "total_tokens"}
@@ -157,9 +150,10 @@ func TestSettleEventStream(t *testing.T) {
 // TestSettleReadAllocs: reading a body allocates nothing.
 func TestSettleReadAllocs(t *testing.T) {
 	body := []byte(`data: {"choices":[{"delta":{"content":"hello"}}],"usage":{"total_tokens":300}}` + "\n\n")
-	rd := &usageRead{sz: &settleZone{paths: [][]string{usagePath}, term: []uint8{0}, terms: 1}, body: bodyEvents}
-	rd.resetScans()
-	if n := testing.AllocsPerRun(100, func() { rd.sse.feed(rd, body) }); n != 0 {
+	var r Reader
+	r.Reset(&Spec{Paths: [][]string{usagePath}, Term: []uint8{0}, Terms: 1})
+	r.Start(Events)
+	if n := testing.AllocsPerRun(100, func() { r.Feed(body) }); n != 0 {
 		t.Fatalf("%v allocations per event, want 0", n)
 	}
 }
@@ -216,29 +210,29 @@ func TestSettleSum(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		paths      [][]string
-		kind       bodyKind
+		kind       Kind
 		body       string
 		found, bad bool
 		value      int64
 	}{
-		{"anthropic stream", anthropicPaths, bodyEvents, anthropicStream(25, 300), true, false, 325},
-		{"anthropic stream, message_start only", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], false, false, 0},
-		{"anthropic stream, an error event after message_start", anthropicPaths, bodyEvents, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")] + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n", false, false, 0},
-		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, bodyEvents, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
-		{"anthropic json", anthropicPaths, bodyJSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
-		{"alternatives: the first told wins", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
-		{"alternatives: an unusable one, another told", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":"x","output_tokens":3},"message":{"usage":{"input_tokens":7}}}`, true, false, 10},
-		{"one term told", anthropicPaths, bodyJSON, `{"usage":{"output_tokens":300}}`, false, false, 0},
-		{"none told", anthropicPaths, bodyJSON, `{"usage":{}}`, false, false, 0},
-		{"one unusable", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":25,"output_tokens":-1}}`, false, true, 25},
-		{"sum above 2^53", anthropicPaths, bodyJSON, `{"usage":{"input_tokens":9007199254740992,"output_tokens":1}}`, false, true, 1<<53 + 1},
-		{"ollama ndjson", ollama, bodyLines, "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"He\"},\"done\":false}\n{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5,\"prompt_eval_count\":26,\"eval_count\":290}\n", true, false, 316},
-		{"ndjson, crlf, last line unterminated", ollama, bodyLines, "{\"done\":false}\r\n{\"done\":true,\"prompt_eval_count\":1,\"eval_count\":2}", true, false, 3},
-		{"ndjson, last line cut", ollama, bodyLines, "{\"prompt_eval_count\":1,\"eval_count\":2}\n{\"prompt_eval_count\":50,\"eval_count\":60", true, false, 3},
-		{"ndjson, prompt cached (no prompt_eval_count)", ollama, bodyLines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
-		{"ndjson, eval_count absent", ollama, bodyLines, "{\"done\":true,\"prompt_eval_count\":290}\n", false, false, 0},
-		{"ndjson, a broken line", ollama, bodyLines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
-		{"ndjson, text after a line's JSON", ollama, bodyLines, "{\"eval_count\":5}\n{\"eval_count\":9} x\n", true, false, 5},
+		{"anthropic stream", anthropicPaths, Events, anthropicStream(25, 300), true, false, 325},
+		{"anthropic stream, message_start only", anthropicPaths, Events, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")], false, false, 0},
+		{"anthropic stream, an error event after message_start", anthropicPaths, Events, anthropicStream(25, 300)[:strings.Index(anthropicStream(25, 300), "event: content_block_start")] + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n", false, false, 0},
+		{"anthropic stream, message_delta with input_tokens too", anthropicPaths, Events, strings.Replace(anthropicStream(25, 300), `"usage":{"output_tokens"`, `"usage":{"input_tokens":25,"output_tokens"`, 1), true, false, 325},
+		{"anthropic json", anthropicPaths, JSON, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":25,"output_tokens":300}}`, true, false, 325},
+		{"alternatives: the first told wins", anthropicPaths, JSON, `{"usage":{"input_tokens":25,"output_tokens":3},"message":{"usage":{"input_tokens":99}}}`, true, false, 28},
+		{"alternatives: an unusable one, another told", anthropicPaths, JSON, `{"usage":{"input_tokens":"x","output_tokens":3},"message":{"usage":{"input_tokens":7}}}`, true, false, 10},
+		{"one term told", anthropicPaths, JSON, `{"usage":{"output_tokens":300}}`, false, false, 0},
+		{"none told", anthropicPaths, JSON, `{"usage":{}}`, false, false, 0},
+		{"one unusable", anthropicPaths, JSON, `{"usage":{"input_tokens":25,"output_tokens":-1}}`, false, true, 25},
+		{"sum above 2^53", anthropicPaths, JSON, `{"usage":{"input_tokens":9007199254740992,"output_tokens":1}}`, false, true, 1<<53 + 1},
+		{"ollama ndjson", ollama, Lines, "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"He\"},\"done\":false}\n{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5,\"prompt_eval_count\":26,\"eval_count\":290}\n", true, false, 316},
+		{"ndjson, crlf, last line unterminated", ollama, Lines, "{\"done\":false}\r\n{\"done\":true,\"prompt_eval_count\":1,\"eval_count\":2}", true, false, 3},
+		{"ndjson, last line cut", ollama, Lines, "{\"prompt_eval_count\":1,\"eval_count\":2}\n{\"prompt_eval_count\":50,\"eval_count\":60", true, false, 3},
+		{"ndjson, prompt cached (no prompt_eval_count)", ollama, Lines, "{\"done\":true,\"eval_count\":290}\n", true, false, 290},
+		{"ndjson, eval_count absent", ollama, Lines, "{\"done\":true,\"prompt_eval_count\":290}\n", false, false, 0},
+		{"ndjson, a broken line", ollama, Lines, "{\"eval_count\":5}\nnot json\n", true, false, 5},
+		{"ndjson, text after a line's JSON", ollama, Lines, "{\"eval_count\":5}\n{\"eval_count\":9} x\n", true, false, 5},
 	} {
 		for _, n := range []int{1, 5, 1 << 20} {
 			terms, optional := []int{0, 1}, uint8(1) // prompt_eval_count? eval_count
@@ -257,15 +251,26 @@ func TestSettleSum(t *testing.T) {
 // an NDJSON stream, allocates nothing.
 func TestSettleSumAllocs(t *testing.T) {
 	body := []byte(anthropicStream(25, 300))
-	rd := &usageRead{sz: &settleZone{paths: anthropicPaths, term: []uint8{0, 0, 1}, terms: 2}, body: bodyEvents}
-	rd.resetScans()
-	if n := testing.AllocsPerRun(100, func() { rd.sse.feed(rd, body) }); n != 0 {
+	var r Reader
+	r.Reset(&Spec{Paths: anthropicPaths, Term: []uint8{0, 0, 1}, Terms: 2})
+	r.Start(Events)
+	if n := testing.AllocsPerRun(100, func() { r.Feed(body) }); n != 0 {
 		t.Fatalf("%v allocations per Anthropic stream, want 0", n)
 	}
 	lines := []byte("{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":290}\n")
-	rd = &usageRead{sz: &settleZone{paths: [][]string{{"prompt_eval_count"}, {"eval_count"}}, term: []uint8{0, 1}, terms: 2}, body: bodyLines}
-	rd.resetScans()
-	if n := testing.AllocsPerRun(100, func() { rd.feedLines(lines) }); n != 0 {
+	r.Reset(&Spec{Paths: [][]string{{"prompt_eval_count"}, {"eval_count"}}, Term: []uint8{0, 1}, Terms: 2})
+	r.Start(Lines)
+	if n := testing.AllocsPerRun(100, func() { r.Feed(lines) }); n != 0 {
 		t.Fatalf("%v allocations per NDJSON line, want 0", n)
+	}
+}
+
+// TestEventStream: the Content-Types taken for a stream.
+func TestEventStream(t *testing.T) {
+	for ct, want := range map[string]bool{"text/event-stream": true, "Text/Event-Stream; charset=utf-8": true,
+		"text/plain": false, "": false, "text/event-streamx": false} {
+		if EventStream(ct) != want {
+			t.Errorf("EventStream(%q) = %v, want %v", ct, !want, want)
+		}
 	}
 }

@@ -1,14 +1,25 @@
-package sluice
+// Package usage reads the amounts a response reports (settle's usage) as
+// its body streams, holding none of it: a JSON byte scanner that finds the
+// number or string at a dot path, a Reader that sums several paths over a
+// JSON body, a text/event-stream or NDJSON lines, and the request side of
+// asking a stream for its usage (a request's rewrite, the usage event kept
+// from the client). It takes bytes and values; it knows no zone and no
+// request. docs/architecture.md says where settle calls it.
+package usage
 
-import "bytes"
+import (
+	"bytes"
 
-// jsonScan finds the whole number at a dot path (usage.total_tokens) in a
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// Scan finds the whole number at a dot path (usage.total_tokens) in a
 // JSON text fed to it in pieces, as they stream, holding none of the text:
 // it tracks the nesting, compares keys on the path byte by byte, and keeps
 // only the digits of the number it looks for. Arrays are walked through,
 // never on the path. Bad JSON stops it (failed); the amount read before
 // stays.
-type jsonScan struct {
+type Scan struct {
 	path []string
 	st   scanState
 	// depth is how many containers are open; on how many of them, from
@@ -76,20 +87,30 @@ const (
 	numExp                   // in the exponent
 )
 
-// maxScanDepth is the deepest nesting jsonScan follows (a bit per level).
+// maxScanDepth is the deepest nesting Scan follows (a bit per level).
 const maxScanDepth = 64
 
-// maxSettled is the largest amount read: 2^53 (algorithms.MaxSettled).
-const maxSettled = 1 << 53
+// MaxAmount is the largest amount read: 2^53 (algorithms.MaxSettled).
+const MaxAmount = algorithms.MaxSettled
 
-// reset readies s for a new text at path.
-func (s *jsonScan) reset(path []string) {
-	*s = jsonScan{path: path}
+// Reset readies s for a new text at path; with text, a string at the path
+// is read too (Text).
+func (s *Scan) Reset(path []string, text bool) {
+	*s = Scan{path: path, wantText: text}
 }
 
-// feed scans p, the next bytes of the text. A string value's bytes are
+// Found reports whether the value at the path was read, Value the number
+// (0 for a string).
+func (s *Scan) Found() bool  { return s.found }
+func (s *Scan) Value() int64 { return s.value }
+
+// Text returns the string read at the path (Reset with text), and whether
+// the value read is a string.
+func (s *Scan) Text() ([]byte, bool) { return s.text, s.isText }
+
+// Feed scans p, the next bytes of the text. A string value's bytes are
 // skipped up to its next quote or backslash at once.
-func (s *jsonScan) feed(p []byte) {
+func (s *Scan) Feed(p []byte) {
 	for i := 0; i < len(p) && !s.failed; i++ {
 		if s.st == scanString && !s.escaped && !s.inText {
 			j := bytes.IndexAny(p[i:], `"\`)
@@ -102,10 +123,10 @@ func (s *jsonScan) feed(p []byte) {
 	}
 }
 
-// end tells s the text has ended: a number at its very end is complete
+// End tells s the text has ended: a number at its very end is complete
 // only as the whole text (inside a container, the text was cut short, and
 // so may the number have been).
-func (s *jsonScan) end() {
+func (s *Scan) End() {
 	if s.st == scanNumber && s.depth == 0 {
 		if s.endNumber() {
 			s.afterValue()
@@ -115,7 +136,7 @@ func (s *jsonScan) end() {
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
-func (s *jsonScan) byte(c byte) {
+func (s *Scan) byte(c byte) {
 	switch s.st {
 	case scanString, scanKeyStr:
 		s.stringByte(c)
@@ -174,7 +195,7 @@ func (s *jsonScan) byte(c byte) {
 }
 
 // value1 starts a value with its first byte c.
-func (s *jsonScan) value1(c byte) {
+func (s *Scan) value1(c byte) {
 	inObject := s.depth > 0 && s.arrays&(1<<s.depth) == 0
 	onPath := s.on == s.depth && (s.depth == 0 || inObject && s.keyOn)
 	s.keyOn = false
@@ -227,7 +248,7 @@ func (s *jsonScan) value1(c byte) {
 
 // numByte reads c in a number, and reports whether c is part of it (a
 // byte the grammar refuses is, and fails the text: 0040, 1., 1e).
-func (s *jsonScan) numByte(c byte) bool {
+func (s *Scan) numByte(c byte) bool {
 	if c >= '0' && c <= '9' {
 		d := int64(c - '0')
 		switch s.nst {
@@ -277,9 +298,9 @@ func (s *jsonScan) numByte(c byte) bool {
 }
 
 // digit adds a digit to the target's value.
-func (s *jsonScan) digit(d int64) {
+func (s *Scan) digit(d int64) {
 	if s.target && !s.bad {
-		if s.num = s.num*10 + d; s.num > maxSettled {
+		if s.num = s.num*10 + d; s.num > MaxAmount {
 			s.bad = true
 		}
 	}
@@ -288,7 +309,7 @@ func (s *jsonScan) digit(d int64) {
 // endNumber ends the number just read: one cut short (1., 1e, -) fails
 // the text; the one at the path is recorded when it is a whole number
 // (1E2 and 100.0 are 100; 1.5 is not whole).
-func (s *jsonScan) endNumber() bool {
+func (s *Scan) endNumber() bool {
 	switch s.nst {
 	case numSign, numDot, numE, numESign:
 		s.bad, s.failed = s.bad || s.target, true
@@ -306,7 +327,7 @@ func (s *jsonScan) endNumber() bool {
 }
 
 // whole returns the target's value, if it is a whole number up to 2^53.
-func (s *jsonScan) whole() (int64, bool) {
+func (s *Scan) whole() (int64, bool) {
 	n, e := s.num, s.exp
 	if s.expNeg {
 		e = -e
@@ -315,7 +336,7 @@ func (s *jsonScan) whole() (int64, bool) {
 		return 0, true
 	}
 	for ; e > 0; e-- {
-		if n *= 10; n > maxSettled {
+		if n *= 10; n > MaxAmount {
 			return 0, false
 		}
 	}
@@ -329,7 +350,7 @@ func (s *jsonScan) whole() (int64, bool) {
 }
 
 // stringByte reads one byte of a string (a key or a value).
-func (s *jsonScan) stringByte(c byte) {
+func (s *Scan) stringByte(c byte) {
 	if s.escaped {
 		s.escaped = false
 		s.keyOK = false // an escaped key is never on the path
@@ -365,7 +386,7 @@ func (s *jsonScan) stringByte(c byte) {
 }
 
 // afterValue ends a value: the root's is the text's end.
-func (s *jsonScan) afterValue() {
+func (s *Scan) afterValue() {
 	s.st = scanAfter
 	if s.depth == 0 {
 		s.done = true
@@ -373,7 +394,7 @@ func (s *jsonScan) afterValue() {
 }
 
 // close closes the innermost container with c ('}' or ']').
-func (s *jsonScan) close(c byte) {
+func (s *Scan) close(c byte) {
 	isArray := s.arrays&(1<<s.depth) != 0
 	if isArray != (c == ']') {
 		s.failed = true

@@ -1,4 +1,4 @@
-package sluice
+package usage
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ func TestWithUsage(t *testing.T) {
 		{`{"stream":true,"stream_options":{"include_usage": null ,"x":"}"}}`, `{"stream":true,"stream_options":{"include_usage": true ,"x":"}"}}`},
 		{`{"messages":[{"content":"\"stream\":true}"}],"stream":true}`, `{"messages":[{"content":"\"stream\":true}"}],"stream":true,"stream_options":{"include_usage":true}}`},
 	} {
-		got, ok := withUsage([]byte(c.in))
+		got, ok := WithUsage([]byte(c.in))
 		if !ok || string(got) != c.out {
 			t.Errorf("%s: %s %v, want %s", c.in, got, ok, c.out)
 		}
@@ -32,7 +32,7 @@ func TestWithUsage(t *testing.T) {
 		`{"str\u0065am":true}`, `{"stream":true,"stream\u005foptions":{"include_usage":false}}`, // escaped keys
 		`{"stream":true,"stream_options":"x"}`, `{"stream":true`, `{"stream":true} {}`, `[{"stream":true}]`, ``, `{"stream":true,}`,
 	} {
-		if got, ok := withUsage([]byte(in)); ok || string(got) != in {
+		if got, ok := WithUsage([]byte(in)); ok || string(got) != in {
 			t.Errorf("%s: rewritten to %s", in, got)
 		}
 	}
@@ -44,7 +44,7 @@ func TestOutputBound(t *testing.T) {
 		`{"max_tokens":500}`: 500, `{"max_completion_tokens":70,"max_tokens":60}`: 70, `{"max_output_tokens":9}`: 9,
 		`{"messages":[{"max_tokens":900}]}`: 0, `{"max_tokens":"9"}`: 0, `{"max_tokens":-9}`: 0, `{}`: 0, `nope`: 0,
 	} {
-		if got := outputBound([]byte(in)); got != want {
+		if got := OutputBound([]byte(in)); got != want {
 			t.Errorf("%s: %d, want %d", in, got, want)
 		}
 	}
@@ -59,28 +59,28 @@ func TestUsageStrip(t *testing.T) {
 	stream := ": ping\n\n" + chunk + chunk + usage + "data: [DONE]\n\n"
 	want := ": ping\n\n" + chunk + chunk + "data: [DONE]\n\n"
 	for _, size := range []int{1, 2, 3, 7, 64, len(stream)} {
-		var s usageStrip
-		s.reset()
+		var s Strip
+		s.Reset()
 		var out bytes.Buffer
 		for p := stream; p != ""; {
 			n := min(size, len(p))
-			if err := s.write(&out, []byte(p[:n])); err != nil {
+			if err := s.Write(&out, []byte(p[:n])); err != nil {
 				t.Fatal(err)
 			}
 			p = p[n:]
 		}
-		s.flush(&out)
+		s.Flush(&out)
 		if out.String() != want || s.stripped != 1 {
 			t.Errorf("writes of %d: %q (%d stripped), want %q", size, out.String(), s.stripped, want)
 		}
 	}
 	// CRLF lines; an unfinished last event is flushed at the end.
-	var s usageStrip
-	s.reset()
+	var s Strip
+	s.Reset()
 	var out bytes.Buffer
 	crlf := strings.ReplaceAll(usage, "\n", "\r\n")
-	s.write(&out, []byte(crlf+"data: tail"))
-	s.flush(&out)
+	s.Write(&out, []byte(crlf+"data: tail"))
+	s.Flush(&out)
 	if out.String() != "data: tail" {
 		t.Errorf("CRLF: %q", out.String())
 	}
@@ -91,10 +91,10 @@ func TestUsageStrip(t *testing.T) {
 		}
 	}
 	big := "data: " + strings.Repeat("x", maxHeld+10) + "\n\n"
-	s.reset()
+	s.Reset()
 	out.Reset()
 	for p := big + usage; p != ""; p = p[min(1000, len(p)):] {
-		s.write(&out, []byte(p[:min(1000, len(p))]))
+		s.Write(&out, []byte(p[:min(1000, len(p))]))
 	}
 	if out.String() != big {
 		t.Errorf("an event over maxHeld: %d bytes out, want %d", out.Len(), len(big))
@@ -104,7 +104,7 @@ func TestUsageStrip(t *testing.T) {
 // FuzzWithUsage: no input panics the rewrite or the event filter; a
 // rewritten JSON object stays JSON, streamed, asking for usage.
 //
-//	go test -run XXX -fuzz FuzzWithUsage -fuzztime 30s .
+//	go test -run XXX -fuzz FuzzWithUsage -fuzztime 30s ./usage/
 func FuzzWithUsage(f *testing.F) {
 	for _, s := range []string{`{"stream":true}`, `{"stream":true,"stream_options":{"include_usage":false,"x":[1,{"y":"}"}]}}`,
 		`{"stream":true,"stream_options":null}`, `{"a":"\"","stream":true}`, `{"stream":true,"stream_options":{}}`} {
@@ -112,8 +112,8 @@ func FuzzWithUsage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		usageEvent(append([]byte("data: "), in...))
-		outputBound(in)
-		out, ok := withUsage(in)
+		OutputBound(in)
+		out, ok := WithUsage(in)
 		if !ok {
 			if !bytes.Equal(out, in) {
 				t.Fatalf("%q changed to %q without a rewrite", in, out)
