@@ -98,7 +98,7 @@ type ZoneInfo struct {
 	Lease      string `json:"lease,omitempty"`
 	LeaseMs    int64  `json:"lease_ms,omitempty"`
 	// Adaptive: an adaptive concurrency zone's settings and what this
-	// instance learnt (adaptive.go); Concurrent is then its current limit.
+	// instance learnt (the root's adaptive.go); Concurrent is then its current limit.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
 }
 
@@ -145,7 +145,7 @@ type State struct {
 	Limit     int64 `json:"limit"`
 	Remaining int64 `json:"remaining"`
 	// Allowed: a request of cost 1 would pass now (a settle zone's: of
-	// the zone's cost, its estimate; settle.go).
+	// the zone's cost, its estimate; the root's settle.go).
 	Allowed bool `json:"allowed"`
 	// RetryAfter: when a request of cost 1 could pass (0 if it can now);
 	// a settle zone's, of the zone's cost.
@@ -157,10 +157,10 @@ type State struct {
 	// InUse: a concurrency zone's slots in use (limit − remaining).
 	InUse *int64 `json:"in_use,omitempty"`
 	// Debt: a settle zone's units owed beyond its capacity (token_bucket
-	// and gcra; settle.go), 0 when none.
+	// and gcra; the root's settle.go), 0 when none.
 	Debt *int64 `json:"debt,omitempty"`
 	// InFlight: a settle or count zone's units charged to requests whose
-	// response has not settled them yet (inflight.go); the top level's is
+	// response has not settled them yet (the root's inflight.go); the top level's is
 	// the sum over the key's tokens.
 	InFlight *int64 `json:"in_flight,omitempty"`
 }
