@@ -466,26 +466,6 @@ func adaptiveExit(a *admission) {
 	releaseAdaptive(a)
 }
 
-// adminAdaptive is an adaptive zone's part of the admin API's listing and
-// of the live page.
-type adminAdaptive struct {
-	Controller string  `json:"controller"`
-	Minimum    int64   `json:"minimum"`
-	Maximum    int64   `json:"maximum"`
-	Initial    int64   `json:"initial"`
-	Tolerance  float64 `json:"tolerance"`
-	Window     string  `json:"window"`
-	Delay      string  `json:"delay,omitempty"`
-	// Limit, Baseline and Latency are those of the key whose window closed
-	// last (the only key of a zone keyed on a constant); InFlight and Keys
-	// count every key of this instance.
-	Limit      int64   `json:"limit"`
-	BaselineMs float64 `json:"baseline_ms"`
-	LatencyMs  float64 `json:"latency_ms"`
-	InFlight   int64   `json:"in_flight"`
-	Keys       int     `json:"keys"`
-}
-
 // adaptiveInfo fills in an adaptive zone's fields of the admin listing.
 func adaptiveInfo(z *zone, i *adminZoneInfo) {
 	az := z.adapt

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluicehq/caddy-sluice/admin"
 )
 
 // adminCall sends one request to the admin.api.rate_limit routes and
@@ -16,7 +18,7 @@ import (
 // answer it (an error becomes its status and {"error": ...}).
 func adminCall(t *testing.T, method, target string) (int, map[string]any) {
 	t.Helper()
-	routes := AdminAPI{}.Routes()
+	routes := admin.API{}.Routes()
 	if len(routes) != 1 || !strings.HasPrefix(target, routes[0].Pattern) {
 		t.Fatalf("%s is not under the module's route %v", target, routes)
 	}
@@ -249,55 +251,6 @@ func TestAdminErrors(t *testing.T) {
 	// The shared bucket of requests with no key is addressable by token.
 	if code, body := adminCall(t, "GET", "/rate_limit/zones/adm_composite/tokens/e0-"); code != 200 || body["found"] != false {
 		t.Errorf("GET tokens/e0-: %d %v", code, body)
-	}
-}
-
-// The listing shows the configuration provisioned last; while it is being
-// loaded, and if it fails (its handlers cleaned up), the running one shows.
-func TestAdminRegistryGenerations(t *testing.T) {
-	h1 := newHandler(t, `rate_limit {
-		zone gen_old {
-			events 1
-			window 1m
-		}
-	}`, nil)
-	h2 := newHandler(t, `rate_limit {
-		zone gen_new {
-			events 1
-			window 1m
-		}
-	}`, nil)
-	// Move them into configurations of their own (as two loads would).
-	adminUnregister(h1)
-	adminUnregister(h2)
-	h1.app, h2.app = new(App), new(App)
-	adminRegister(h1)
-	has := func(name string) bool {
-		code, _ := adminCall(t, "GET", "/rate_limit/zones/"+name)
-		return code == 200
-	}
-	if !has("gen_old") || has("gen_new") {
-		t.Fatal("only the old configuration is registered")
-	}
-	adminRegister(h2)
-	if has("gen_old") || !has("gen_new") {
-		t.Fatal("the newer configuration must win")
-	}
-	adminUnregister(h2) // the new configuration failed to load
-	if !has("gen_old") || has("gen_new") {
-		t.Fatal("after the new configuration's cleanup, the old one must show again")
-	}
-	adminUnregister(h1)
-	adminUnregister(h1) // idempotent
-	if has("gen_old") {
-		t.Fatal("an unregistered configuration still shows")
-	}
-	adminRegistry.Lock()
-	_, kept1 := adminRegistry.gens[h1.app]
-	_, kept2 := adminRegistry.gens[h2.app]
-	adminRegistry.Unlock()
-	if kept1 || kept2 {
-		t.Fatal("the registry kept the generation of a configuration with no handler left")
 	}
 }
 

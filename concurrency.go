@@ -198,15 +198,3 @@ func concurrencyInfo(z *zone, i *adminZoneInfo) {
 	i.Concurrent, i.Lease, i.LeaseMs = z.limit.Events, lease.String(), z.limit.Window
 	i.Events, i.Window, i.WindowMs, i.Burst = 0, "", 0, 0
 }
-
-// showInUse adds the slots in use to a concurrency zone's peek.
-func (p *adminPeek) showInUse() {
-	inUse := func(s *adminState) {
-		n := max(s.Limit-s.Remaining, 0)
-		s.InUse = &n
-	}
-	inUse(&p.adminState)
-	for i := range p.Keys {
-		inUse(&p.Keys[i].adminState)
-	}
-}

@@ -75,6 +75,7 @@ func useStores(h *Handler, store, local Store) {
 		h.local = local
 	}
 	h.take = h.takeStage()
+	adminRegister(h) // the admin API reads the stores it was given
 }
 
 var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {

@@ -49,7 +49,7 @@ func newZoneMetrics(zone string, perRequest bool) *zoneMetrics {
 // countDecisions records the outcome of every zone of a decided request.
 func countDecisions(s *admission, refused bool) {
 	if len(s.zones) > 0 && s.zones[0].metrics != nil {
-		recordActivity(s, refused) // for the live page (recent.go)
+		recordActivity(s, refused) // for the live page (admin.go)
 	}
 	for i, z := range s.zones {
 		if z.metrics == nil {

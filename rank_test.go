@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/caddy-sluice/admin"
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/reply"
 )
@@ -13,7 +14,7 @@ import (
 // TestRankingAgrees runs one table of decision pairs through the three
 // places that show the most constrained zone: the verdict of one directive
 // (admission.verdict), the rate limit headers of a later directive (priorLegacyWins) and
-// the admin API's peek (mostConstrained). They must choose the same one.
+// the admin API's peek (admin.MostConstrained). They must choose the same one.
 func TestRankingAgrees(t *testing.T) {
 	allowed := func(rem, reset int64) algorithms.Decision {
 		return algorithms.Decision{Allowed: true, Limit: 10, Remaining: rem, ResetAfter: time.Duration(reset) * time.Second}
@@ -62,7 +63,7 @@ func TestRankingAgrees(t *testing.T) {
 				t.Errorf("headers chose %d, want %d", got, c.want)
 			}
 			// The admin API's peek of a key's tokens.
-			if got := mostConstrained(pair, []bool{true, true}); got != c.want {
+			if got := admin.MostConstrained(pair, []bool{true, true}); got != c.want {
 				t.Errorf("admin peek chose %d, want %d", got, c.want)
 			}
 		})

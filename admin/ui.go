@@ -1,4 +1,4 @@
-package sluice
+package admin
 
 import (
 	_ "embed"
@@ -95,10 +95,10 @@ func serveActivity(w http.ResponseWriter, r *http.Request) error {
 	slices.Sort(names)
 	out := activityJSON{NowMs: time.Now().UnixMilli(), Zones: []zoneActivityJSON{}}
 	for _, n := range names {
-		a := activityOf(n)
+		a := ActivityOf(n)
 		zj := zoneActivityJSON{
-			Name: n, Allowed: a.allowed.Load(), Refused: a.refused.Load(), Vetoed: a.vetoed.Load(),
-			ReportOnlyRefused: a.reportOnly.Load(), Recent: []recentJSON{},
+			Name: n, Allowed: a.Allowed.Load(), Refused: a.Refused.Load(), Vetoed: a.Vetoed.Load(),
+			ReportOnlyRefused: a.ReportOnly.Load(), Recent: []recentJSON{},
 		}
 		for _, rf := range a.last() {
 			zj.Recent = append(zj.Recent, recentJSON{

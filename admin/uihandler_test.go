@@ -1,9 +1,18 @@
-package sluice
+package admin
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
+
+// adapt adapts a Caddyfile to JSON (the adapter httpcaddyfile registers).
+func adapt(t *testing.T, caddyfile string) ([]byte, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	return out, err
+}
 
 // TestUIDirectiveParseErrors: rate_limit_ui takes a matcher and nothing
 // else; an argument or a block is an error naming the directive.

@@ -1,11 +1,10 @@
-package sluice
+package admin
 
 import (
 	"cmp"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/sluicehq/caddy-sluice/identity"
 )
@@ -24,8 +23,11 @@ import (
 // recentKeys is how many refused keys a zone remembers.
 const recentKeys = 32
 
-type zoneActivity struct {
-	allowed, refused, vetoed, reportOnly atomic.Int64
+// ZoneActivity is a zone name's activity.
+type ZoneActivity struct {
+	// Allowed, Refused (by this zone), Vetoed (allowed by this zone, refused
+	// by another), ReportOnly (would-be refusals): decisions counted.
+	Allowed, Refused, Vetoed, ReportOnly atomic.Int64
 
 	mu   sync.Mutex
 	keys [recentKeys]refusedKey // the first n are in use, in no order
@@ -49,11 +51,11 @@ type refusedKey struct {
 // without a lock, copied when a name is added (once per zone name).
 var activity struct {
 	mu   sync.Mutex
-	snap atomic.Pointer[map[string]*zoneActivity]
+	snap atomic.Pointer[map[string]*ZoneActivity]
 }
 
-// activityOf returns the activity of a zone name, creating it.
-func activityOf(name string) *zoneActivity {
+// ActivityOf returns the activity of a zone name, creating it.
+func ActivityOf(name string) *ZoneActivity {
 	if m := activity.snap.Load(); m != nil {
 		if a := (*m)[name]; a != nil {
 			return a
@@ -67,51 +69,25 @@ func activityOf(name string) *zoneActivity {
 			return a
 		}
 	}
-	m := make(map[string]*zoneActivity, 1+len(ptrActivity(old)))
+	m := make(map[string]*ZoneActivity, 1+len(ptrActivity(old)))
 	for k, v := range ptrActivity(old) {
 		m[k] = v
 	}
-	a := new(zoneActivity)
+	a := new(ZoneActivity)
 	m[name] = a
 	activity.snap.Store(&m)
 	return a
 }
 
-func ptrActivity(m *map[string]*zoneActivity) map[string]*zoneActivity {
+func ptrActivity(m *map[string]*ZoneActivity) map[string]*ZoneActivity {
 	if m == nil {
 		return nil
 	}
 	return *m
 }
 
-// recordActivity counts the zones of a decided request (refused: some
-// enforcing zone refused it), as countDecisions does for the metrics.
-func recordActivity(s *admission, refused bool) {
-	var now int64
-	for i, z := range s.zones {
-		a := activityOf(z.name)
-		deny := !s.decs[i].Allowed
-		switch {
-		case deny && s.reqs[i].ReportOnly:
-			a.reportOnly.Add(1)
-		case !refused:
-			a.allowed.Add(1)
-			continue
-		case deny:
-			a.refused.Add(1)
-		default:
-			a.vetoed.Add(1)
-			continue
-		}
-		if now == 0 {
-			now = time.Now().UnixMilli()
-		}
-		a.remember(identity.Token(s.reqs[i].Key), now, s.decs[i].RetryAfter.Milliseconds(), s.reqs[i].ReportOnly && !z.pass, z.pass)
-	}
-}
-
-// remember records a refusal of tok.
-func (a *zoneActivity) remember(tok identity.Token, at, retryMs int64, reportOnly, passed bool) {
+// Remember records a refusal of tok.
+func (a *ZoneActivity) Remember(tok identity.Token, at, retryMs int64, reportOnly, passed bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	i, oldest := 0, 0
@@ -135,7 +111,7 @@ func (a *zoneActivity) remember(tok identity.Token, at, retryMs int64, reportOnl
 }
 
 // last returns the remembered keys, refused most recently first.
-func (a *zoneActivity) last() []refusedKey {
+func (a *ZoneActivity) last() []refusedKey {
 	a.mu.Lock()
 	out := slices.Clone(a.keys[:a.n])
 	a.mu.Unlock()

@@ -1,4 +1,4 @@
-package sluice
+package admin
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package sluice
+package admin
 
 import (
 	"sync"
@@ -11,14 +11,14 @@ import (
 // every refusal counted; a new key past the table's size replaces the one
 // refused longest ago.
 func TestRecentKeysOnce(t *testing.T) {
-	var a zoneActivity
+	var a ZoneActivity
 	tok := func(i int) identity.Token { var k identity.Token; k[0], k[1] = 0x41, byte(i); return k }
 	const workers, each = 8, 250
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for i := range each {
-				a.remember(tok(0), int64(1000+i), 1, false, w%2 == 0)
+				a.Remember(tok(0), int64(1000+i), 1, false, w%2 == 0)
 			}
 		})
 	}
@@ -27,7 +27,7 @@ func TestRecentKeysOnce(t *testing.T) {
 		t.Fatalf("one key refused %d times: %d entries, first %+v; want 1 entry counting %d", workers*each, len(got), got, workers*each)
 	}
 	for i := 1; i <= recentKeys; i++ { // key 0 (last refused at 1249) is now the oldest
-		a.remember(tok(i), int64(2000+i), 1, false, false)
+		a.Remember(tok(i), int64(2000+i), 1, false, false)
 	}
 	got := a.last()
 	if len(got) != recentKeys {
