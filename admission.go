@@ -12,7 +12,6 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 	"github.com/sluicehq/caddy-sluice/reply"
-	"github.com/sluicehq/caddy-sluice/usage"
 )
 
 // admission is one request through a rate_limit handler, from its plan to
@@ -62,9 +61,9 @@ type admission struct {
 	wantsStatus bool
 	// wantsBody: a control reads the response's body (atBody).
 	wantsBody bool
-	// strip keeps the usage event asked for from the client (set by
-	// settleask.go, applied by the statusWriter; usage.Strip).
-	strip *usage.Strip
+	// rewrite is a control's rewrite of the response's body on its way to
+	// the client, applied by the statusWriter; nil for none.
+	rewrite bodyRewrite
 	// header is the response's header, for the status and body hooks.
 	header http.Header
 	// The controls' per-request state, one slot each: settle.go's,
@@ -313,10 +312,9 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 			}
 			sw.settle(status)
 		}
-		if a.strip != nil {
-			_ = a.strip.Flush(sw.ResponseWriter)
-			stripPool.Put(a.strip)
-			a.strip = nil
+		if a.rewrite != nil {
+			_ = a.rewrite.Flush(sw.ResponseWriter)
+			a.rewrite = nil
 		}
 		sw.ResponseWriter, sw.hook = nil, nil
 		statusWriterPool.Put(sw)

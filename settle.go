@@ -126,8 +126,13 @@ func provisionSettle(h *Handler) (stages, error) {
 const maxSettleReads = 4
 
 // settleRequest is settle's part of one admission: the reading of its
-// settle zones' amounts, from the verdict to the exit; nil for none.
-type settleRequest struct{ reading *settlement }
+// settle zones' amounts, from the verdict to the exit, and the strip of
+// the usage event asked for (settleask.go), back to its pool at exit; nil
+// for none.
+type settleRequest struct {
+	reading *settlement
+	strip   *usage.Strip
+}
 
 // settlement is one request's reading of its settle zones' amounts.
 // Pooled.
@@ -282,6 +287,10 @@ func readUsage(a *admission, p []byte) {
 // keeps their estimates, in one store call, and wakes the requests waiting
 // for charges in flight (exit).
 func finishSettle(a *admission) {
+	if a.settle.strip != nil { // flushed by then (admission.forward)
+		stripPool.Put(a.settle.strip)
+		a.settle.strip = nil
+	}
 	st := a.settle.reading
 	if st == nil {
 		return
