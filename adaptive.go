@@ -33,11 +33,11 @@ var adaptiveControl = control{
 	layer:     adaptiveTakeLayer,
 	hooks: hooks{
 		verdict: func(a *admission) {
-			if len(a.adapt) > 0 {
+			if len(a.adapt.holds) > 0 {
 				a.wantsStatus = true
 			}
 		},
-		serve:  func(a *admission) error { a.forwarded = time.Now(); return nil },
+		serve:  func(a *admission) error { a.adapt.forwarded = time.Now(); return nil },
 		status: adaptiveFirstByte,
 		exit:   adaptiveExit,
 	},
@@ -95,6 +95,20 @@ type adaptiveKey struct {
 	// limiters never count one key.
 	pins atomic.Int32
 	free chan struct{} // one token: a place was given back
+}
+
+// adaptiveRequest is adaptive's part of one admission: the adaptive zones'
+// holds, and when the request was passed on (serve), 0 before.
+type adaptiveRequest struct {
+	holds     []adaptiveHold
+	forwarded time.Time
+}
+
+// recycled returns r emptied for the admission's next use, its holds'
+// array kept (the admission is pooled).
+func (r *adaptiveRequest) recycled() adaptiveRequest {
+	clear(r.holds)
+	return adaptiveRequest{holds: r.holds[:0]}
 }
 
 // adaptiveHold is an adaptive zone's part of one admission: its request,
@@ -266,17 +280,17 @@ func adaptiveTakeLayer(h *Handler, next taker) taker {
 type adaptiveLayer struct{ next taker }
 
 func (l adaptiveLayer) take(a *admission) error {
-	// The adaptive zones leave the planned lists for a.adapt.
+	// The adaptive zones leave the planned lists for a.adapt.holds.
 	n := 0
 	for i := range a.reqs {
 		if z := a.zones[i]; z.adapt != nil {
-			a.adapt = append(a.adapt, adaptiveHold{zone: z, req: a.reqs[i]})
+			a.adapt.holds = append(a.adapt.holds, adaptiveHold{zone: z, req: a.reqs[i]})
 			continue
 		}
 		a.reqs[n], a.zones[n], a.shown[n] = a.reqs[i], a.zones[i], a.shown[i]
 		n++
 	}
-	if len(a.adapt) == 0 {
+	if len(a.adapt.holds) == 0 {
 		return l.next.take(a)
 	}
 	a.reqs, a.zones, a.shown, a.decs = a.reqs[:n], a.zones[:n], a.shown[:n], a.decs[:n]
@@ -323,8 +337,8 @@ func (l adaptiveLayer) take(a *admission) error {
 
 // rejoinAdaptive appends the adaptive zones back to the decided lists.
 func rejoinAdaptive(a *admission) {
-	for i := range a.adapt {
-		ah := &a.adapt[i]
+	for i := range a.adapt.holds {
+		ah := &a.adapt.holds[i]
 		a.reqs = append(a.reqs, ah.req)
 		a.decs = append(a.decs, ah.dec)
 		a.zones = append(a.zones, ah.zone)
@@ -337,8 +351,8 @@ func rejoinAdaptive(a *admission) {
 // zone's delay for one; it reports whether an enforcing zone refuses. An
 // error is a client gone while waiting (499).
 func acquireAdaptive(a *admission) (refused bool, err error) {
-	for i := range a.adapt {
-		ah := &a.adapt[i]
+	for i := range a.adapt.holds {
+		ah := &a.adapt.holds[i]
 		z := ah.zone
 		ah.key = z.adapt.keyOf(ah.req.Key)
 		lim := ah.key.lim
@@ -416,8 +430,8 @@ func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
 
 // releaseAdaptive gives back every place the admission holds.
 func releaseAdaptive(a *admission) {
-	for i := range a.adapt {
-		if ah := &a.adapt[i]; ah.held {
+	for i := range a.adapt.holds {
+		if ah := &a.adapt.holds[i]; ah.held {
 			ah.held = false
 			ah.key.release()
 		}
@@ -431,12 +445,12 @@ func releaseAdaptive(a *admission) {
 // waiting for their first byte and the sample is that wait, one thing
 // (docs/adaptive.md, "Long responses").
 func adaptiveFirstByte(a *admission, status int) {
-	if len(a.adapt) == 0 || a.forwarded.IsZero() {
+	if len(a.adapt.holds) == 0 || a.adapt.forwarded.IsZero() {
 		return
 	}
 	now := time.Now()
-	for i := range a.adapt {
-		ah := &a.adapt[i]
+	for i := range a.adapt.holds {
+		ah := &a.adapt.holds[i]
 		if !ah.held || ah.sampled {
 			continue
 		}
@@ -445,7 +459,7 @@ func adaptiveFirstByte(a *admission, status int) {
 		if status == statusUnknown || status == statusRefusal {
 			continue // the client left first, or a later handler refused
 		}
-		if ah.key.lim.Observe(now.Sub(epoch), now.Sub(a.forwarded), ah.inFlight) {
+		if ah.key.lim.Observe(now.Sub(epoch), now.Sub(a.adapt.forwarded), ah.inFlight) {
 			ah.zone.adapt.observed(ah.key)
 		}
 	}

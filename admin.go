@@ -98,6 +98,6 @@ func recordActivity(s *admission, refused bool) {
 		if now == 0 {
 			now = time.Now().UnixMilli()
 		}
-		a.Remember(identity.Token(s.reqs[i].Key), now, s.decs[i].RetryAfter.Milliseconds(), s.reqs[i].ReportOnly && !z.pass, z.pass)
+		a.Remember(identity.Token(s.reqs[i].Key), now, s.decs[i].RetryAfter.Milliseconds(), s.reqs[i].ReportOnly && !z.pass.forward, z.pass.forward)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
 	"github.com/sluicehq/caddy-sluice/reply"
-	"github.com/sluicehq/caddy-sluice/usage"
 )
 
 // admission is one request through a rate_limit handler, from its plan to
@@ -48,7 +47,8 @@ type admission struct {
 	// waits: a serve hook waits, holding the request's place in the
 	// waiting room; else the place goes back after the verdict.
 	waits bool
-	// The controls' per-request state: pass.go's, delay.go's.
+	// The controls' per-request state, one slot each: pass.go's, delay.go's
+	// (settle's and adaptive's below).
 	pass passMark
 	turn delayTurn
 
@@ -61,17 +61,15 @@ type admission struct {
 	wantsStatus bool
 	// wantsBody: a control reads the response's body (atBody).
 	wantsBody bool
-	// settling is the settle zones' reading of the response (settle.go);
-	// strip keeps the usage event asked for from the client (settleask.go,
-	// usage.Strip).
-	settling *settlement
-	strip    *usage.Strip
-	// adapt are the adaptive zones' parts (adaptive.go); forwarded is when
-	// the request was passed on; header is the response's header, for the
-	// status hooks.
-	adapt     []adaptiveHold
-	forwarded time.Time
-	header    http.Header
+	// rewrite is a control's rewrite of the response's body on its way to
+	// the client, applied by the statusWriter; nil for none.
+	rewrite bodyRewrite
+	// header is the response's header, for the status and body hooks.
+	header http.Header
+	// The controls' per-request state, one slot each: settle.go's,
+	// adaptive.go's.
+	settle settleRequest
+	adapt  adaptiveRequest
 }
 
 // outcome is what a request's take and verdict came to.
@@ -109,7 +107,7 @@ var admissionPool = sync.Pool{New: func() any {
 		shown: make([]*shownLimit, 0, 8),
 		buf:   make([]byte, 0, 256),
 		res:   reservation{charges: make([]charge, 0, 4)},
-		adapt: make([]adaptiveHold, 0, 2),
+		adapt: adaptiveRequest{holds: make([]adaptiveHold, 0, 2)},
 	}
 }}
 
@@ -314,10 +312,9 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 			}
 			sw.settle(status)
 		}
-		if a.strip != nil {
-			_ = a.strip.Flush(sw.ResponseWriter)
-			stripPool.Put(a.strip)
-			a.strip = nil
+		if a.rewrite != nil {
+			_ = a.rewrite.Flush(sw.ResponseWriter)
+			a.rewrite = nil
 		}
 		sw.ResponseWriter, sw.hook = nil, nil
 		statusWriterPool.Put(sw)
@@ -356,11 +353,10 @@ func (a *admission) exit() {
 	a.leaveRoom()
 	a.reqs, a.decs, a.zones, a.shown = a.reqs[:0], a.decs[:0], a.zones[:0], a.shown[:0]
 	a.res.reset()
-	clear(a.adapt)
 	if cap(a.buf) > 64<<10 {
 		a.buf = nil // do not keep a huge key buffer alive
 	}
-	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res, adapt: a.adapt[:0]}
+	*a = admission{reqs: a.reqs, decs: a.decs, zones: a.zones, shown: a.shown, buf: a.buf, res: a.res, adapt: a.adapt.recycled()}
 	admissionPool.Put(a)
 }
 

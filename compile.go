@@ -53,12 +53,10 @@ type zone struct {
 	// settle is where the zone reads the actual amount (settle.go); nil:
 	// none.
 	settle *settleZone
-	// requestJSON are the paths of the request's JSON body its key reads
-	// (requestjson.go).
-	requestJSON []string
-	// pass forwards a request the zone would refuse (on_exceed pass,
-	// pass.go).
-	pass bool
+	// The controls' state of the zone, one slot each: requestjson.go's,
+	// pass.go's.
+	requestJSON requestJSONZone
+	pass        passZone
 	// allowance is the zone's local allowance (nil: none), given to the
 	// store at Provision.
 	allowance *LocalAllowance

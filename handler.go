@@ -100,7 +100,7 @@ func (h *Handler) reportWouldRefuse(s *admission) {
 			continue
 		}
 		msg := "rate limit would be exceeded (report only)"
-		if s.zones[i].pass {
+		if s.zones[i].pass.forward {
 			msg = "rate limit exceeded (on_exceed pass: forwarded, marked)"
 		}
 		if ce := h.refusalLog.Check(h.logger, zap.InfoLevel, msg, time.Now()); ce != nil {

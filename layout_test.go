@@ -19,7 +19,8 @@ import (
 func TestLayoutHubNamesNoControl(t *testing.T) {
 	controlState := map[string]bool{"conc": true, "counts": true, "pass": true, "delaying": true, "counting": true,
 		"passing": true, "concurrent": true, "settled": true, "inflight": true,
-		"settling": true, "requestJSON": true, "count": true, "turn": true}
+		"settling": true, "requestJSON": true, "count": true, "turn": true,
+		"reading": true, "holds": true, "forwarded": true, "paths": true, "strip": true}
 	fset := token.NewFileSet()
 	parse := func(name string) *ast.File {
 		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)

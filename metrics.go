@@ -57,7 +57,7 @@ func countDecisions(s *admission, refused bool) {
 		}
 		wouldRefuse := !s.decs[i].Allowed
 		switch {
-		case wouldRefuse && z.pass:
+		case wouldRefuse && z.pass.forward:
 			z.metrics.passed.Inc()
 		case wouldRefuse && s.reqs[i].ReportOnly:
 			z.metrics.reportOnly.Inc()

@@ -126,10 +126,10 @@ type Handler struct {
 	events      *caddyevents.App
 	logger      *zap.Logger
 	ctx         caddy.Context
-	// requestJSON: the request JSON paths the zones' keys read
-	// (requestjson.go).
-	requestJSON []string
-	passing     bool // a zone forwards its would-be refusals (pass.go)
+	// The controls' state of the directive, one slot each:
+	// requestjson.go's, pass.go's.
+	requestJSON requestJSONDirective
+	passing     passDirective
 	// room holds the requests waiting (delay, charges in flight, an
 	// adaptive place), at most max_waiting (admission.go).
 	room *waitingRoom

@@ -21,13 +21,13 @@ var passControl = control{
 	compile:   compileOnExceed,
 	provision: provisionPass,
 	cleanup: func(h *Handler) {
-		if h.passing {
-			h.passing = false
+		if h.passing.on {
+			h.passing.on = false
 			passDirectives.Add(-1)
 		}
 	},
 	admin: func(z *zone, info *adminZoneInfo) {
-		if z.pass {
+		if z.pass.forward {
 			info.OnExceed = onExceedPass
 		}
 	},
@@ -63,7 +63,7 @@ func compileOnExceed(z *zone, cfg *Zone) error {
 	case onExceedPass:
 		// Under a report-only directive, the zone is report-only: nothing
 		// is handed on (Handler.Validate refuses both on one zone).
-		z.pass = !cfg.ReportOnly
+		z.pass.forward = !cfg.ReportOnly
 	default:
 		return fmt.Errorf("on_exceed: unknown action %q (known: refuse, pass)", cfg.OnExceed)
 	}
@@ -74,17 +74,25 @@ func compileOnExceed(z *zone, cfg *Zone) error {
 // every request the directive lets through marked.
 func provisionPass(h *Handler) (stages, error) {
 	for i, z := range h.zones {
-		if z.pass {
+		if z.pass.forward {
 			h.planned[i].ReportOnly = true
-			h.passing = true
+			h.passing.on = true
 		}
 	}
-	if !h.passing {
+	if !h.passing.on {
 		return 0, nil
 	}
 	passDirectives.Add(1) // cleanup takes it back
 	return joins(atVerdict, atServe), nil
 }
+
+// passZone is the control's part of a zone: forward says the zone forwards
+// a request it would refuse (on_exceed pass), false under report_only.
+type passZone struct{ forward bool }
+
+// passDirective is the control's part of a directive: on says a zone of it
+// forwards its would-be refusals (counted in passDirectives while so).
+type passDirective struct{ on bool }
 
 // passMark is the on_exceed pass zone an allowed request exceeded: its
 // position in the admission's zones plus one; 0 for none.
@@ -94,7 +102,7 @@ type passMark struct{ at int }
 // would refuse it with the longest Retry-After, if any.
 func passedOf(a *admission) {
 	for i, z := range a.zones {
-		if z.pass && !a.decs[i].Allowed && (a.pass.at == 0 || a.decs[i].RetryAfter > a.decs[a.pass.at-1].RetryAfter) {
+		if z.pass.forward && !a.decs[i].Allowed && (a.pass.at == 0 || a.decs[i].RetryAfter > a.decs[a.pass.at-1].RetryAfter) {
 			a.pass.at = i + 1
 		}
 	}

@@ -36,6 +36,14 @@ const (
 	requestJSONMax    = 64 << 10
 )
 
+// requestJSONZone is the control's part of a zone: the paths of the
+// request's JSON body its key, cost and settle's unknown charge read.
+type requestJSONZone struct{ paths []string }
+
+// requestJSONDirective is the control's part of a directive: every path its
+// zones read, each once; none, and no body is read.
+type requestJSONDirective struct{ paths []string }
+
 // compileRequestJSON collects the request JSON paths the zone reads: in
 // its key, its cost and its settle's unknown charge.
 func compileRequestJSON(z *zone, cfg *Zone) error {
@@ -57,8 +65,8 @@ func compileRequestJSON(z *zone, cfg *Zone) error {
 			if !ok || path == "" || strings.Contains(path, "..") {
 				return fmt.Errorf("%s: {%s%s}: write a dot path of keys ({%smodel})", f.name, requestJSONPrefix, path, requestJSONPrefix)
 			}
-			if !containsString(z.requestJSON, path) {
-				z.requestJSON = append(z.requestJSON, path)
+			if !containsString(z.requestJSON.paths, path) {
+				z.requestJSON.paths = append(z.requestJSON.paths, path)
 			}
 		}
 	}
@@ -68,15 +76,15 @@ func compileRequestJSON(z *zone, cfg *Zone) error {
 // provisionRequestJSON gathers the paths of every zone: the directive reads
 // request bodies only when some zone uses one.
 func provisionRequestJSON(h *Handler) (stages, error) {
-	h.requestJSON = nil
+	h.requestJSON.paths = nil
 	for _, z := range h.zones {
-		for _, p := range z.requestJSON {
-			if !containsString(h.requestJSON, p) {
-				h.requestJSON = append(h.requestJSON, p)
+		for _, p := range z.requestJSON.paths {
+			if !containsString(h.requestJSON.paths, p) {
+				h.requestJSON.paths = append(h.requestJSON.paths, p)
 			}
 		}
 	}
-	if len(h.requestJSON) == 0 {
+	if len(h.requestJSON.paths) == 0 {
 		return 0, nil
 	}
 	return joins(atPrepare), nil
@@ -108,7 +116,7 @@ func readRequestJSON(a *admission) error {
 	r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var s usage.Scan
-	for _, p := range a.h.requestJSON {
+	for _, p := range a.h.requestJSON.paths {
 		s.Reset(strings.Split(p, "."), true)
 		s.Feed(buf)
 		s.End()

@@ -124,6 +124,15 @@ func provisionSettle(h *Handler) (stages, error) {
 // more keeps the others' estimates.
 const maxSettleReads = 4
 
+// settleRequest is settle's part of one admission: the reading of its
+// settle zones' amounts, from the verdict to the exit, and the strip of
+// the usage event asked for (settleask.go), back to its pool at exit; nil
+// for none.
+type settleRequest struct {
+	reading *settlement
+	strip   *usage.Strip
+}
+
 // settlement is one request's reading of its settle zones' amounts.
 // Pooled.
 type settlement struct {
@@ -212,7 +221,7 @@ func startSettle(a *admission) {
 		c.back = rd
 	}
 	if st != nil {
-		a.settling = st
+		a.settle.reading = st
 		a.wantsStatus, a.wantsBody = true, true
 		if ask, read := st.readsRequest(); read {
 			readRequest(a, st, ask)
@@ -227,8 +236,8 @@ func startSettle(a *admission) {
 
 // settleStatus records the response's status (status).
 func settleStatus(a *admission, status int) {
-	if a.settling != nil {
-		a.settling.status = status
+	if a.settle.reading != nil {
+		a.settle.reading.status = status
 	}
 }
 
@@ -256,7 +265,7 @@ func (st *settlement) readsBody() bool {
 
 // readUsage reads p, the next bytes the client was sent (body).
 func readUsage(a *admission, p []byte) {
-	st := a.settling
+	st := a.settle.reading
 	if st == nil {
 		return
 	}
@@ -277,11 +286,15 @@ func readUsage(a *admission, p []byte) {
 // keeps their estimates, in one store call, and wakes the requests waiting
 // for charges in flight (exit).
 func finishSettle(a *admission) {
-	st := a.settling
+	if a.settle.strip != nil { // flushed by then (admission.forward)
+		stripPool.Put(a.settle.strip)
+		a.settle.strip = nil
+	}
+	st := a.settle.reading
 	if st == nil {
 		return
 	}
-	a.settling = nil
+	a.settle.reading = nil
 	hdr := a.header
 	for i := 0; i < st.n; i++ {
 		rd := &st.reads[i]

@@ -63,8 +63,9 @@ func readRequest(a *admission, st *settlement, ask bool) {
 	if r.Header.Get("Content-Length") != "" {
 		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	a.strip = stripPool.Get().(*usage.Strip)
-	a.strip.Reset()
+	s := stripPool.Get().(*usage.Strip)
+	s.Reset()
+	a.settle.strip, a.rewrite = s, s
 }
 
 // stripPool pools the usage.Strip of the requests rewritten.

@@ -73,7 +73,7 @@ func TestCostReadsRequestJSON(t *testing.T) {
 			cost {http.rate_limit.request_json.max_tokens} 1000
 		}
 	}`, nil)
-	if len(h.requestJSON) != 1 || h.requestJSON[0] != "max_tokens" {
-		t.Fatalf("the directive reads request JSON paths %q, want [max_tokens]", h.requestJSON)
+	if p := h.requestJSON.paths; len(p) != 1 || p[0] != "max_tokens" {
+		t.Fatalf("the directive reads request JSON paths %q, want [max_tokens]", p)
 	}
 }

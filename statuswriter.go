@@ -18,6 +18,17 @@ func errorStatus(err error) int {
 	return http.StatusInternalServerError
 }
 
+// bodyRewrite is a control's rewrite of the response's body on its way to
+// the client (settle's ask: usage.Strip, which keeps the usage event the
+// client did not ask for from it): Header sees the status and header,
+// Filters says the body goes through Write, Flush sends what Write held.
+type bodyRewrite interface {
+	Header(h http.Header, status int)
+	Filters() bool
+	Write(w io.Writer, p []byte) error
+	Flush(w io.Writer) error
+}
+
 // statusWriter tells its admission the response's status, once: at the
 // first final WriteHeader (101 is final), or the first Write, ReadFrom or
 // Flush (an implicit 200); else admission.forward settles it when the next
@@ -70,7 +81,7 @@ func markRefusal(w http.ResponseWriter) {
 func (w *statusWriter) WriteHeader(status int) {
 	if status >= 200 || status == http.StatusSwitchingProtocols {
 		w.settle(status)
-		if s := w.hook.strip; s != nil {
+		if s := w.hook.rewrite; s != nil {
 			s.Header(w.Header(), status)
 		}
 	}
@@ -80,7 +91,7 @@ func (w *statusWriter) WriteHeader(status int) {
 // Write reports an implicit 200 when nothing was written before.
 func (w *statusWriter) Write(b []byte) (int, error) {
 	w.settle(http.StatusOK)
-	if s := w.hook.strip; s != nil {
+	if s := w.hook.rewrite; s != nil {
 		if s.Header(w.Header(), http.StatusOK); s.Filters() {
 			// The zone reads every byte; the client gets them less the
 			// usage event it did not ask for (settleask.go).
@@ -117,7 +128,7 @@ type writerOnly struct{ io.Writer }
 // flushes (http.ResponseController).
 func (w *statusWriter) FlushError() error {
 	w.settle(http.StatusOK)
-	if s := w.hook.strip; s != nil {
+	if s := w.hook.rewrite; s != nil {
 		s.Header(w.Header(), http.StatusOK)
 	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
