@@ -25,19 +25,26 @@ func TestTypedReplyReadAsRaw(t *testing.T) {
 		}
 	}
 	raw, typed := reqsOf(freshKey(t)), reqsOf(freshKey(t))
+	var slack time.Duration
 	for round := range 4 {
+		start := time.Now()
 		want := take(t, s, raw...)
 		f0 := srv.CommandStats(t, "fcall")
 		srv.Do(t, "FUNCTION", "FLUSH")
 		got := take(t, s, typed...)
+		// The keys' waits differ by the change in the time between their
+		// decisions since round 0: at most the longest such time yet
+		// (measured, so a loaded machine widens it), and a millisecond's
+		// rounding each.
+		slack = max(slack, time.Since(start)+2*time.Millisecond)
 		if f1 := srv.CommandStats(t, "fcall"); round < 3 && f1.Failed-f0.Failed != 1 {
 			t.Fatalf("round %d: %d failed FCALLs, want 1 (the typed path not taken)", round, f1.Failed-f0.Failed)
 		}
 		for i := range want {
 			w, g := want[i], got[i]
 			if g.Allowed != w.Allowed || g.Remaining != w.Remaining || g.Limit != w.Limit || g.InFlight != w.InFlight ||
-				(g.At == 0) != (w.At == 0) || (g.RetryAfter-w.RetryAfter).Abs() > time.Second || (g.ResetAfter-w.ResetAfter).Abs() > time.Second {
-				t.Errorf("round %d, zone %d: typed path %+v, raw path %+v", round, i, g, w)
+				(g.At == 0) != (w.At == 0) || (g.RetryAfter-w.RetryAfter).Abs() > slack || (g.ResetAfter-w.ResetAfter).Abs() > slack {
+				t.Errorf("round %d, zone %d: typed path %+v, raw path %+v (slack %v)", round, i, g, w, slack)
 			}
 		}
 		if round >= 2 && (want[1].Allowed || got[1].Allowed) {
