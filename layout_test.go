@@ -6,6 +6,8 @@ import (
 	"go/token"
 	"os"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -59,6 +61,49 @@ func TestLayoutHubNamesNoControl(t *testing.T) {
 		decl, err := os.ReadFile(l[2])
 		if err != nil || !strings.Contains(string(decl), "\nvar "+l[1]+" = control{") {
 			t.Errorf("the table says %s is declared in %s: it is not (%v)", l[1], l[2], err)
+		}
+	}
+}
+
+// TestLayoutLeaves: the packages around the root take values, never the
+// root package, a handler or a store module: of this module each imports
+// only what its row allows (algorithms nothing of ours).
+func TestLayoutLeaves(t *testing.T) {
+	const module = "github.com/sluicehq/caddy-sluice"
+	for dir, allowed := range map[string][]string{
+		"algorithms": nil,
+		"reply":      {"algorithms"},
+		"usage":      {"algorithms"},
+		"telemetry":  nil,
+		"admin":      {"algorithms", "identity", "reply", "stores", "zonemodel"},
+	} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for _, e := range entries {
+			name := e.Name()
+			if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			seen++
+			f, err := parser.ParseFile(token.NewFileSet(), dir+"/"+name, nil, parser.ImportsOnly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, imp := range f.Imports {
+				p, _ := strconv.Unquote(imp.Path.Value)
+				if p != module && !strings.HasPrefix(p, module+"/") {
+					continue
+				}
+				if rest := strings.TrimPrefix(strings.TrimPrefix(p, module), "/"); !slices.Contains(allowed, rest) {
+					t.Errorf("%s/%s imports %s: package %s imports only %v of this module", dir, name, p, dir, allowed)
+				}
+			}
+		}
+		if seen == 0 {
+			t.Errorf("package %s: no Go file read", dir)
 		}
 	}
 }

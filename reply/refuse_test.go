@@ -1,14 +1,9 @@
 package reply
 
 import (
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -86,27 +81,6 @@ func raceBuild() bool {
 		}
 	}
 	return false
-}
-
-// TestLeaf: package reply is a leaf that takes values: of this module it
-// imports only the vocabulary (algorithms), never the root package.
-func TestLeaf(t *testing.T) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ImportsOnly)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const module = "github.com/sluicehq/caddy-sluice"
-	for _, p := range pkgs {
-		for name, f := range p.Files {
-			for _, imp := range f.Imports {
-				path, _ := strconv.Unquote(imp.Path.Value)
-				if (path == module || strings.HasPrefix(path, module+"/")) && path != module+"/algorithms" {
-					t.Errorf("%s imports %s: reply imports only algorithms of this module", name, path)
-				}
-			}
-		}
-	}
 }
 
 // BenchmarkRefuse prices package reply's share of a refusal (the root's
