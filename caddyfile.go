@@ -359,6 +359,8 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
 		case "local_allowance":
 			z.LocalAllowance, err = p.localAllowance()
+		case "sync":
+			z.Sync, err = p.sync()
 		case "ipv4_prefix":
 			z.IPv4Prefix, err = p.prefix(field)
 		case "ipv6_prefix":
@@ -402,7 +404,7 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.Lease, err = p.duration(field, v)
 			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance, sync)", field)
 		}
 		if err != nil {
 			return nil, err
@@ -523,6 +525,27 @@ func (p zoneParser) localAllowance() (*LocalAllowance, error) {
 		la.Expiry = d
 	}
 	return la, nil
+}
+
+// sync parses `sync <interval> [<max_keys>]`.
+func (p zoneParser) sync() (*zonemodel.Sync, error) {
+	args := p.d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return nil, p.errf("sync takes an interval and at most a key bound (sync 50ms, sync 50ms 100000), got %q", strings.Join(args, " "))
+	}
+	d, err := p.duration("sync's interval", args[0])
+	if err != nil {
+		return nil, err
+	}
+	s := &zonemodel.Sync{Interval: d}
+	if len(args) > 1 {
+		n, err := p.count("sync's max_keys", args[1])
+		if err != nil {
+			return nil, err
+		}
+		s.MaxKeys = int(min(n, zonemodel.MaxSyncKeys+1))
+	}
+	return s, nil
 }
 
 // zoneParser reads the values of one zone block; its errors name the zone

@@ -10,6 +10,7 @@ import (
 // stack composes the store's Take at its creation, in the order a decision
 // meets the layers (docs/redis.md, "Layers"):
 //
+//	asynchronous     a zone in the mode decided here, synced later (async.go)
 //	local allowance  a hot key's grant spent here (allowance.go)
 //	deny cache       a refusal Redis would repeat, answered here (denycache)
 //	nodes            Redis: per node of the key (s.call, nodeStack):
@@ -18,6 +19,7 @@ import (
 func (s *Store) stack() {
 	s.call = s.nodeStack()
 	s.top = stores.Stack(stores.TakeFunc(s.takeNodes),
+		s.asyncLayer,
 		s.allowanceLayer,
 		s.denyLayer,
 	)

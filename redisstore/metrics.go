@@ -35,6 +35,10 @@ var storeMetrics = struct {
 	// allowanceUnits and allowanceDecisions: see allowance.go.
 	allowanceUnits     *prometheus.CounterVec
 	allowanceDecisions *prometheus.CounterVec
+	// syncs, syncDropped and syncLast: see async.go.
+	syncs       *prometheus.CounterVec
+	syncDropped *prometheus.CounterVec
+	syncLast    *prometheus.GaugeVec
 	// restarts and evictedKeys: see eviction.go.
 	restarts    *prometheus.CounterVec
 	evictedKeys *prometheus.CounterVec
@@ -91,6 +95,18 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "local_allowance_decisions_total",
 			Help: "Requests decided from local allowances alone, without calling Redis.",
 		}, []string{"store", "target"})
+		storeMetrics.syncs = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "sync_runs_total",
+			Help: "Syncs of the zones in the asynchronous mode (sync): each sends this instance's charges of the keys requested since the last and reads their counts back, by outcome (ok, failed: the charges are kept and sent again).",
+		}, []string{"store", "target", "outcome"})
+		storeMetrics.syncDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "sync_dropped_units_total",
+			Help: "Units charged in the asynchronous mode and dropped unsent: a key dropped for its zone's max_keys while it held charges (during an outage, keys past the bound).",
+		}, []string{"store", "target"})
+		storeMetrics.syncLast = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "sync_last_success_timestamp_seconds",
+			Help: "When the last successful sync of the asynchronous mode started (Unix seconds): time() minus it is the lag of the counts this instance decides on.",
+		}, []string{"store", "target"})
 		storeMetrics.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_restarts_total",
 			Help: "Restarts (or failovers) of a Redis master the store's watch saw (its run_id changed), by whether its data survived (data kept or lost: lost gives every key a fresh limit).",
@@ -111,7 +127,8 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.circuitOpens, storeMetrics.circuitFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
-		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions, storeMetrics.restarts, storeMetrics.evictedKeys} {
+		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions, storeMetrics.restarts, storeMetrics.evictedKeys,
+		storeMetrics.syncs, storeMetrics.syncDropped, storeMetrics.syncLast} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -56,6 +56,7 @@ type Store struct {
 	batch   *batcher                   // one's: pipelines concurrent script calls (batch.go)
 	allowMu sync.Mutex                 // makes allow
 	allow   atomic.Pointer[allowances] // the local allowances (allowance.go); nil until a zone has one
+	async   atomic.Pointer[syncs]      // the zones in the asynchronous mode (async.go); nil until one is
 	argc    argCache
 	scripts scripts // FCALL or EVALSHA (function.go)
 	// problem is what Redis refused last for want of a permission
@@ -267,6 +268,9 @@ func (s *Store) Destruct() error {
 	}
 	if a := s.allow.Load(); a != nil {
 		a.close() // returns the leases' units, through the workers
+	}
+	if y := s.async.Load(); y != nil {
+		y.close() // sends what it holds
 	}
 	for _, n := range *s.nodes.Load() {
 		n.close(s.opts.Target)

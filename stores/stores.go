@@ -113,3 +113,34 @@ type ErrorKind interface {
 type RetryHinter interface {
 	RetryIn() time.Duration
 }
+
+// Syncer decides zones asynchronously (a zone's sync): each instance
+// decides a key from its state as last read plus its own charges since,
+// without a call to the store, and sends its charges every interval.
+// SyncZone is called at Provision for each zone in the mode, with its
+// limit, interval and the most keys one instance keeps; the returned
+// release is called at Cleanup. SyncStatus reports the mode for a zone's
+// admin view (false: the zone is not in it).
+type Syncer interface {
+	SyncZone(zone string, l algorithms.Limit, interval time.Duration, maxKeys int) (release func(), err error)
+	SyncStatus(zone string) (SyncStatus, bool)
+}
+
+// SyncStatus is a zone's asynchronous mode as one instance runs it.
+type SyncStatus struct {
+	// Interval is how often the instance syncs (the shortest of its
+	// store's zones' intervals).
+	Interval time.Duration
+	// Keys is the zone's keys the instance keeps; MaxKeys bounds them.
+	Keys, MaxKeys int
+	// LastSync is when the last successful sync started (zero: none yet);
+	// Failures counts the syncs failed since.
+	LastSync time.Time
+	Failures int64
+	// Held is the units charged here that the store has not confirmed
+	// (to send, or sent and unanswered); Dropped the units dropped unsent
+	// (a key dropped for MaxKeys while it held some).
+	Held, Dropped int64
+	// Error is the last failed sync's error ("" after a success).
+	Error string
+}

@@ -63,7 +63,7 @@ func (z *Zone) adaptiveLimit() (algorithms.Limit, error) {
 	for _, f := range append(z.rateFields(),
 		fieldSet{"concurrent <n>", z.Concurrent != 0}, fieldSet{"concurrent_from", z.ConcurrentFrom != ""}, fieldSet{"lease", z.Lease != 0},
 		fieldSet{"count", len(z.Count) > 0}, fieldSet{"penalty", z.Penalty != 0}, fieldSet{"delay_after", z.DelayAfter != 0},
-		fieldSet{"on_exceed", z.OnExceed != "" && z.OnExceed != "refuse"}, fieldSet{"local_allowance", z.LocalAllowance != nil},
+		fieldSet{"on_exceed", z.OnExceed != "" && z.OnExceed != "refuse"}, fieldSet{"local_allowance", z.LocalAllowance != nil}, fieldSet{"sync", z.Sync != nil},
 	) {
 		if f.set {
 			return algorithms.Limit{}, fmt.Errorf("%s does not apply to an adaptive concurrency zone (concurrent adaptive): its limit is learnt from the upstream's latency; put a rate in a zone of its own", f.name)

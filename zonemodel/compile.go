@@ -42,6 +42,8 @@ type Compiled struct {
 	Allowance *LocalAllowance
 	// Settle is where the zone reads the actual amount; nil: none.
 	Settle *Settle
+	// Sync is the zone's asynchronous mode; nil: exact.
+	Sync *Sync
 	// Adaptive is an adaptive concurrency zone's controller settings,
 	// resolved; nil for another zone. AdaptiveWait is its delay: how long
 	// a request over the limit may wait for a place (0: refused at once).
@@ -110,8 +112,11 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if err := z.checkSettle(); err != nil {
 		return nil, err
 	}
+	if err := z.checkSync(l.Algorithm); err != nil {
+		return nil, err
+	}
 	c := &Compiled{Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
-		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle}
+		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle, Sync: z.Sync}
 	if err := c.compileCost(z); err != nil {
 		return nil, err
 	}

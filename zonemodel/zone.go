@@ -169,6 +169,15 @@ type Zone struct {
 	// off.
 	LocalAllowance *LocalAllowance `json:"local_allowance,omitempty"`
 
+	// Sync decides the zone's keys on each instance, without a call to the
+	// shared store, from their counts as last read plus the instance's
+	// own charges since; every Interval each instance sends its charges
+	// and reads the counts back. Over the limit by at most what the other
+	// instances admit within about one interval (docs/redis.md, "The
+	// asynchronous mode"). fixed_window and sliding_window only, with
+	// store redis. Default: off (exact).
+	Sync *Sync `json:"sync,omitempty"`
+
 	// concurrentZero: the JSON wrote "concurrent": 0, which reads as not
 	// set (UnmarshalJSON).
 	concurrentZero bool

@@ -1,0 +1,742 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/stores"
+)
+
+// The asynchronous mode (zone setting sync): docs/redis.md, "The
+// asynchronous mode", tells how it works, its bound and its failures.
+//
+// What the code below keeps to: a key of a zone in the mode is decided
+// here, under its shard's lock, by the algorithm's step on the key's state
+// as Redis last returned it plus this instance's charges since (unsent,
+// and sent in a sync not yet answered), each tagged with its window's
+// start (algorithms.AddCharges); the request path calls no Redis. The sync
+// loop sends, every interval, the charges of every key requested since the
+// last sync, all zones together, in one pipeline: one script call
+// (lua/sync.lua) per hash slot and up to syncChunk keys. Its reply replaces
+// the keys' states and ends their sent charges; a failed sync puts its
+// charges back to be sent again (a reply lost after Redis applied them
+// counts them twice: it errs toward refusing). A zone keeps at most its
+// max_keys keys: past it, the key least recently requested is dropped, its
+// unsent units counted dropped.
+
+//go:embed lua/sync.lua
+var luaSync string
+
+// syncScript is the sync call: the helpers and algorithms of the decision
+// script, lua/sync.lua, and the clock read from Redis.
+var syncScript = redis.NewScript(luaClock + luaDefs + luaSync + "\nreturn sync(KEYS, ARGV, 0)\n")
+
+const (
+	syncShards = 64
+	// syncChunk bounds the keys of one script call (a call blocks Redis
+	// while it runs).
+	syncChunk = 500
+	// minSyncTimeout is the least time a sync waits for its reply.
+	minSyncTimeout = time.Second
+)
+
+// syncCfg is a zone's mode as the newest registration set it.
+type syncCfg struct {
+	interval time.Duration
+	maxKeys  int
+	keys     *atomic.Int64 // the zone's keys kept (shared by its registrations)
+}
+
+type syncReg struct {
+	id  uint64
+	cfg syncCfg
+}
+
+// syncKey names a key's state in Redis under one limit.
+type syncKey struct {
+	zone  string
+	key   algorithms.Key
+	limit algorithms.Limit
+}
+
+// syncEntry is one key of a zone in the mode. Guarded by its shard's mutex.
+type syncEntry struct {
+	global algorithms.State // as Redis last returned it
+	read   bool             // global was read (else: none yet)
+	unsent [2]algorithms.WindowCharge
+	sent   [2]algorithms.WindowCharge // in the sync running
+	used   int64                      // Unix ms of the last request
+	// touched: requested since the last sync took the key.
+	touched bool
+	keys    *atomic.Int64 // the zone's count
+}
+
+type syncShard struct {
+	mu sync.Mutex
+	m  map[syncKey]*syncEntry
+}
+
+// syncs is a store's zones in the asynchronous mode and their keys.
+type syncs struct {
+	s *Store
+
+	regMu  sync.Mutex
+	regs   map[string][]syncReg
+	counts map[string]*atomic.Int64
+	next   uint64
+	zones  atomic.Pointer[map[string]syncCfg] // nil: none
+
+	shards [syncShards]syncShard
+
+	startOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+	// kick asks the loop for a sync now (tests, and Destruct's last one).
+	kick chan chan struct{}
+
+	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
+	failures atomic.Int64 // syncs failed since
+	lastErr  atomic.Pointer[string]
+	dropped  atomic.Int64
+	runs     atomic.Int64 // syncs done, for tests
+
+	syncsOK, syncsFailed, droppedUnits prometheus.Counter
+	lastSync                           prometheus.Gauge
+}
+
+func newSyncs(s *Store) *syncs {
+	y := &syncs{s: s, regs: map[string][]syncReg{}, counts: map[string]*atomic.Int64{},
+		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan chan struct{})}
+	for i := range y.shards {
+		y.shards[i].m = map[syncKey]*syncEntry{}
+	}
+	lv := []string{"redis", s.opts.Target}
+	y.syncsOK = storeMetrics.syncs.WithLabelValues(append(lv, "ok")...)
+	y.syncsFailed = storeMetrics.syncs.WithLabelValues(append(lv, "failed")...)
+	y.droppedUnits = storeMetrics.syncDropped.WithLabelValues(lv...)
+	y.lastSync = storeMetrics.syncLast.WithLabelValues(lv...)
+	return y
+}
+
+// SyncZone puts zone, whose limit is l, in the asynchronous mode (a Caddy
+// handler calls it at Provision): synced every interval, at most maxKeys
+// keys kept. The returned release ends this registration (at the
+// handler's Cleanup); while a zone has several (a reload), the newest
+// applies, and the keys kept carry over.
+func (s *Store) SyncZone(zone string, l algorithms.Limit, interval time.Duration, maxKeys int) (release func(), err error) {
+	switch {
+	case !algorithms.Syncable(l.Algorithm):
+		return nil, fmt.Errorf("sync: not with %s (fixed_window and sliding_window only)", l.Algorithm)
+	case interval <= 0 || maxKeys < 1:
+		return nil, fmt.Errorf("sync: the interval and max_keys must be positive, got %s and %d", interval, maxKeys)
+	}
+	y := s.syncs()
+	y.regMu.Lock()
+	y.next++
+	id := y.next
+	n := y.counts[zone]
+	if n == nil {
+		n = new(atomic.Int64)
+		y.counts[zone] = n
+	}
+	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, keys: n}})
+	y.publish()
+	y.regMu.Unlock()
+	y.startOnce.Do(func() { go y.run() })
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			y.regMu.Lock()
+			defer y.regMu.Unlock()
+			rs := y.regs[zone]
+			for i, r := range rs {
+				if r.id == id {
+					rs = append(rs[:i:i], rs[i+1:]...)
+					break
+				}
+			}
+			if len(rs) == 0 {
+				delete(y.regs, zone)
+			} else {
+				y.regs[zone] = rs
+			}
+			y.publish()
+		})
+	}, nil
+}
+
+// syncs returns s's zones in the mode, made on first use.
+func (s *Store) syncs() *syncs {
+	s.allowMu.Lock()
+	defer s.allowMu.Unlock()
+	if y := s.async.Load(); y != nil {
+		return y
+	}
+	y := newSyncs(s)
+	s.async.Store(y)
+	return y
+}
+
+// publish makes the newest registration of each zone the one Take reads.
+// Called with regMu held.
+func (y *syncs) publish() {
+	if len(y.regs) == 0 {
+		y.zones.Store(nil)
+		return
+	}
+	m := make(map[string]syncCfg, len(y.regs))
+	for z, rs := range y.regs {
+		m[z] = rs[len(rs)-1].cfg
+	}
+	y.zones.Store(&m)
+}
+
+// SyncStatus reports zone's mode on this instance (false: not in it).
+func (s *Store) SyncStatus(zone string) (stores.SyncStatus, bool) {
+	y := s.async.Load()
+	if y == nil {
+		return stores.SyncStatus{}, false
+	}
+	m := y.zones.Load()
+	if m == nil {
+		return stores.SyncStatus{}, false
+	}
+	cfg, ok := (*m)[zone]
+	if !ok {
+		return stores.SyncStatus{}, false
+	}
+	st := stores.SyncStatus{Interval: y.period(), Keys: int(cfg.keys.Load()), MaxKeys: cfg.maxKeys,
+		Failures: y.failures.Load(), Dropped: y.dropped.Load()}
+	if ns := y.lastOK.Load(); ns != 0 {
+		st.LastSync = time.Unix(0, ns)
+	}
+	if e := y.lastErr.Load(); e != nil {
+		st.Error = *e
+	}
+	for i := range y.shards {
+		sh := &y.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if k.zone == zone {
+				st.Held += e.unsent[0].Units + e.unsent[1].Units + e.sent[0].Units + e.sent[1].Units
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return st, true
+}
+
+// asyncLayer decides the zones in the asynchronous mode here (syncs.take)
+// and passes the others to next.
+func (s *Store) asyncLayer(next stores.Store) stores.Store {
+	return stores.TakeFunc(func(ctx context.Context, reqs []algorithms.Request, out []algorithms.Decision) error {
+		if y := s.async.Load(); y != nil {
+			if cfgs := y.zones.Load(); cfgs != nil && y.uses(*cfgs, reqs) {
+				return y.take(ctx, next, *cfgs, reqs, out)
+			}
+		}
+		return next.Take(ctx, reqs, out)
+	})
+}
+
+// mine reports whether r is decided here.
+func mine(cfgs map[string]syncCfg, r *algorithms.Request) bool {
+	_, ok := cfgs[r.Zone]
+	return ok && algorithms.Syncable(r.Limit.Algorithm) && !r.Leaves()
+}
+
+func (y *syncs) uses(cfgs map[string]syncCfg, reqs []algorithms.Request) bool {
+	for i := range reqs {
+		if mine(cfgs, &reqs[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+func (y *syncs) shard(k *syncKey) *syncShard {
+	h := uint32(2166136261)
+	for i := range k.key {
+		h = (h ^ uint32(k.key[i])) * 16777619
+	}
+	for i := 0; i < len(k.zone); i++ {
+		h = (h ^ uint32(k.zone[i])) * 16777619
+	}
+	return &y.shards[h%syncShards]
+}
+
+// take decides reqs, some of whose zones are in the mode: those here, the
+// others by next, all-or-nothing (a charge made here is taken back when
+// another zone refuses).
+func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syncCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
+	now := time.Now().UnixMilli()
+	var ebuf [8]*syncEntry
+	ents := ebuf[:0]
+	if len(reqs) > len(ebuf) {
+		ents = make([]*syncEntry, 0, len(reqs))
+	}
+	ents = ents[:len(reqs)]
+	clear(ents)
+	all, here := true, 0
+	for i := range reqs {
+		r := &reqs[i]
+		if !mine(cfgs, r) {
+			continue
+		}
+		here++
+		k := syncKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+		sh := y.shard(&k)
+		sh.mu.Lock()
+		e := sh.m[k]
+		if e == nil {
+			e = y.add(sh, k, cfgs[r.Zone])
+		}
+		out[i] = e.decide(r, now, true)
+		sh.mu.Unlock()
+		ents[i] = e
+		if !out[i].Allowed && !r.ReportOnly {
+			all = false
+		}
+	}
+	if !all {
+		y.takeBack(reqs, ents, out, now)
+		for i := range reqs {
+			if ents[i] == nil {
+				// Not asked: nothing charged, and no state read to show.
+				c := reqs[i].Limit.Capacity()
+				out[i] = algorithms.Decision{Allowed: true, Limit: c, Remaining: c}
+			}
+		}
+		return nil
+	}
+	if here == len(reqs) {
+		return nil
+	}
+	// The other zones go to next in one call.
+	buf := subTakes.Get().(*subTake)
+	defer subTakes.Put(buf)
+	sub, subOut := buf.reqs[:0], buf.out[:0]
+	if n := len(reqs) - here; n > len(buf.reqs) {
+		sub, subOut = make([]algorithms.Request, 0, n), make([]algorithms.Decision, 0, n)
+	}
+	for i := range reqs {
+		if ents[i] == nil {
+			r := reqs[i]
+			r.FailApart = false // decided whole: the charges here are taken back on any failure
+			sub = append(sub, r)
+			subOut = append(subOut, algorithms.Decision{})
+		}
+	}
+	if err := next.Take(ctx, sub, subOut); err != nil {
+		y.takeBack(reqs, ents, out, now)
+		return err
+	}
+	j := 0
+	for i := range reqs {
+		if ents[i] == nil {
+			out[i] = subOut[j]
+			if !subOut[j].Allowed && !reqs[i].ReportOnly {
+				all = false
+			}
+			j++
+		}
+	}
+	if !all {
+		y.takeBack(reqs, ents, out, now)
+	}
+	return nil
+}
+
+// takeBack takes back the charges take made (a zone vetoed the request),
+// and shows each zone that allowed as it stands.
+func (y *syncs) takeBack(reqs []algorithms.Request, ents []*syncEntry, out []algorithms.Decision, now int64) {
+	for i, e := range ents {
+		if e == nil || !out[i].Allowed {
+			continue
+		}
+		r := &reqs[i]
+		k := syncKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+		sh := y.shard(&k)
+		sh.mu.Lock()
+		e.uncharge(algorithms.WindowStart(now, r.Limit.Window), r.Cost)
+		out[i] = e.decide(r, now, false)
+		sh.mu.Unlock()
+	}
+}
+
+// add makes k's entry in sh, dropping another key of its zone when the
+// zone keeps its max_keys already. Called with sh's lock held.
+func (y *syncs) add(sh *syncShard, k syncKey, cfg syncCfg) *syncEntry {
+	if cfg.keys.Load() >= int64(cfg.maxKeys) {
+		y.evict(sh, k.zone)
+	}
+	e := &syncEntry{keys: cfg.keys}
+	sh.m[k] = e
+	cfg.keys.Add(1)
+	return e
+}
+
+// evict drops a key of zone from sh (whose lock is held), the least
+// recently requested of those it holds, or else from another shard.
+func (y *syncs) evict(sh *syncShard, zone string) {
+	if y.evictIn(sh, zone) {
+		return
+	}
+	for i := range y.shards {
+		o := &y.shards[i]
+		if o == sh || !o.mu.TryLock() {
+			continue // a shard busy now (or a lock order that could deadlock): the next one
+		}
+		ok := y.evictIn(o, zone)
+		o.mu.Unlock()
+		if ok {
+			return
+		}
+	}
+	// Every other shard busy: the zone keeps one key more for a moment.
+}
+
+// evictIn drops sh's least recently requested key of zone. Called with
+// sh's lock held.
+func (y *syncs) evictIn(sh *syncShard, zone string) bool {
+	var victim syncKey
+	var ve *syncEntry
+	for k, e := range sh.m {
+		if k.zone == zone && (ve == nil || e.used < ve.used) {
+			victim, ve = k, e
+		}
+	}
+	if ve == nil {
+		return false
+	}
+	if n := ve.unsent[0].Units + ve.unsent[1].Units; n > 0 {
+		y.dropped.Add(n)
+		y.droppedUnits.Add(float64(n))
+	}
+	delete(sh.m, victim)
+	ve.keys.Add(-1)
+	return true
+}
+
+// view is the key's state as this instance sees it at now: Redis's last
+// reply plus the charges it has not confirmed.
+func (e *syncEntry) view(l algorithms.Limit, now int64) (algorithms.State, int64) {
+	cs := [4]algorithms.WindowCharge{e.sent[0], e.sent[1], e.unsent[0], e.unsent[1]}
+	st, fullAt, _ := algorithms.AddCharges(e.global, !e.read, l, now, cs[:])
+	return st, fullAt
+}
+
+// decide decides r at now on the key's view, charging it when allowed and
+// charge is set. Called with the shard's lock held.
+func (e *syncEntry) decide(r *algorithms.Request, now int64, charge bool) algorithms.Decision {
+	st, _ := e.view(r.Limit, now)
+	cost := r.Cost
+	if !charge {
+		cost = 0
+	}
+	d, _, _ := algorithms.Step(st, false, r.Limit, now, cost)
+	if charge {
+		if d.Allowed && cost > 0 {
+			e.charge(algorithms.WindowStart(now, r.Limit.Window), cost)
+		}
+		e.used, e.touched = now, true
+	}
+	if r.Refundable {
+		d.At = now
+	}
+	return d
+}
+
+// charge adds units to the unsent charges of the window starting at start.
+func (e *syncEntry) charge(start, units int64) {
+	for j := range e.unsent {
+		if e.unsent[j].Units > 0 && e.unsent[j].Start == start {
+			e.unsent[j].Units += units
+			return
+		}
+	}
+	// A free slot, or the older window's (two windows back by now: it
+	// counts no more).
+	j := 0
+	if e.unsent[0].Units > 0 && (e.unsent[1].Units == 0 || e.unsent[1].Start < e.unsent[0].Start) {
+		j = 1
+	}
+	e.unsent[j] = algorithms.WindowCharge{Start: start, Units: units}
+}
+
+// uncharge takes units back from the unsent charges of the window
+// starting at start; a charge a sync took meanwhile stays counted.
+func (e *syncEntry) uncharge(start, units int64) {
+	for j := range e.unsent {
+		if e.unsent[j].Start == start && e.unsent[j].Units > 0 {
+			e.unsent[j].Units = max(e.unsent[j].Units-units, 0)
+			return
+		}
+	}
+}
+
+// unsend puts the charges of a failed sync back with the unsent ones.
+func (e *syncEntry) unsend() {
+	for _, c := range e.sent {
+		if c.Units > 0 {
+			e.charge(c.Start, c.Units)
+		}
+	}
+	e.sent = [2]algorithms.WindowCharge{}
+}
+
+// period is the loop's interval: the shortest of the zones'.
+func (y *syncs) period() time.Duration {
+	p := time.Duration(0)
+	if m := y.zones.Load(); m != nil {
+		for _, c := range *m {
+			if p == 0 || c.interval < p {
+				p = c.interval
+			}
+		}
+	}
+	if p == 0 {
+		p = time.Second
+	}
+	return p
+}
+
+// run syncs every period until the store closes.
+func (y *syncs) run() {
+	defer close(y.done)
+	for {
+		t := time.NewTimer(y.period())
+		select {
+		case <-y.stop:
+			t.Stop()
+			return
+		case ack := <-y.kick:
+			t.Stop()
+			y.syncOnce()
+			close(ack)
+		case <-t.C:
+			y.syncOnce()
+		}
+	}
+}
+
+// syncNow runs a sync and waits for it (tests).
+func (y *syncs) syncNow() {
+	ack := make(chan struct{})
+	select {
+	case y.kick <- ack:
+		<-ack
+	case <-y.done:
+	}
+}
+
+// close stops the loop after a last sync of what it holds.
+func (y *syncs) close() {
+	started := true
+	y.startOnce.Do(func() { started = false })
+	if !started {
+		return
+	}
+	y.syncNow()
+	close(y.stop)
+	<-y.done
+}
+
+// syncItem is one key of a sync.
+type syncItem struct {
+	k     syncKey
+	e     *syncEntry
+	name  string // its Redis key
+	slot  uint16
+	arg   string
+	state algorithms.State
+	err   error
+}
+
+// syncOnce sends the charges of every key requested since the last sync
+// and reads their states back; it forgets keys back to full and not
+// requested since.
+func (y *syncs) syncOnce() {
+	cfgs := y.zones.Load()
+	start := time.Now()
+	now := start.UnixMilli()
+	var items []syncItem
+	for i := range y.shards {
+		sh := &y.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			live := false
+			if cfgs != nil {
+				_, live = (*cfgs)[k.zone]
+			}
+			pending := e.unsent[0].Units+e.unsent[1].Units > 0
+			if !e.touched && !pending {
+				if _, fullAt := e.view(k.limit, now); fullAt <= now || !live {
+					delete(sh.m, k)
+					e.keys.Add(-1)
+				}
+				continue
+			}
+			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
+			items = append(items, syncItem{k: k, e: e})
+		}
+		sh.mu.Unlock()
+	}
+	if len(items) == 0 {
+		y.succeeded(start)
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		it.name = y.s.Key(it.k.zone, it.k.key)
+		if y.s.cluster {
+			it.slot = hashSlotOf(it.k.key)
+		}
+		it.arg = syncArg(it.k.limit, it.e.sent)
+	}
+	err := y.send(items)
+	for i := range items {
+		it := &items[i]
+		sh := y.shard(&it.k)
+		sh.mu.Lock()
+		if it.err == nil {
+			it.e.global, it.e.read = it.state, true
+			it.e.sent = [2]algorithms.WindowCharge{}
+		} else {
+			it.e.unsend()
+		}
+		sh.mu.Unlock()
+	}
+	if err != nil {
+		y.failures.Add(1)
+		y.syncsFailed.Inc()
+		msg := err.Error()
+		y.lastErr.Store(&msg)
+	} else {
+		y.succeeded(start)
+	}
+	y.runs.Add(1)
+}
+
+func (y *syncs) succeeded(start time.Time) {
+	y.lastOK.Store(start.UnixNano())
+	y.failures.Store(0)
+	y.lastErr.Store(nil)
+	y.syncsOK.Inc()
+	y.lastSync.Set(float64(start.UnixNano()) / 1e9)
+}
+
+// syncArg is a key's argument of lua/sync.lua.
+func syncArg(l algorithms.Limit, c [2]algorithms.WindowCharge) string {
+	b := make([]byte, 0, 64)
+	b = strconv.AppendInt(b, int64(l.Algorithm), 10)
+	b = strconv.AppendInt(append(b, ':'), l.Events, 10)
+	b = strconv.AppendInt(append(b, ':'), l.Window, 10)
+	for _, x := range c {
+		b = strconv.AppendInt(append(b, ':'), x.Start, 10)
+		b = strconv.AppendInt(append(b, ':'), max(x.Units, 0), 10)
+	}
+	return string(b)
+}
+
+// send runs the sync's script calls in one pipeline (items sorted into
+// calls by hash slot in a Cluster, which go-redis sends to each slot's
+// master) and sets each item's state or error. It returns the first
+// error.
+func (y *syncs) send(items []syncItem) error {
+	timeout := max(y.s.timeout, minSyncTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	// The calls: runs of items of one slot, at most syncChunk each.
+	var calls [][]int
+	bySlot := map[uint16][]int{}
+	for i := range items {
+		bySlot[items[i].slot] = append(bySlot[items[i].slot], i)
+	}
+	for _, idx := range bySlot {
+		for len(idx) > 0 {
+			n := min(len(idx), syncChunk)
+			calls = append(calls, idx[:n])
+			idx = idx[n:]
+		}
+	}
+	err := y.exec(ctx, items, calls)
+	if err != nil && isNoScript(err) {
+		if lerr := y.load(ctx); lerr != nil {
+			err = lerr
+		} else {
+			err = y.exec(ctx, items, calls)
+		}
+	}
+	return err
+}
+
+// load loads the sync script (on every master of a Cluster).
+func (y *syncs) load(ctx context.Context) error {
+	if cc, ok := y.s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return syncScript.Load(ctx, c).Err()
+		})
+	}
+	return syncScript.Load(ctx, y.s.client).Err()
+}
+
+// exec sends calls in one pipeline and decodes their replies.
+func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error {
+	pipe := y.s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for c, idx := range calls {
+		keys := make([]string, len(idx))
+		args := make([]any, len(idx))
+		for j, i := range idx {
+			keys[j], args[j] = items[i].name, items[i].arg
+		}
+		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var first error
+	for c, idx := range calls {
+		err := decodeSync(cmds[c], items, idx)
+		for _, i := range idx {
+			items[i].err = err
+		}
+		if err != nil && (first == nil || isNoScript(err)) {
+			first = err
+		}
+	}
+	return first
+}
+
+// decodeSync reads a sync call's reply into its items' states.
+func decodeSync(cmd *redis.Cmd, items []syncItem, idx []int) error {
+	v, err := cmd.Slice()
+	if err != nil {
+		return err
+	}
+	if len(v) != 4*len(idx) {
+		return fmt.Errorf("redis: the sync script returned %d values for %d keys", len(v), len(idx))
+	}
+	for j, i := range idx {
+		var f [4]int64
+		for x := range f {
+			n, ok := v[4*j+x].(int64)
+			if !ok {
+				return errors.New("redis: the sync script returned a value that is not an integer")
+			}
+			f[x] = n
+		}
+		l := items[i].k.limit
+		items[i].state = algorithms.State{Alg: l.Algorithm, At: f[0], Scale: f[1], Prev: f[2], Debt: f[3]}
+	}
+	return nil
+}

@@ -1,0 +1,390 @@
+package redisstore
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// syncTestScript is the sync call's test entry point: its code, with the
+// time in ARGV[1].
+var syncTestScript = redis.NewScript(luaTestTime + luaDefs + luaSync + "\nreturn sync(KEYS, ARGV, 1)\n")
+
+// syncStore is a store with zone in the asynchronous mode (limit l); the
+// loop's own interval is an hour, so a test syncs when it says (syncNow).
+func syncStore(t *testing.T, url, zone string, l algorithms.Limit, maxKeys int) *Store {
+	t.Helper()
+	s := newTestStore(t, url, "", testTimeout, 0)
+	release, err := s.SyncZone(zone, l, time.Hour, maxKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	return s
+}
+
+func syncLimit(t *testing.T, alg algorithms.Algorithm, n int64, w time.Duration) algorithms.Limit {
+	t.Helper()
+	l, err := algorithms.NewLimit(alg, n, w, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func testKey(i int) algorithms.Key {
+	return algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 8), byte(i)}
+}
+
+// takeOne decides one request of zone for key k on s.
+func takeOne(t *testing.T, s *Store, zone string, k algorithms.Key, l algorithms.Limit) algorithms.Decision {
+	t.Helper()
+	out := make([]algorithms.Decision, 1)
+	if err := s.Take(context.Background(), []algorithms.Request{{Zone: zone, Key: k, Limit: l, Cost: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+// redisCount is what Redis holds for the key: the window's count
+// (fixed_window) or the current plus the previous window's (sliding).
+func redisCount(t *testing.T, srv *redistest.Server, s *Store, zone string, k algorithms.Key) int64 {
+	t.Helper()
+	raw, err := srv.Client().Get(context.Background(), s.Key(zone, k)).Result()
+	if err == redis.Nil {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok := DecodeState(raw)
+	if !ok {
+		t.Fatalf("undecodable state %q", raw)
+	}
+	return st.Debt + st.Prev
+}
+
+// TestSyncTwinMatchesGo: lua/sync.lua and algorithms.AddCharges add the
+// same charges to the same states, on random sequences against a real
+// Redis: the state each stores and the one each returns.
+func TestSyncTwinMatchesGo(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := testCtx(t)
+	rng := rand.New(rand.NewPCG(twinSeed, 38))
+	steps := 0
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingWindow} {
+		for round := range 60 {
+			w := []int64{1000, 60000, 7}[round%3]
+			l := algorithms.Limit{Algorithm: alg, Events: 1 + rng.Int64N(50), Window: w}
+			key := "synctwin:" + alg.String() + ":" + time.Duration(round).String()
+			c.Del(ctx, key)
+			now := int64(1_700_000_000_000) + rng.Int64N(w)
+			for range 20 {
+				now += rng.Int64N(w)
+				if rng.IntN(3) == 0 {
+					// A decision, through the decision script's twin.
+					r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(3)}
+					if _, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				before, err := c.Get(ctx, key).Result()
+				fresh := err == redis.Nil
+				if err != nil && !fresh {
+					t.Fatal(err)
+				}
+				var st algorithms.State
+				if !fresh {
+					var ok bool
+					if st, ok = DecodeState(before); !ok {
+						t.Fatalf("undecodable %q", before)
+					}
+				}
+				ws := algorithms.WindowStart(now, w)
+				charges := [2]algorithms.WindowCharge{
+					{Start: ws - w*rng.Int64N(3), Units: rng.Int64N(4)},
+					{Start: ws + w*(rng.Int64N(3)-1), Units: rng.Int64N(4)},
+				}
+				want, _, counted := algorithms.AddCharges(st, fresh, l, now, charges[:])
+				v, err := syncTestScript.Run(ctx, c, []string{key}, now, syncArg(l, charges)).Slice()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := algorithms.State{Alg: alg, At: v[0].(int64), Scale: v[1].(int64), Prev: v[2].(int64), Debt: v[3].(int64)}
+				if got != want {
+					t.Fatalf("%s %+v at %d, state %+v (fresh %v) + %+v: Lua returned %+v, Go %+v", alg, l, now, st, fresh, charges, got, want)
+				}
+				after, err := c.Get(ctx, key).Result()
+				if !counted {
+					if after != before {
+						t.Fatalf("%s: nothing counted, yet the key changed from %q to %q", alg, before, after)
+					}
+					continue
+				}
+				stored, ok := DecodeState(after)
+				if err != nil || !ok || stored != want {
+					t.Fatalf("%s: stored %+v (%v), want %+v", alg, stored, err, want)
+				}
+				steps++
+			}
+		}
+	}
+	if steps < 200 {
+		t.Fatalf("only %d steps added a charge: the sequences test too little", steps)
+	}
+}
+
+// TestSyncOneInstanceExact: a key only one instance uses admits exactly
+// its limit, concurrently, without a Redis call on the request path; the
+// sync brings Redis's count to what was admitted.
+func TestSyncOneInstanceExact(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const n, c, per = 40, 8, 25
+			l := syncLimit(t, alg, n, time.Hour)
+			zone := "exact-" + alg.String()
+			s := syncStore(t, srv.URL(), zone, l, 1000)
+			calls := srv.CommandCount(t, "evalsha") + srv.CommandCount(t, "fcall")
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for g := range c {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range per {
+						if takeOne(t, s, zone, testKey(1), l).Allowed {
+							admitted.Add(1)
+						}
+						if g == 0 && i%5 == 0 {
+							s.async.Load().syncNow() // syncs interleaved with the decisions
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != n {
+				t.Fatalf("admitted %d of %d requests, want exactly %d", got, c*per, n)
+			}
+			s.async.Load().syncNow()
+			if got := redisCount(t, srv, s, zone, testKey(1)); got != n {
+				t.Fatalf("Redis counts %d, want %d", got, n)
+			}
+			// The calls: the syncs only (5 interleaved + 1, one sent again
+			// after loading the script), none per request.
+			if got := srv.CommandCount(t, "evalsha") + srv.CommandCount(t, "fcall") - calls; got > 7 {
+				t.Fatalf("%d script calls for %d requests and 6 syncs: the request path called Redis", got, c*per)
+			}
+			if takeOne(t, s, zone, testKey(1), l).Allowed {
+				t.Fatal("allowed past the limit after the sync")
+			}
+		})
+	}
+}
+
+// TestSyncThreeInstancesBound: three stores (three instances) on one
+// Redis. Once every instance has read a key's count G, the key admits at
+// most N + (I-1)(N-G) in its window (docs/redis.md), here 30 + 2x10: the
+// instances hit it concurrently, 20 requests each. Without the sync each
+// would admit up to its own 30.
+func TestSyncThreeInstancesBound(t *testing.T) {
+	srv := redistest.Start(t)
+	const n, instances = 30, 3
+	l := syncLimit(t, algorithms.FixedWindow, n, time.Hour)
+	zone := "fleet"
+	var fleet [instances]*Store
+	for i := range fleet {
+		fleet[i] = syncStore(t, srv.URL(), zone, l, 1000)
+	}
+	k := testKey(7)
+	// Phase 1: instance 0 alone admits 20 (G = 20), then every instance
+	// reads it.
+	for range 20 {
+		if !takeOne(t, fleet[0], zone, k, l).Allowed {
+			t.Fatal("refused within the limit on one instance")
+		}
+	}
+	fleet[0].async.Load().syncNow()
+	for _, s := range fleet[1:] {
+		takeOne(t, s, zone, testKey(99), l) // a request so that the key below is read: none for k
+		s.async.Load().syncNow()
+	}
+	// Each other instance reads k's count with its first request's sync:
+	// one request of k each, then a sync, before the burst.
+	var admitted atomic.Int64
+	admitted.Store(20)
+	for _, s := range fleet[1:] {
+		if takeOne(t, s, zone, k, l).Allowed {
+			admitted.Add(1)
+		}
+		s.async.Load().syncNow()
+	}
+	fleet[0].async.Load().syncNow()
+	before := admitted.Load()
+	if got := redisCount(t, srv, fleet[0], zone, k); got != before {
+		t.Fatalf("Redis counts %d, want the %d admitted", got, before)
+	}
+	// What each instance read: at most what was admitted.
+	var room int64
+	for _, s := range fleet {
+		room += n - readCount(t, s, zone, k, l)
+	}
+	// Phase 2: all three at once.
+	var wg sync.WaitGroup
+	for _, s := range fleet {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				if takeOne(t, s, zone, k, l).Allowed {
+					admitted.Add(1)
+				}
+				if i%4 == 0 {
+					s.async.Load().syncNow()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	bound := before + room // N + (I-1)(N-G) when every instance read G = before
+	if got := admitted.Load(); got > bound || got < n {
+		t.Fatalf("admitted %d; want at least the limit %d and at most the bound %d", got, n, bound)
+	}
+	if bound >= instances*n-before {
+		t.Fatalf("the bound %d would not catch instances deciding alone", bound)
+	}
+	for _, s := range fleet {
+		s.async.Load().syncNow()
+	}
+	if got := redisCount(t, srv, fleet[0], zone, k); got != n {
+		t.Fatalf("Redis counts %d once synced, want the limit %d (capped)", got, n)
+	}
+}
+
+// readCount is the count of k that s read last.
+func readCount(t *testing.T, s *Store, zone string, k algorithms.Key, l algorithms.Limit) int64 {
+	t.Helper()
+	y := s.async.Load()
+	sk := syncKey{zone: zone, key: k, limit: l}
+	sh := y.shard(&sk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[sk]
+	if e == nil || !e.read {
+		t.Fatalf("%s: the key was never read", zone)
+	}
+	return e.global.Debt
+}
+
+// TestSyncRedisStoppedAndStarted: while Redis is down the zone decides
+// here, the charges held; when it is back, the sync reconciles them: Redis
+// counts what was admitted.
+func TestSyncRedisStoppedAndStarted(t *testing.T) {
+	srv := redistest.Start(t)
+	const n = 50
+	l := syncLimit(t, algorithms.FixedWindow, n, time.Hour)
+	s := syncStore(t, srv.URL(), "outage", l, 1000)
+	y := s.async.Load()
+	for range 10 {
+		takeOne(t, s, "outage", testKey(1), l)
+	}
+	y.syncNow()
+	srv.Stop()
+	admitted := int64(10)
+	for range 30 {
+		if takeOne(t, s, "outage", testKey(1), l).Allowed {
+			admitted++
+		}
+		takeOne(t, s, "outage", testKey(2), l)
+	}
+	y.syncNow()
+	st, _ := s.SyncStatus("outage")
+	if st.Failures == 0 || st.Error == "" {
+		t.Fatalf("status %+v: want the failed sync shown", st)
+	}
+	if st.Held != 60 {
+		t.Fatalf("held %d units, want the 60 charged during the outage", st.Held)
+	}
+	if admitted != 40 {
+		t.Fatalf("admitted %d during the outage, want every one of 40 (decided here)", admitted)
+	}
+	srv.Restart(t)
+	if _, ok := waitFor(10*time.Second, func() bool {
+		y.syncNow()
+		st, _ := s.SyncStatus("outage")
+		return st.Failures == 0
+	}); !ok {
+		t.Fatal("the sync never succeeded after Redis came back")
+	}
+	// A restart without persistence lost the 10 synced before; the 30 and
+	// 30 held are in.
+	if got := redisCount(t, srv, s, "outage", testKey(1)); got != 30 && got != 40 {
+		t.Fatalf("Redis counts %d for key 1, want the 30 held (or 40 if the restart kept its data)", got)
+	}
+	if got := redisCount(t, srv, s, "outage", testKey(2)); got != 30 {
+		t.Fatalf("Redis counts %d for key 2, want the 30 held", got)
+	}
+	if st, _ := s.SyncStatus("outage"); st.Held != 0 || st.Dropped != 0 {
+		t.Fatalf("status %+v: want nothing held or dropped", st)
+	}
+}
+
+// TestSyncMaxKeys: a zone keeps at most max_keys keys; a key dropped with
+// unsent charges counts them dropped.
+func TestSyncMaxKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.FixedWindow, 5, time.Hour)
+	s := syncStore(t, srv.URL(), "bounded", l, 10)
+	for i := range 25 {
+		takeOne(t, s, "bounded", testKey(i), l)
+	}
+	st, _ := s.SyncStatus("bounded")
+	if st.Keys > 10 {
+		t.Fatalf("%d keys kept, want at most 10", st.Keys)
+	}
+	if st.Dropped+st.Held != 25 {
+		t.Fatalf("held %d + dropped %d, want the 25 charged", st.Held, st.Dropped)
+	}
+	if st.Dropped < 15 {
+		t.Fatalf("dropped %d, want at least 15", st.Dropped)
+	}
+}
+
+// TestSyncBesideExactZone: a request with a zone in the mode and an exact
+// zone: one Redis call (the exact zone's), all-or-nothing; the exact
+// zone's refusal takes the async charge back.
+func TestSyncBesideExactZone(t *testing.T) {
+	srv := redistest.Start(t)
+	la := syncLimit(t, algorithms.FixedWindow, 10, time.Hour)
+	le := syncLimit(t, algorithms.FixedWindow, 3, time.Hour)
+	s := syncStore(t, srv.URL(), "async", la, 100)
+	k := testKey(3)
+	reqs := []algorithms.Request{{Zone: "async", Key: k, Limit: la, Cost: 1}, {Zone: "exact", Key: k, Limit: le, Cost: 1}}
+	out := make([]algorithms.Decision, 2)
+	admitted := 0
+	for range 6 {
+		if err := s.Take(context.Background(), reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].Allowed && out[1].Allowed {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Fatalf("admitted %d, want the exact zone's 3", admitted)
+	}
+	s.async.Load().syncNow()
+	if got := redisCount(t, srv, s, "async", k); got != 3 {
+		t.Fatalf("the async zone counts %d, want 3: the refused requests' charges taken back", got)
+	}
+}
