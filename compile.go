@@ -60,6 +60,8 @@ type zone struct {
 	// allowance is the zone's local allowance (nil: none), given to the
 	// store at Provision.
 	allowance *LocalAllowance
+	// sync is the zone's asynchronous mode (sync.go).
+	sync syncZone
 	// The name as each sink carries it (see setNames): JSON-escaped (without
 	// the quotes), the policy identifier of the IETF RateLimit fields, that
 	// identifier as a serialised sf-string and as a JSON string (both with

@@ -137,6 +137,7 @@ var controls = [...]*control{
 	&concurrencyControl, // concurrency.go
 	&adaptiveControl,    // adaptive.go
 	&requestJSONControl, // requestjson.go
+	&syncControl,        // sync.go
 }
 
 // compileControls runs every control's config checks on zone z.

@@ -100,6 +100,25 @@ type ZoneInfo struct {
 	// Adaptive: an adaptive concurrency zone's settings and what this
 	// instance learnt (the root's adaptive.go); Concurrent is then its current limit.
 	Adaptive *Adaptive `json:"adaptive,omitempty"`
+	// Sync: a zone in the asynchronous mode, its bound and how this
+	// instance's sync runs (the root's sync.go).
+	Sync *Sync `json:"sync,omitempty"`
+}
+
+// Sync is a zone's asynchronous mode in the listing and the live page.
+type Sync struct {
+	Interval string `json:"interval"`
+	// Bound states how far over the limit a key may go (docs/redis.md).
+	Bound   string `json:"bound"`
+	Keys    int    `json:"keys"`
+	MaxKeys int    `json:"max_keys"`
+	// LagMs is the time since the last successful sync started (-1: none
+	// yet): the age of the counts this instance decides on.
+	LagMs    int64  `json:"lag_ms"`
+	Failures int64  `json:"failures"`
+	Held     int64  `json:"held"`
+	Dropped  int64  `json:"dropped"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Adaptive is an adaptive zone's part of the admin API's listing and of
