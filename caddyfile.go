@@ -78,6 +78,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 			handler.StoreRaw = opts.storeRaw
 		}
 	}
+	if err := handler.checkDistributed(handler.StoreRaw); err != nil {
+		return nil, err
+	}
 	return handler, nil
 }
 
@@ -177,14 +180,26 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.SweepInterval = caddy.Duration(dur)
 		case "distributed":
-			return d.Err("rate_limit: distributed is not supported: Sluice shares exact state through a shared store instead of synchronising through Caddy storage; use `store redis { url ... }`")
+			h.Distributed, err = parseDistributed(d)
 		case "storage":
 			return d.Err("rate_limit: storage is not supported: Sluice keeps rate limit state in its own store; use `store memory` (the default) or `store redis { url ... }`")
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting, settle_wait, grpc_status)", field)
+			return d.Errf("rate_limit: unknown subdirective %q (known: zone, store, headers, response, jitter, log_key, report_only, enabled, sweep_interval, disable_metrics, max_waiting, settle_wait, grpc_status, distributed)", field)
 		}
 		if err != nil {
 			return err
+		}
+	}
+	if h.Distributed != nil {
+		if err := h.Distributed.validate(); err != nil {
+			return at.wrap(fmt.Errorf("rate_limit: %w", err), err)
+		}
+		// Its zones' sync is distributed's: their errors name its line.
+		h.applyDistributed()
+		for _, p := range places {
+			if _, ok := p.fields["sync"]; !ok {
+				p.fields["sync"] = at.fields["distributed"]
+			}
 		}
 	}
 	return h.checkParsed(at, places)

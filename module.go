@@ -77,9 +77,10 @@ type Handler struct {
 	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// Distributed is caddy-ratelimit's storage-synchronised mode: refused,
-	// naming the Sluice equivalent (a shared store).
-	Distributed json.RawMessage `json:"distributed,omitempty"`
+	// Distributed is caddy-ratelimit's distributed block: every zone in
+	// the asynchronous mode (Zone.Sync), which needs store redis
+	// (distributed.go, docs/migrating.md). Default: none.
+	Distributed *Distributed `json:"distributed,omitempty"`
 
 	// StorageRaw is caddy-ratelimit's storage for Distributed: refused
 	// likewise.
@@ -176,6 +177,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.draft = h.Headers == headersDraft || h.Headers == headersBoth
 	h.enabled = h.Enabled == nil || *h.Enabled
 
+	if err := h.checkDistributed(h.StoreRaw); err != nil {
+		return err
+	}
+	h.applyDistributed()
 	if h.StoreRaw == nil {
 		// (LoadModule clears StoreRaw once loaded, so Validate, which Caddy
 		// calls after Provision, does not see sweep_interval beside a store.)
@@ -296,10 +301,10 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 }
 
 // checkCompat refuses caddy-ratelimit settings that have no meaning here,
-// naming the Sluice equivalent.
+// naming the Sluice equivalent, and checks distributed's values.
 func (h *Handler) checkCompat() error {
-	if h.Distributed != nil {
-		return errors.New("distributed: Sluice does not synchronise instances through Caddy storage; share exact state through a shared store instead (store redis { url ... })")
+	if err := h.Distributed.validate(); err != nil {
+		return err
 	}
 	if h.StorageRaw != nil {
 		return errors.New("storage: Sluice keeps rate limit state in its own store; use `store memory` (the default) or a shared store (store redis { url ... }) instead")
