@@ -46,8 +46,11 @@ const (
 	// syncChunk bounds the keys of one script call (a call blocks Redis
 	// while it runs).
 	syncChunk = 500
-	// minSyncTimeout is the least time a sync waits for its reply.
+	// minSyncTimeout is the least time a sync waits for its reply, and
+	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
+	// a while: a bound that did not grow with them could fail every sync).
 	minSyncTimeout = time.Second
+	syncKeyTimeout = 50 * time.Microsecond
 )
 
 // syncCfg is a zone's mode as the newest registration set it.
@@ -654,7 +657,7 @@ func syncArg(l algorithms.Limit, c [2]algorithms.WindowCharge) string {
 // master) and sets each item's state or error. It returns the first
 // error.
 func (y *syncs) send(items []syncItem) error {
-	timeout := max(y.s.timeout, minSyncTimeout)
+	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(len(items))*syncKeyTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	// The calls: runs of items of one slot, at most syncChunk each.
