@@ -1027,3 +1027,39 @@ func TestExampleGRPC(t *testing.T) {
 		loadExample(t, "grpc.Caddyfile", env, renames)
 	})
 }
+
+// TestExamplePerUser loads examples/peruser.Caddyfile against a real Redis
+// and checks its comment: per_user admits 100 a minute per API key without
+// a Redis call per request (its counts reach Redis by the sync), login
+// stays exact beside it, and the admin view shows the bound.
+func TestExamplePerUser(t *testing.T) {
+	srv := redistest.Start(t)
+	perUser, login := zoneName("per_user"), zoneName("login")
+	loadExample(t, "peruser.Caddyfile", map[string]string{"SLUICE_REDIS_URL": srv.URL()},
+		map[string]string{"per_user": perUser, "login": login})
+	c := loopbackClient(20)
+	defer c.CloseIdleConnections()
+	calls := srv.CommandCount(t, "fcall") + srv.CommandCount(t, "evalsha")
+	out, _ := burstDo(t, c, http.MethodGet, siteA+"/items", 120, 10, "X-Api-Key: u-"+nonce)
+	ok, _ := countBurst(t, out, "per_user")
+	if ok != 100 {
+		t.Errorf("per_user: %d of 120 admitted, want exactly 100 (one instance)", ok)
+	}
+	if got := srv.CommandCount(t, "fcall") + srv.CommandCount(t, "evalsha") - calls; got > 20 {
+		t.Errorf("per_user: %d Redis script calls for 120 requests: the requests called Redis", got)
+	}
+	r := expect(t, get(t, c, siteA+"/items", "X-Api-Key: other-"+nonce), 200, "another user")
+	if want := "the stand-in application: GET /items"; r.body != want {
+		t.Errorf("the stand-in upstream: body %q, want %q", r.body, want)
+	}
+	for i := 1; i <= 6; i++ {
+		want := 200
+		if i == 6 {
+			want = 429
+		}
+		expect(t, do(t, clientFrom(t, "127.0.0.31"), http.MethodPost, siteA+"/login"), want, "login #"+strconv.Itoa(i))
+	}
+	if s := syncAdmin(t, perUser); !strings.Contains(s["bound"].(string), "100 + (I-1)") || s["interval"] != "50ms" {
+		t.Errorf("per_user's admin view: %v", s)
+	}
+}
