@@ -32,8 +32,8 @@
 # Knobs (environment): BENCH_ROUNDS (5), BENCH_DURATION (5, seconds),
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
 # BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare mem1
-# mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal
-# redisdeny rb_plain rb_pipe decide), BENCH_PROFILE
+# mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka
+# redis3ka redislocal redisdeny rb_plain rb_pipe decide), BENCH_PROFILE
 # (targets to CPU-profile, none by default), BENCH_PROFILE_SECONDS (10),
 # BENCH_GO (1; 0 skips the Go benchmarks and memory tests), BENCH_MAX_OTHER
 # (0.3) and BENCH_RETRIES (1): a run during which other processes of the
@@ -67,7 +67,7 @@ GOBENCH=${BENCH_GO:-1}
 MAX_OTHER=${BENCH_MAX_OTHER:-0.3}
 RETRIES=${BENCH_RETRIES:-1}
 REDIS_OPTS=${BENCH_REDIS_OPTS:-}
-read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny rb_plain rb_pipe decide}"
+read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka redis3ka redislocal redisdeny rb_plain rb_pipe decide}"
 KEYS=${BENCH_KEYS:-100000}
 export BENCH_KEYS=$KEYS # wrk-keys.lua reads it
 DECIDE_N=${BENCH_DECIDE_N:-40000}
@@ -150,13 +150,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC P_REDIS1K P_REDIS3K P_REDISLOCAL <<<"$("$BT" ports 14)"
+read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC P_REDIS1K P_REDIS3K P_REDISLOCAL P_REDIS1KA P_REDIS3KA <<<"$("$BT" ports 16)"
 declare -A PORT=([bare]=$P_BARE [mem1]=$P_MEM1 [mem3]=$P_MEM3 [memdeny]=$P_MEMDENY
 	[redis1]=$P_REDIS1 [redis3]=$P_REDIS3 [redisdeny]=$P_REDISDENY
 	[memconc]=$P_MEMCONC [redisconc]=$P_REDISCONC
-	[redis1k]=$P_REDIS1K [redis3k]=$P_REDIS3K [redislocal]=$P_REDISLOCAL)
+	[redis1k]=$P_REDIS1K [redis3k]=$P_REDIS3K [redislocal]=$P_REDISLOCAL
+	[redis1ka]=$P_REDIS1KA [redis3ka]=$P_REDIS3KA)
 # Targets whose load carries a key per client (wrk-keys.lua).
-declare -A KEYED=([redis1k]=1 [redis3k]=1)
+declare -A KEYED=([redis1k]=1 [redis3k]=1 [redis1ka]=1 [redis3ka]=1)
 ADMIN=http://127.0.0.1:$P_ADMIN
 
 redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no --dir "$TMP" \
@@ -197,7 +198,9 @@ lib=$("$BT" floorlib | redis-cli -h 127.0.0.1 -p "$P_REDIS" -x FUNCTION LOAD REP
 # sets to one of BENCH_KEYS clients per request, and allow 1000 events a
 # day per key (never refusing: a run visits a key a few times), so a
 # key's state outlives the time between its visits and each decision reads
-# and writes a live state; redislocal is redis1 with a local allowance.
+# and writes a live state; redislocal is redis1 with a local allowance;
+# redis1ka and redis3ka are redis1k and redis3k in the asynchronous mode
+# (sliding_window, sync 50ms: no Redis call per request).
 # The concurrency zone beside a rate zone (memconc, redisconc) never
 # refuses either (wrk keeps at most BENCH_CONNECTIONS requests in flight):
 # what it adds is taking a slot in the same call, and giving it back after
@@ -206,6 +209,9 @@ never='events 1000000000
 			window 1m'
 daily='events 1000
 			window 1d'
+dailyasync='events 1000
+			window 1d
+			algorithm sliding_window'
 deny='events 1
 			window 1h'
 slots='concurrent 100000'
@@ -244,6 +250,8 @@ want() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
 	want redisconc && site "$P_REDISCONC" "$(zone redisconc "$never")"$'\n'"$(zone redisconcslots "$slots")"$'\n' "$redis_store"
 	want redis1k && site "$P_REDIS1K" "$(zone redis1k "$daily" "$apikey")"$'\n' "$redis_store"
 	want redis3k && site "$P_REDIS3K" "$(zone redis3ka "$daily" "$apikey")"$'\n'"$(zone redis3kb "$daily" "$apikey")"$'\n'"$(zone redis3kc "$daily" "$apikey")"$'\n' "$redis_store"
+	want redis1ka && site "$P_REDIS1KA" "$(zone redis1ka "$dailyasync" "$apikey" "sync 50ms")"$'\n' "$redis_store"
+	want redis3ka && site "$P_REDIS3KA" "$(zone redis3kaa "$dailyasync" "$apikey" "sync 50ms")"$'\n'"$(zone redis3kab "$dailyasync" "$apikey" "sync 50ms")"$'\n'"$(zone redis3kac "$dailyasync" "$apikey" "sync 50ms")"$'\n' "$redis_store"
 	want redislocal && site "$P_REDISLOCAL" "$(zone redislocal "$never" "" local_allowance)"$'\n' "$redis_store"
 	: # (a last target not wanted is not a failure)
 } >"$OUT/Caddyfile"
@@ -258,7 +266,7 @@ for t in "${!PORT[@]}"; do
 	[[ $t == bare ]] || want "$t" || continue
 	"$BT" wait "http://127.0.0.1:${PORT[$t]}/" 10 || die "Caddy site $t did not answer (see $OUT/caddy.log)"
 done
-log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redislocal redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
+log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for t in bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka redis3ka redislocal redisdeny; do printf '%s :%s  ' "$t" "${PORT[$t]}"; done)"
 
 {
 	echo "date         $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -270,7 +278,7 @@ log "redis on :$P_REDIS, caddy admin on :$P_ADMIN (pid $CADDY_PID), sites: $(for
 	echo "cpu          $(nproc) x $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
 	echo "load before  $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "settings     $ROUNDS rounds x ${DURATION}s per target (after a ${WARMUP}s warm-up); wrk -t$THREADS -c$CONNS; redis-benchmark -c$CONNS, -P $PIPELINE"
-	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip}), $KEYS for redis1k and redis3k (X-Api-Key)"
+	echo "             load generator, Caddy and Redis share the same cores; one key per zone ({client_ip}), $KEYS for redis1k, redis3k, redis1ka and redis3ka (X-Api-Key)"
 	echo "decide       redis-benchmark -c$CONNS -P $PIPELINE, $DECIDE_N calls per run, the decision and its floor taking turns"
 	echo "quiet        a run counts as quiet when other processes used at most $MAX_OTHER cores meanwhile (retries: $RETRIES)"
 } >"$OUT/meta.txt"

@@ -70,6 +70,13 @@ var budgets = []budget{
 	{kind: cpuDelta, what: "memstore, 1 zone", target: "mem1", bound: 2},
 	{kind: cpuNotAbove, what: "memstore", target: "memdeny", other: "mem1"},
 	{kind: callsAtMost, what: "a hot key with `local_allowance`", target: "redislocal", bound: 0.05},
+	// Issue 38: the asynchronous mode, a key per client over many clients.
+	{kind: ratioToBare, what: "Redis, 1 zone, many keys, `sync`", target: "redis1ka", bound: 0.85},
+	{kind: ratioToBare, what: "Redis, 3 zones, many keys, `sync`", target: "redis3ka", bound: 0.85},
+	{kind: cpuDelta, what: "Redis, 1 zone, many keys, `sync`", target: "redis1ka", bound: 4},
+	{kind: cpuDelta, what: "Redis, 3 zones, many keys, `sync`", target: "redis3ka", bound: 4},
+	{kind: callsAtMost, what: "many keys with `sync`", target: "redis1ka", bound: 0.05},
+	{kind: callsAtMost, what: "3 zones, many keys with `sync`", target: "redis3ka", bound: 0.05},
 	{kind: redisUsAtMost, what: "1 zone token bucket", kase: "tb1", bound: 5},
 	{kind: redisUsAtMost, what: "1 zone GCRA", kase: "gcra1", bound: 5},
 	{kind: redisUsAtMost, what: "3 zones", kase: "z3", bound: 10},

@@ -58,6 +58,8 @@ var targets = []target{
 	{"redisconc", "Redis, 1 zone + a concurrency zone, never refusing", "ok"},
 	{"redis1k", "Redis, 1 zone, many keys (a key per client)", "ok"},
 	{"redis3k", "Redis, 3 zones, many keys", "ok"},
+	{"redis1ka", "Redis, 1 zone, many keys, asynchronous (`sync 50ms`)", "ok"},
+	{"redis3ka", "Redis, 3 zones, many keys, asynchronous (`sync 50ms`)", "ok"},
 	{"redislocal", "Redis, 1 zone, one hot key, `local_allowance`", "ok"},
 	{"redisdeny", "Redis, refusing everything", "429"},
 	{"rb_plain", "redis-benchmark FCALL (decision ceiling, -c50)", ""},
