@@ -3,9 +3,9 @@ package redisstore
 import (
 	"context"
 	_ "embed"
-	"errors"
+	"encoding/binary"
 	"fmt"
-	"strconv"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,8 +31,9 @@ import (
 // the keys' states and ends their sent charges; a failed sync puts its
 // charges back to be sent again (a reply lost after Redis applied them
 // counts them twice: it errs toward refusing). A zone keeps at most its
-// max_keys keys: past it, the key least recently requested is dropped, its
-// unsent units counted dropped.
+// max_keys keys: past it, the least recently requested of a sample is
+// dropped, its unsent units counted dropped. A sync looks only at the keys
+// requested since the last (each shard's dirty list).
 
 //go:embed lua/sync.lua
 var luaSync string
@@ -51,6 +52,9 @@ const (
 	// a while: a bound that did not grow with them could fail every sync).
 	minSyncTimeout = time.Second
 	syncKeyTimeout = 50 * time.Microsecond
+	// sweepEvery is how often the loop looks at every key kept, to forget
+	// those back to full.
+	sweepEvery = 5 * time.Second
 )
 
 // syncCfg is a zone's mode as the newest registration set it.
@@ -79,7 +83,8 @@ type syncEntry struct {
 	unsent [2]algorithms.WindowCharge
 	sent   [2]algorithms.WindowCharge // in the sync running
 	used   int64                      // Unix ms of the last request
-	// touched: requested since the last sync took the key.
+	// touched: requested since the last sync took the key (listed in
+	// its shard's dirty).
 	touched bool
 	keys    *atomic.Int64 // the zone's count
 }
@@ -87,6 +92,18 @@ type syncEntry struct {
 type syncShard struct {
 	mu sync.Mutex
 	m  map[syncKey]*syncEntry
+	// dirty lists the keys touched since the last sync took them: a sync
+	// reads these, not every key kept; spare is the list a sync emptied,
+	// kept for its room.
+	dirty, spare []syncKey
+}
+
+// touch lists k's entry e for the next sync. Called with sh's lock held.
+func (sh *syncShard) touch(k syncKey, e *syncEntry) {
+	if !e.touched {
+		e.touched = true
+		sh.dirty = append(sh.dirty, k)
+	}
 }
 
 // syncs is a store's zones in the asynchronous mode and their keys.
@@ -107,6 +124,7 @@ type syncs struct {
 	// kick asks the loop for a sync now (tests, and Destruct's last one).
 	kick chan chan struct{}
 
+	swept    time.Time    // the last sweep (the loop's own)
 	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
 	failures atomic.Int64 // syncs failed since
 	lastErr  atomic.Pointer[string]
@@ -305,6 +323,7 @@ func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syn
 			e = y.add(sh, k, cfgs[r.Zone])
 		}
 		out[i] = e.decide(r, now, true)
+		sh.touch(k, e)
 		sh.mu.Unlock()
 		ents[i] = e
 		if !out[i].Allowed && !r.ReportOnly {
@@ -409,14 +428,27 @@ func (y *syncs) evict(sh *syncShard, zone string) {
 	// Every other shard busy: the zone keeps one key more for a moment.
 }
 
-// evictIn drops sh's least recently requested key of zone. Called with
-// sh's lock held.
+// evictSample is how many keys of a shard eviction compares: the least
+// recently requested of a sample (a map's walk starts at random), as
+// Redis's approximate LRU, so that a zone at its bound does not walk a
+// whole shard per new key.
+const evictSample = 8
+
+// evictIn drops one of sh's keys of zone, the least recently requested of
+// a sample. Called with sh's lock held.
 func (y *syncs) evictIn(sh *syncShard, zone string) bool {
 	var victim syncKey
 	var ve *syncEntry
+	seen := 0
 	for k, e := range sh.m {
-		if k.zone == zone && (ve == nil || e.used < ve.used) {
+		if k.zone != zone {
+			continue
+		}
+		if ve == nil || e.used < ve.used {
 			victim, ve = k, e
+		}
+		if seen++; seen == evictSample {
+			break
 		}
 	}
 	if ve == nil {
@@ -452,7 +484,7 @@ func (e *syncEntry) decide(r *algorithms.Request, now int64, charge bool) algori
 		if d.Allowed && cost > 0 {
 			e.charge(algorithms.WindowStart(now, r.Limit.Window), cost)
 		}
-		e.used, e.touched = now, true
+		e.used = now
 	}
 	if r.Refundable {
 		d.At = now
@@ -561,38 +593,36 @@ type syncItem struct {
 	e     *syncEntry
 	name  string // its Redis key
 	slot  uint16
-	arg   string
 	state algorithms.State
 	err   error
 }
 
 // syncOnce sends the charges of every key requested since the last sync
-// and reads their states back; it forgets keys back to full and not
-// requested since.
+// and reads their states back; now and then (sweepEvery) it forgets the
+// keys back to full and not requested since.
 func (y *syncs) syncOnce() {
-	cfgs := y.zones.Load()
 	start := time.Now()
 	now := start.UnixMilli()
+	if start.Sub(y.swept) >= sweepEvery {
+		y.sweep(now)
+		y.swept = start
+	}
 	var items []syncItem
 	for i := range y.shards {
 		sh := &y.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			live := false
-			if cfgs != nil {
-				_, live = (*cfgs)[k.zone]
-			}
-			pending := e.unsent[0].Units+e.unsent[1].Units > 0
-			if !e.touched && !pending {
-				if _, fullAt := e.view(k.limit, now); fullAt <= now || !live {
-					delete(sh.m, k)
-					e.keys.Add(-1)
-				}
-				continue
+		dirty := sh.dirty
+		sh.dirty, sh.spare = sh.spare[:0], nil
+		for _, k := range dirty {
+			e := sh.m[k]
+			if e == nil || !e.touched {
+				continue // dropped for max_keys meanwhile
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
 			items = append(items, syncItem{k: k, e: e})
 		}
+		clear(dirty)
+		sh.spare = dirty[:0]
 		sh.mu.Unlock()
 	}
 	if len(items) == 0 {
@@ -605,7 +635,6 @@ func (y *syncs) syncOnce() {
 		if y.s.cluster {
 			it.slot = hashSlotOf(it.k.key)
 		}
-		it.arg = syncArg(it.k.limit, it.e.sent)
 	}
 	err := y.send(items)
 	for i := range items {
@@ -615,8 +644,13 @@ func (y *syncs) syncOnce() {
 		if it.err == nil {
 			it.e.global, it.e.read = it.state, true
 			it.e.sent = [2]algorithms.WindowCharge{}
-		} else {
+		} else if sh.m[it.k] == it.e {
 			it.e.unsend()
+			sh.touch(it.k, it.e) // sent again by the next sync
+		} else if n := it.e.sent[0].Units + it.e.sent[1].Units; n > 0 {
+			// Dropped for max_keys while its sync failed.
+			y.dropped.Add(n)
+			y.droppedUnits.Add(float64(n))
 		}
 		sh.mu.Unlock()
 	}
@@ -631,6 +665,30 @@ func (y *syncs) syncOnce() {
 	y.runs.Add(1)
 }
 
+// sweep forgets the keys that hold nothing to send and are back to full
+// (their windows over), and those of zones no longer in the mode.
+func (y *syncs) sweep(now int64) {
+	cfgs := y.zones.Load()
+	for i := range y.shards {
+		sh := &y.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.touched || e.unsent[0].Units+e.unsent[1].Units+e.sent[0].Units+e.sent[1].Units > 0 {
+				continue
+			}
+			live := false
+			if cfgs != nil {
+				_, live = (*cfgs)[k.zone]
+			}
+			if _, fullAt := e.view(k.limit, now); fullAt <= now || !live {
+				delete(sh.m, k)
+				e.keys.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
 func (y *syncs) succeeded(start time.Time) {
 	y.lastOK.Store(start.UnixNano())
 	y.failures.Store(0)
@@ -639,17 +697,16 @@ func (y *syncs) succeeded(start time.Time) {
 	y.lastSync.Set(float64(start.UnixNano()) / 1e9)
 }
 
-// syncArg is a key's argument of lua/sync.lua.
-func syncArg(l algorithms.Limit, c [2]algorithms.WindowCharge) string {
-	b := make([]byte, 0, 64)
-	b = strconv.AppendInt(b, int64(l.Algorithm), 10)
-	b = strconv.AppendInt(append(b, ':'), l.Events, 10)
-	b = strconv.AppendInt(append(b, ':'), l.Window, 10)
-	for _, x := range c {
-		b = strconv.AppendInt(append(b, ':'), x.Start, 10)
-		b = strconv.AppendInt(append(b, ':'), max(x.Units, 0), 10)
+// syncArgSize is the bytes of one key's part of lua/sync.lua's argument.
+const syncArgSize = 49
+
+// appendSyncArg appends a key's part of lua/sync.lua's argument to b.
+func appendSyncArg(b []byte, l algorithms.Limit, c [2]algorithms.WindowCharge) []byte {
+	b = append(b, byte(l.Algorithm))
+	for _, v := range [6]int64{l.Events, l.Window, c[0].Start, max(c[0].Units, 0), c[1].Start, max(c[1].Units, 0)} {
+		b = binary.BigEndian.AppendUint64(b, math.Float64bits(float64(v)))
 	}
-	return string(b)
+	return b
 }
 
 // send runs the sync's script calls in one pipeline (items sorted into
@@ -698,13 +755,15 @@ func (y *syncs) load(ctx context.Context) error {
 func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error {
 	pipe := y.s.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
+	var arg []byte
 	for c, idx := range calls {
 		keys := make([]string, len(idx))
-		args := make([]any, len(idx))
+		arg = arg[:0]
 		for j, i := range idx {
-			keys[j], args[j] = items[i].name, items[i].arg
+			keys[j] = items[i].name
+			arg = appendSyncArg(arg, items[i].k.limit, items[i].e.sent)
 		}
-		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, args...)
+		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, string(arg))
 	}
 	_, _ = pipe.Exec(ctx)
 	var first error
@@ -722,21 +781,18 @@ func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error
 
 // decodeSync reads a sync call's reply into its items' states.
 func decodeSync(cmd *redis.Cmd, items []syncItem, idx []int) error {
-	v, err := cmd.Slice()
+	v, err := cmd.Text()
 	if err != nil {
 		return err
 	}
-	if len(v) != 4*len(idx) {
-		return fmt.Errorf("redis: the sync script returned %d values for %d keys", len(v), len(idx))
+	if len(v) != 32*len(idx) {
+		return fmt.Errorf("redis: the sync script returned %d bytes for %d keys", len(v), len(idx))
 	}
 	for j, i := range idx {
 		var f [4]int64
 		for x := range f {
-			n, ok := v[4*j+x].(int64)
-			if !ok {
-				return errors.New("redis: the sync script returned a value that is not an integer")
-			}
-			f[x] = n
+			o := 32*j + 8*x
+			f[x] = int64(math.Float64frombits(binary.BigEndian.Uint64([]byte(v[o : o+8]))))
 		}
 		l := items[i].k.limit
 		items[i].state = algorithms.State{Alg: l.Algorithm, At: f[0], Scale: f[1], Prev: f[2], Debt: f[3]}

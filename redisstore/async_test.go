@@ -116,11 +116,12 @@ func TestSyncTwinMatchesGo(t *testing.T) {
 					{Start: ws + w*(rng.Int64N(3)-1), Units: rng.Int64N(4)},
 				}
 				want, _, counted := algorithms.AddCharges(st, fresh, l, now, charges[:])
-				v, err := syncTestScript.Run(ctx, c, []string{key}, now, syncArg(l, charges)).Slice()
-				if err != nil {
+				cmd := syncTestScript.Run(ctx, c, []string{key}, now, string(appendSyncArg(nil, l, charges)))
+				items := []syncItem{{k: syncKey{limit: l}}}
+				if err := decodeSync(cmd, items, []int{0}); err != nil {
 					t.Fatal(err)
 				}
-				got := algorithms.State{Alg: alg, At: v[0].(int64), Scale: v[1].(int64), Prev: v[2].(int64), Debt: v[3].(int64)}
+				got := items[0].state
 				if got != want {
 					t.Fatalf("%s %+v at %d, state %+v (fresh %v) + %+v: Lua returned %+v, Go %+v", alg, l, now, st, fresh, charges, got, want)
 				}
@@ -384,6 +385,9 @@ func TestSyncBesideExactZone(t *testing.T) {
 		t.Fatalf("admitted %d, want the exact zone's 3", admitted)
 	}
 	s.async.Load().syncNow()
+	if st, _ := s.SyncStatus("async"); st.Error != "" {
+		t.Fatalf("the sync failed: %s", st.Error)
+	}
 	if got := redisCount(t, srv, s, "async", k); got != 3 {
 		t.Fatalf("the async zone counts %d, want 3: the refused requests' charges taken back", got)
 	}

@@ -19,8 +19,9 @@ type Sync struct {
 
 	// MaxKeys bounds the keys of the zone one instance keeps (their
 	// counts as last read and their charges not yet sent); past it the
-	// least recently synced key is dropped, its unsent charges counted
-	// lost. 1 to 10,000,000. Default: 100,000.
+	// least recently requested of a sample of 8 is dropped, its unsent
+	// charges counted
+	// dropped. 1 to 10,000,000. Default: 100,000.
 	MaxKeys int `json:"max_keys,omitempty"`
 }
 

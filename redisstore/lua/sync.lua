@@ -1,27 +1,30 @@
 -- sync: the asynchronous mode's call (redisstore/async.go), the Lua twin of
 -- algorithms.AddCharges. It adds an instance's charges to its keys and
--- returns their states. KEYS[i] is a key, ARGV[base + i] its argument
--- "<algorithm id>:<events>:<window ms>:<start>:<units>:<start>:<units>":
--- two charges, each tagged with its aligned window's start (units 0:
--- none). The reply: four integers per key, the state's window start, its
--- length, the previous window's count (sliding_window; 0 else) and the
--- current one's. A key is written only when a charge counted; a penalty
--- it held (a zone configured otherwise before) is dropped, as the Go twin
--- drops it.
-
-local SYNC_ARG = '^(%d+):(%d+):(%d+):(%-?%d+):(%d+):(%-?%d+):(%d+)$'
+-- returns their states. KEYS are the keys; ARGV[base + 1] is one binary
+-- string holding, per key in order, 49 bytes (syncArgSize): the algorithm
+-- id (one byte), then as big-endian doubles (exact: every value is an
+-- integer below 2^53) the events, the window (ms) and two charges, each
+-- the start of its aligned window and its units (0: none). The reply is
+-- one binary string of four big-endian doubles per key: the state's
+-- window start, its length, the previous window's count (sliding_window;
+-- 0 else) and the current one's. A key is written only when a charge
+-- counted; a penalty it held (a zone configured otherwise before) is
+-- dropped, as the Go twin drops it.
 
 local function sync(keys, argv, base)
   if not byte then bind() end
+  local blob = argv[base + 1]
+  if type(blob) ~= 'string' or #blob ~= 49 * #keys then
+    return redis.error_reply('sluice: sync: malformed argument')
+  end
   local out = {}
+  local pos = 1
   for i = 1, #keys do
-    local s = argv[base + i]
-    local a, e, w, s1, u1, s2, u2 = string.match(s, SYNC_ARG)
-    a, e, w = tonum(a), tonum(e), tonum(w)
+    local a, e, w, s1, u1, s2, u2
+    a, e, w, s1, u1, s2, u2, pos = sunpk('>Bdddddd', blob, pos)
     if a ~= 2 and a ~= 3 then
-      return redis.error_reply('sluice: sync: malformed argument ' .. tostring(s))
+      return redis.error_reply('sluice: sync: unknown algorithm ' .. tostring(a))
     end
-    s1, u1, s2, u2 = tonum(s1), tonum(u1), tonum(s2), tonum(u2)
     local full = call('GET', keys[i])
     local raw = nil
     if full then raw = unpen(full) end
@@ -49,8 +52,7 @@ local function sync(keys, argv, base)
       at, len, prev, cur = st, w, p, c
     end
     if counted then store(keys[i], val, reset) end
-    local o = 4 * (i - 1)
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = at, len, prev, cur
+    out[i] = spk('>dddd', at, len, prev, cur)
   end
-  return out
+  return table.concat(out)
 end
