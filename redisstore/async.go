@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/stores"
@@ -45,8 +46,9 @@ var syncScript = redis.NewScript(luaClock + luaDefs + luaSync + "\nreturn sync(K
 const (
 	syncShards = 64
 	// syncChunk bounds the keys of one script call (a call blocks Redis
-	// while it runs).
-	syncChunk = 500
+	// while it runs), syncPipeline the calls of one pipeline (send).
+	syncChunk    = 250
+	syncPipeline = 4
 	// minSyncTimeout is the least time a sync waits for its reply, and
 	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
 	// a while: a bound that did not grow with them could fail every sync).
@@ -655,11 +657,19 @@ func (y *syncs) syncOnce() {
 		sh.mu.Unlock()
 	}
 	if err != nil {
-		y.failures.Add(1)
+		if y.failures.Add(1) == 1 && y.s.opts.Logger != nil {
+			// Once per run of failures; the recovery is logged too.
+			y.s.opts.Logger.Warn("redis sync of the asynchronous zones failed; they go on deciding here and send their charges when a sync succeeds",
+				zap.String("target", y.s.opts.Target), zap.Int("keys", len(items)), zap.Error(err))
+		}
 		y.syncsFailed.Inc()
 		msg := err.Error()
 		y.lastErr.Store(&msg)
 	} else {
+		if n := y.failures.Load(); n > 0 && y.s.opts.Logger != nil {
+			y.s.opts.Logger.Info("redis sync of the asynchronous zones succeeded again",
+				zap.String("target", y.s.opts.Target), zap.Int64("failed_syncs", n), zap.Int("keys", len(items)))
+		}
 		y.succeeded(start)
 	}
 	y.runs.Add(1)
@@ -709,10 +719,13 @@ func appendSyncArg(b []byte, l algorithms.Limit, c [2]algorithms.WindowCharge) [
 	return b
 }
 
-// send runs the sync's script calls in one pipeline (items sorted into
-// calls by hash slot in a Cluster, which go-redis sends to each slot's
-// master) and sets each item's state or error. It returns the first
-// error.
+// send runs the sync's script calls (items sorted into calls by hash slot
+// in a Cluster, which go-redis sends to each slot's master), in pipelines
+// of at most syncPipeline calls, and sets each item's state or error. A
+// pipeline's replies must all come within the client's read timeout (the
+// decisions', a fraction of a second): a bounded pipeline keeps a backlog
+// of keys (after an outage) from failing every sync. After a failed
+// pipeline the rest is not sent. It returns the first error.
 func (y *syncs) send(items []syncItem) error {
 	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(len(items))*syncKeyTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -730,15 +743,33 @@ func (y *syncs) send(items []syncItem) error {
 			idx = idx[n:]
 		}
 	}
-	err := y.exec(ctx, items, calls)
-	if err != nil && isNoScript(err) {
-		if lerr := y.load(ctx); lerr != nil {
-			err = lerr
-		} else {
-			err = y.exec(ctx, items, calls)
+	var first error
+	for len(calls) > 0 {
+		batch := calls[:min(len(calls), syncPipeline)]
+		calls = calls[len(batch):]
+		if first != nil {
+			for _, idx := range batch {
+				for _, i := range idx {
+					items[i].err = first // not sent
+				}
+			}
+			continue
 		}
+		err := y.exec(ctx, items, batch)
+		if err != nil && isNoScript(err) {
+			if err = y.load(ctx); err == nil {
+				err = y.exec(ctx, items, batch)
+			} else {
+				for _, idx := range batch {
+					for _, i := range idx {
+						items[i].err = err
+					}
+				}
+			}
+		}
+		first = err
 	}
-	return err
+	return first
 }
 
 // load loads the sync script (on every master of a Cluster).

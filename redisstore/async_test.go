@@ -392,3 +392,28 @@ func TestSyncBesideExactZone(t *testing.T) {
 		t.Fatalf("the async zone counts %d, want 3: the refused requests' charges taken back", got)
 	}
 }
+
+// TestSyncBacklog: a sync of many keys (a backlog: here 3,000 keys in one
+// interval) runs as several bounded pipelines and lands every charge.
+func TestSyncBacklog(t *testing.T) {
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.FixedWindow, 5, time.Hour)
+	s := syncStore(t, srv.URL(), "backlog", l, 10000)
+	const n = 3000
+	for i := range n {
+		takeOne(t, s, "backlog", algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i)}, l)
+	}
+	calls := srv.CommandCount(t, "evalsha")
+	s.async.Load().syncNow()
+	st, _ := s.SyncStatus("backlog")
+	if st.Error != "" || st.Held != 0 {
+		t.Fatalf("status %+v: want every charge landed", st)
+	}
+	if got := srv.Do(t, "DBSIZE").(int64); got < n {
+		t.Fatalf("Redis holds %d keys, want the %d synced", got, n)
+	}
+	// 250 keys per call (the first call's NOSCRIPT sent again after the load).
+	if got := srv.CommandCount(t, "evalsha") - calls; got < n/syncChunk || got > n/syncChunk+syncPipeline {
+		t.Fatalf("%d script calls for %d keys, want about %d", got, n, n/syncChunk)
+	}
+}
