@@ -71,15 +71,17 @@ type syncReg struct {
 	cfg syncCfg
 }
 
-// syncKey names a key's state in Redis under one limit.
+// syncKey names a key of a zone. (A zone's limit is one: sync refuses a
+// limit chosen per request; the entry keeps the limit it was last asked
+// under, a reload's new one included.)
 type syncKey struct {
-	zone  string
-	key   algorithms.Key
-	limit algorithms.Limit
+	zone string
+	key  algorithms.Key
 }
 
 // syncEntry is one key of a zone in the mode. Guarded by its shard's mutex.
 type syncEntry struct {
+	limit  algorithms.Limit // the zone's, at the last request
 	global algorithms.State // as Redis last returned it
 	read   bool             // global was read (else: none yet)
 	unsent [2]algorithms.WindowCharge
@@ -317,7 +319,7 @@ func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syn
 			continue
 		}
 		here++
-		k := syncKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+		k := syncKey{zone: r.Zone, key: r.Key}
 		sh := y.shard(&k)
 		sh.mu.Lock()
 		e := sh.m[k]
@@ -389,7 +391,7 @@ func (y *syncs) takeBack(reqs []algorithms.Request, ents []*syncEntry, out []alg
 			continue
 		}
 		r := &reqs[i]
-		k := syncKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+		k := syncKey{zone: r.Zone, key: r.Key}
 		sh := y.shard(&k)
 		sh.mu.Lock()
 		e.uncharge(algorithms.WindowStart(now, r.Limit.Window), r.Cost)
@@ -476,6 +478,7 @@ func (e *syncEntry) view(l algorithms.Limit, now int64) (algorithms.State, int64
 // decide decides r at now on the key's view, charging it when allowed and
 // charge is set. Called with the shard's lock held.
 func (e *syncEntry) decide(r *algorithms.Request, now int64, charge bool) algorithms.Decision {
+	e.limit = r.Limit
 	st, _ := e.view(r.Limit, now)
 	cost := r.Cost
 	if !charge {
@@ -593,6 +596,7 @@ func (y *syncs) close() {
 type syncItem struct {
 	k     syncKey
 	e     *syncEntry
+	limit algorithms.Limit
 	name  string // its Redis key
 	slot  uint16
 	state algorithms.State
@@ -621,7 +625,7 @@ func (y *syncs) syncOnce() {
 				continue // dropped for max_keys meanwhile
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
-			items = append(items, syncItem{k: k, e: e})
+			items = append(items, syncItem{k: k, e: e, limit: e.limit})
 		}
 		clear(dirty)
 		sh.spare = dirty[:0]
@@ -690,7 +694,7 @@ func (y *syncs) sweep(now int64) {
 			if cfgs != nil {
 				_, live = (*cfgs)[k.zone]
 			}
-			if _, fullAt := e.view(k.limit, now); fullAt <= now || !live {
+			if _, fullAt := e.view(e.limit, now); fullAt <= now || !live {
 				delete(sh.m, k)
 				e.keys.Add(-1)
 			}
@@ -792,7 +796,7 @@ func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error
 		arg = arg[:0]
 		for j, i := range idx {
 			keys[j] = items[i].name
-			arg = appendSyncArg(arg, items[i].k.limit, items[i].e.sent)
+			arg = appendSyncArg(arg, items[i].limit, items[i].e.sent)
 		}
 		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, string(arg))
 	}
@@ -825,7 +829,7 @@ func decodeSync(cmd *redis.Cmd, items []syncItem, idx []int) error {
 			o := 32*j + 8*x
 			f[x] = int64(math.Float64frombits(binary.BigEndian.Uint64([]byte(v[o : o+8]))))
 		}
-		l := items[i].k.limit
+		l := items[i].limit
 		items[i].state = algorithms.State{Alg: l.Algorithm, At: f[0], Scale: f[1], Prev: f[2], Debt: f[3]}
 	}
 	return nil

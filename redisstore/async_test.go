@@ -117,7 +117,7 @@ func TestSyncTwinMatchesGo(t *testing.T) {
 				}
 				want, _, counted := algorithms.AddCharges(st, fresh, l, now, charges[:])
 				cmd := syncTestScript.Run(ctx, c, []string{key}, now, string(appendSyncArg(nil, l, charges)))
-				items := []syncItem{{k: syncKey{limit: l}}}
+				items := []syncItem{{limit: l}}
 				if err := decodeSync(cmd, items, []int{0}); err != nil {
 					t.Fatal(err)
 				}
@@ -276,7 +276,7 @@ func TestSyncThreeInstancesBound(t *testing.T) {
 func readCount(t *testing.T, s *Store, zone string, k algorithms.Key, l algorithms.Limit) int64 {
 	t.Helper()
 	y := s.async.Load()
-	sk := syncKey{zone: zone, key: k, limit: l}
+	sk := syncKey{zone: zone, key: k}
 	sh := y.shard(&sk)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
