@@ -261,13 +261,15 @@ type aimd struct {
 // aimdSampleWeight is the weight of a quiet sample in the baseline once
 // 1/n is below it; aimdCut is what a slow window leaves of the limit;
 // aimdRun is how many samples of a run past tolerance (after its first
-// window) move the baseline to their mean; aimdQueue is the requests
-// queued past which a window is slow; aimdSmooth is the weight of a window
-// in the average the baseline starts from.
+// window) move the baseline to their mean if it is past aimdShift × the
+// average; aimdQueue is the requests queued past which a window is slow;
+// aimdSmooth is the weight of a window in the average the baseline starts
+// from.
 const (
 	aimdSampleWeight = 0.004
 	aimdCut          = 0.8
 	aimdRun          = 20
+	aimdShift        = 1.3
 	aimdQueue        = 2.0
 	aimdSmooth       = 0.5
 )
@@ -314,13 +316,15 @@ func (a *aimd) queued(w Window) bool {
 
 // follow counts k unloaded samples of mean rtt (ns) into the run of those
 // past tolerance, and once the run holds aimdRun samples after its first
-// window, moves the baseline to their mean and restarts the plain mean
-// from them: the upstream got slower for good (a deploy, a busy host), and
-// the average would take about 1/aimdSampleWeight samples to say so,
-// cutting the limit meanwhile. The first window is left out: it may mix
-// requests served before the change. Only upwards: a baseline too low
-// collapses the limit, one too high lets a little more queue until the
-// average follows.
+// window and their mean is past aimdShift × the average, moves the
+// baseline to that mean and restarts the plain mean from them: the
+// upstream got slower for good (a deploy, a busy host), and the average
+// would take about 1/aimdSampleWeight samples to say so, cutting the limit
+// meanwhile. The first window is left out: it may mix requests served
+// before the change. A smaller rise is left to the average: at the knee it
+// is a queue estimate under aimdQueue, so it cuts nothing. Only upwards: a
+// baseline too low collapses the limit, one too high lets a little more
+// queue until the average follows.
 func (a *aimd) follow(rtt float64, k int) {
 	if rtt <= a.tolerance*a.avg {
 		a.run, a.runSum, a.skipN, a.skipSum = 0, 0, 0, 0
@@ -331,7 +335,7 @@ func (a *aimd) follow(rtt float64, k int) {
 	}
 	a.run += k
 	a.runSum += rtt * float64(k)
-	if n := a.run - a.skipN; n >= aimdRun {
+	if n := a.run - a.skipN; n >= aimdRun && (a.runSum-a.skipSum)/float64(n) > aimdShift*a.avg {
 		a.avg, a.n = (a.runSum-a.skipSum)/float64(n), n
 		a.run, a.runSum, a.skipN, a.skipSum = 0, 0, 0, 0
 	}
