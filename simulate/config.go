@@ -230,6 +230,7 @@ func (rw *rewritten) handler(name string, m map[string]any, runID string, ov Ove
 		m["store"] = map[string]any{"module": storeModuleName, "run": runID}
 		m["disable_metrics"] = true
 		delete(m, "sweep_interval") // configures the default memory store, replaced
+		rw.unsync(m)
 		return nil, rw.zonesOf(m, ov, zones)
 	case "reverse_proxy":
 		if hr, ok := m["handle_response"].([]any); ok && len(hr) > 0 {
@@ -333,4 +334,30 @@ func (z *ZoneConfig) costPlaceholders() []string {
 		return nil
 	}
 	return z.model.CostFrom.Placeholders()
+}
+
+// syncNote is the note of a replay with zones in the asynchronous mode.
+const syncNote = "sync (asynchronous mode): replayed as one instance, exact; across I instances a key may admit up to N + (I-1)(N-G) per window (docs/redis.md)"
+
+// unsync replays the zones in the asynchronous mode (sync, or the
+// directive's distributed block) as exact zones: one process is one
+// instance, for which the mode is exact. distributed's mapping of a zone
+// without algorithm to sliding_window is kept.
+func (rw *rewritten) unsync(m map[string]any) {
+	_, distributed := m["distributed"]
+	delete(m, "distributed")
+	zs, _ := m["rate_limits"].(map[string]any)
+	for _, z := range zs {
+		zm, ok := z.(map[string]any)
+		if !ok {
+			continue
+		}
+		if _, ok := zm["sync"]; ok || distributed {
+			if _, ok := zm["algorithm"]; !ok && distributed {
+				zm["algorithm"] = "sliding_window"
+			}
+			delete(zm, "sync")
+			rw.replaced[syncNote]++
+		}
+	}
 }

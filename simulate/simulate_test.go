@@ -409,3 +409,64 @@ func TestConcurrencyZone(t *testing.T) {
 		t.Errorf("--compare of a concurrency zone: %v, want an error naming it a concurrency zone", err)
 	}
 }
+
+// TestSyncZone: a zone in the asynchronous mode (sync, or the directive's
+// distributed block) replays as one instance, exact, and the notes say so
+// and state the fleet's bound.
+func TestSyncZone(t *testing.T) {
+	cfg := adapt(t, `{
+	admin off
+}
+:8080 {
+	rate_limit /a {
+		zone per_user {
+			key {client_ip}
+			events 5
+			window 1h
+			algorithm fixed_window
+			sync 50ms
+		}
+		store redis redis://127.0.0.1:9
+	}
+	rate_limit /b {
+		zone mholt {
+			key {client_ip}
+			events 3
+			window 1h
+		}
+		distributed {
+			read_interval 5s
+		}
+		store redis redis://127.0.0.1:9
+	}
+	reverse_proxy localhost:9
+}`)
+	var log strings.Builder
+	for i := range 10 {
+		log.WriteString(accessLine(1.7e9+float64(i), "192.0.2.7", "GET", "/a", "") + "\n")
+		log.WriteString(accessLine(1.7e9+float64(i), "192.0.2.7", "GET", "/b", "") + "\n")
+	}
+	p := filepath.Join(t.TempDir(), "access.log")
+	if err := os.WriteFile(p, []byte(log.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := simulate.Run(simulate.Options{Config: cfg, Traffic: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]int64{}
+	algs := map[string]string{}
+	for _, z := range rep.Zones {
+		got[z.Name] = [2]int64{z.Allowed, z.Refused}
+		algs[z.Name] = z.Algorithm
+	}
+	if g := got["per_user"]; g != [2]int64{5, 5} {
+		t.Errorf("sync: allowed/refused %v, want [5 5]", g)
+	}
+	if g := got["mholt"]; g != [2]int64{3, 7} || algs["mholt"] != "sliding_window" {
+		t.Errorf("distributed: allowed/refused %v, algorithm %q; want [3 7] as a sliding_window", g, algs["mholt"])
+	}
+	if !strings.Contains(strings.Join(rep.Notes, "\n"), "N + (I-1)(N-G)") {
+		t.Errorf("notes %q: want the asynchronous mode's note", rep.Notes)
+	}
+}
