@@ -61,8 +61,14 @@
     return svg;
   }
 
-  function storeCell(st) {
+  function storeCell(st, sy) {
     const td = el("td", {}, st.module || "?");
+    // The asynchronous mode: decided here, synced every interval.
+    if (sy) {
+      let t = "async, sync every " + sy.interval + ", lag " + (sy.lag_ms < 0 ? "none yet" : sy.lag_ms + " ms");
+      if (sy.failures) t += ", " + sy.failures + " failed syncs, " + sy.held + " units held";
+      td.append(el("div", { class: "sync" + (sy.failures ? " problem" : ""), title: sy.bound }, t));
+    }
     if (st.circuit) td.append(" ", el("span", { class: "badge " + st.circuit, title: "circuit breaker" }, "breaker " + st.circuit));
     if (st.target) td.append(el("div", { class: "token" }, st.target.replaceAll(",", ", "))); // a Cluster's seeds wrap
     // What Redis refuses this user (ACL), naming what to grant.
@@ -98,7 +104,7 @@
         el("td", {}, z.algorithm),
         el("td", { class: "limit" }, limitText(z)),
         el("td", { class: "token" }, z.key.join(" ")),
-        storeCell(z.store || {}),
+        storeCell(z.store || {}, z.sync),
         el("td", { class: "num allowed" }, ar.toFixed(1)),
         el("td", { class: "num refused" }, rr.toFixed(1)),
         el("td", {}, sparkline(h)),
