@@ -57,13 +57,16 @@ const (
 	// sweepEvery is how often the loop looks at every key kept, to forget
 	// those back to full.
 	sweepEvery = 5 * time.Second
+	// maxSyncZones bounds the zone names a store numbers for the mode
+	// (syncKey.zone), over its life.
+	maxSyncZones = 4096
 )
 
 // syncCfg is a zone's mode as the newest registration set it.
 type syncCfg struct {
 	interval time.Duration
 	maxKeys  int
-	keys     *atomic.Int64 // the zone's keys kept (shared by its registrations)
+	id       uint16 // the zone's number (syncs.ids)
 }
 
 type syncReg struct {
@@ -71,54 +74,79 @@ type syncReg struct {
 	cfg syncCfg
 }
 
-// syncKey names a key of a zone. (A zone's limit is one: sync refuses a
-// limit chosen per request; the entry keeps the limit it was last asked
-// under, a reload's new one included.)
+// syncKey names a key of a zone (by its number). (A zone's limit is one:
+// sync refuses a limit chosen per request; the entry keeps the limit it
+// was last asked under, a reload's new one included.)
 type syncKey struct {
-	zone string
+	zone uint16
 	key  algorithms.Key
 }
 
-// syncEntry is one key of a zone in the mode. Guarded by its shard's mutex.
+// syncEntry is one key of a zone in the mode, in its shard's slab. It holds
+// no pointer, nor does the shard's map, so that the garbage collector
+// never scans the keys kept (hundreds of thousands). Guarded by its
+// shard's mutex.
 type syncEntry struct {
-	limit  algorithms.Limit // the zone's, at the last request
-	global algorithms.State // as Redis last returned it
-	read   bool             // global was read (else: none yet)
-	unsent [2]algorithms.WindowCharge
-	sent   [2]algorithms.WindowCharge // in the sync running
-	used   int64                      // Unix ms of the last request
+	k     syncKey
+	limit algorithms.Limit // the zone's, at the last request
+	// The key's state as Redis last returned it (algorithms.State's
+	// fields: At, Scale, Prev, Debt); read: returned once at least.
+	at, scale, prev, debt int64
+	read                  bool
+	live                  bool // in use (else on the slab's free list)
+	unsent                [2]algorithms.WindowCharge
+	sent                  [2]algorithms.WindowCharge // in the sync running
+	used                  int64                      // Unix ms of the last request
 	// touched: requested since the last sync took the key (listed in
 	// its shard's dirty).
 	touched bool
-	keys    *atomic.Int64 // the zone's count
 }
 
 type syncShard struct {
-	mu sync.Mutex
-	m  map[syncKey]*syncEntry
-	// dirty lists the keys touched since the last sync took them: a sync
-	// reads these, not every key kept; spare is the list a sync emptied,
-	// kept for its room.
-	dirty, spare []syncKey
+	mu   sync.Mutex
+	m    map[syncKey]uint32 // index in slab
+	slab []syncEntry
+	free []uint32
+	// dirty lists the entries touched since the last sync took them: a
+	// sync reads these, not every key kept; spare is the list a sync
+	// emptied, kept for its room.
+	dirty, spare []uint32
 }
 
-// touch lists k's entry e for the next sync. Called with sh's lock held.
-func (sh *syncShard) touch(k syncKey, e *syncEntry) {
-	if !e.touched {
+// touch lists entry i for the next sync. Called with sh's lock held.
+func (sh *syncShard) touch(i uint32) {
+	if e := &sh.slab[i]; !e.touched {
 		e.touched = true
-		sh.dirty = append(sh.dirty, k)
+		sh.dirty = append(sh.dirty, i)
 	}
+}
+
+// entry returns k's entry index, if kept. Called with sh's lock held.
+func (sh *syncShard) entry(k syncKey) (uint32, bool) {
+	i, ok := sh.m[k]
+	return i, ok
+}
+
+// drop forgets entry i. Called with sh's lock held.
+func (sh *syncShard) drop(i uint32) {
+	delete(sh.m, sh.slab[i].k)
+	sh.slab[i] = syncEntry{}
+	sh.free = append(sh.free, i)
 }
 
 // syncs is a store's zones in the asynchronous mode and their keys.
 type syncs struct {
 	s *Store
 
-	regMu  sync.Mutex
-	regs   map[string][]syncReg
-	counts map[string]*atomic.Int64
-	next   uint64
-	zones  atomic.Pointer[map[string]syncCfg] // nil: none
+	regMu sync.Mutex
+	regs  map[string][]syncReg
+	ids   map[string]uint16 // the zones' numbers, never reused
+	next  uint64
+	zones atomic.Pointer[map[string]syncCfg] // nil: none
+	// names are the zones by number (the sync loop builds keys from
+	// them), keys each zone's keys kept.
+	names atomic.Pointer[[]string]
+	keys  [maxSyncZones]atomic.Int64
 
 	shards [syncShards]syncShard
 
@@ -140,10 +168,11 @@ type syncs struct {
 }
 
 func newSyncs(s *Store) *syncs {
-	y := &syncs{s: s, regs: map[string][]syncReg{}, counts: map[string]*atomic.Int64{},
+	y := &syncs{s: s, regs: map[string][]syncReg{}, ids: map[string]uint16{},
 		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan chan struct{})}
+	y.names.Store(new([]string))
 	for i := range y.shards {
-		y.shards[i].m = map[syncKey]*syncEntry{}
+		y.shards[i].m = map[syncKey]uint32{}
 	}
 	lv := []string{"redis", s.opts.Target}
 	y.syncsOK = storeMetrics.syncs.WithLabelValues(append(lv, "ok")...)
@@ -167,14 +196,21 @@ func (s *Store) SyncZone(zone string, l algorithms.Limit, interval time.Duration
 	}
 	y := s.syncs()
 	y.regMu.Lock()
+	zid, ok := y.ids[zone]
+	if !ok {
+		names := *y.names.Load()
+		if len(names) >= maxSyncZones {
+			y.regMu.Unlock()
+			return nil, fmt.Errorf("sync: more than %d zones in the mode on one store", maxSyncZones)
+		}
+		zid = uint16(len(names))
+		y.ids[zone] = zid
+		names = append(names[:len(names):len(names)], zone)
+		y.names.Store(&names)
+	}
 	y.next++
 	id := y.next
-	n := y.counts[zone]
-	if n == nil {
-		n = new(atomic.Int64)
-		y.counts[zone] = n
-	}
-	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, keys: n}})
+	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, id: zid}})
 	y.publish()
 	y.regMu.Unlock()
 	y.startOnce.Do(func() { go y.run() })
@@ -240,7 +276,7 @@ func (s *Store) SyncStatus(zone string) (stores.SyncStatus, bool) {
 	if !ok {
 		return stores.SyncStatus{}, false
 	}
-	st := stores.SyncStatus{Interval: y.period(), Keys: int(cfg.keys.Load()), MaxKeys: cfg.maxKeys,
+	st := stores.SyncStatus{Interval: y.period(), Keys: int(y.keys[cfg.id].Load()), MaxKeys: cfg.maxKeys,
 		Failures: y.failures.Load(), Dropped: y.dropped.Load()}
 	if ns := y.lastOK.Load(); ns != 0 {
 		st.LastSync = time.Unix(0, ns)
@@ -251,8 +287,8 @@ func (s *Store) SyncStatus(zone string) (stores.SyncStatus, bool) {
 	for i := range y.shards {
 		sh := &y.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if k.zone == zone {
+		for i := range sh.slab {
+			if e := &sh.slab[i]; e.live && e.k.zone == cfg.id {
 				st.Held += e.unsent[0].Units + e.unsent[1].Units + e.sent[0].Units + e.sent[1].Units
 			}
 		}
@@ -294,9 +330,7 @@ func (y *syncs) shard(k *syncKey) *syncShard {
 	for i := range k.key {
 		h = (h ^ uint32(k.key[i])) * 16777619
 	}
-	for i := 0; i < len(k.zone); i++ {
-		h = (h ^ uint32(k.zone[i])) * 16777619
-	}
+	h = (h ^ uint32(k.zone)) * 16777619
 	return &y.shards[h%syncShards]
 }
 
@@ -305,39 +339,41 @@ func (y *syncs) shard(k *syncKey) *syncShard {
 // another zone refuses).
 func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syncCfg, reqs []algorithms.Request, out []algorithms.Decision) error {
 	now := time.Now().UnixMilli()
-	var ebuf [8]*syncEntry
-	ents := ebuf[:0]
-	if len(reqs) > len(ebuf) {
-		ents = make([]*syncEntry, 0, len(reqs))
+	var kbuf [8]syncKey
+	var hbuf [8]bool
+	keys, ents := kbuf[:0], hbuf[:0] // ents[i]: reqs[i] is decided here, its key keys[i]
+	if len(reqs) > len(kbuf) {
+		keys, ents = make([]syncKey, 0, len(reqs)), make([]bool, 0, len(reqs))
 	}
-	ents = ents[:len(reqs)]
+	keys, ents = keys[:len(reqs)], ents[:len(reqs)]
 	clear(ents)
 	all, here := true, 0
 	for i := range reqs {
 		r := &reqs[i]
-		if !mine(cfgs, r) {
+		cfg, ok := cfgs[r.Zone]
+		if !ok || !algorithms.Syncable(r.Limit.Algorithm) || r.Leaves() {
 			continue
 		}
 		here++
-		k := syncKey{zone: r.Zone, key: r.Key}
+		k := syncKey{zone: cfg.id, key: r.Key}
 		sh := y.shard(&k)
 		sh.mu.Lock()
-		e := sh.m[k]
-		if e == nil {
-			e = y.add(sh, k, cfgs[r.Zone])
+		j, ok := sh.entry(k)
+		if !ok {
+			j = y.add(sh, k, cfg)
 		}
-		out[i] = e.decide(r, now, true)
-		sh.touch(k, e)
+		out[i] = sh.slab[j].decide(r, now, true)
+		sh.touch(j)
 		sh.mu.Unlock()
-		ents[i] = e
+		keys[i], ents[i] = k, true
 		if !out[i].Allowed && !r.ReportOnly {
 			all = false
 		}
 	}
 	if !all {
-		y.takeBack(reqs, ents, out, now)
+		y.takeBack(reqs, keys, ents, out, now)
 		for i := range reqs {
-			if ents[i] == nil {
+			if !ents[i] {
 				// Not asked: nothing charged, and no state read to show.
 				c := reqs[i].Limit.Capacity()
 				out[i] = algorithms.Decision{Allowed: true, Limit: c, Remaining: c}
@@ -356,7 +392,7 @@ func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syn
 		sub, subOut = make([]algorithms.Request, 0, n), make([]algorithms.Decision, 0, n)
 	}
 	for i := range reqs {
-		if ents[i] == nil {
+		if !ents[i] {
 			r := reqs[i]
 			r.FailApart = false // decided whole: the charges here are taken back on any failure
 			sub = append(sub, r)
@@ -364,12 +400,12 @@ func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syn
 		}
 	}
 	if err := next.Take(ctx, sub, subOut); err != nil {
-		y.takeBack(reqs, ents, out, now)
+		y.takeBack(reqs, keys, ents, out, now)
 		return err
 	}
 	j := 0
 	for i := range reqs {
-		if ents[i] == nil {
+		if !ents[i] {
 			out[i] = subOut[j]
 			if !subOut[j].Allowed && !reqs[i].ReportOnly {
 				all = false
@@ -378,43 +414,53 @@ func (y *syncs) take(ctx context.Context, next stores.Store, cfgs map[string]syn
 		}
 	}
 	if !all {
-		y.takeBack(reqs, ents, out, now)
+		y.takeBack(reqs, keys, ents, out, now)
 	}
 	return nil
 }
 
 // takeBack takes back the charges take made (a zone vetoed the request),
 // and shows each zone that allowed as it stands.
-func (y *syncs) takeBack(reqs []algorithms.Request, ents []*syncEntry, out []algorithms.Decision, now int64) {
-	for i, e := range ents {
-		if e == nil || !out[i].Allowed {
+func (y *syncs) takeBack(reqs []algorithms.Request, keys []syncKey, ents []bool, out []algorithms.Decision, now int64) {
+	for i, mine := range ents {
+		if !mine || !out[i].Allowed {
 			continue
 		}
 		r := &reqs[i]
-		k := syncKey{zone: r.Zone, key: r.Key}
-		sh := y.shard(&k)
+		sh := y.shard(&keys[i])
 		sh.mu.Lock()
-		e.uncharge(algorithms.WindowStart(now, r.Limit.Window), r.Cost)
-		out[i] = e.decide(r, now, false)
+		// (Dropped for max_keys meanwhile: its charge went with it.)
+		if j, ok := sh.entry(keys[i]); ok {
+			e := &sh.slab[j]
+			e.uncharge(algorithms.WindowStart(now, r.Limit.Window), r.Cost)
+			out[i] = e.decide(r, now, false)
+		}
 		sh.mu.Unlock()
 	}
 }
 
 // add makes k's entry in sh, dropping another key of its zone when the
 // zone keeps its max_keys already. Called with sh's lock held.
-func (y *syncs) add(sh *syncShard, k syncKey, cfg syncCfg) *syncEntry {
-	if cfg.keys.Load() >= int64(cfg.maxKeys) {
+func (y *syncs) add(sh *syncShard, k syncKey, cfg syncCfg) uint32 {
+	if y.keys[cfg.id].Load() >= int64(cfg.maxKeys) {
 		y.evict(sh, k.zone)
 	}
-	e := &syncEntry{keys: cfg.keys}
-	sh.m[k] = e
-	cfg.keys.Add(1)
-	return e
+	var j uint32
+	if n := len(sh.free); n > 0 {
+		j, sh.free = sh.free[n-1], sh.free[:n-1]
+	} else {
+		j = uint32(len(sh.slab))
+		sh.slab = append(sh.slab, syncEntry{})
+	}
+	sh.slab[j] = syncEntry{k: k, live: true}
+	sh.m[k] = j
+	y.keys[cfg.id].Add(1)
+	return j
 }
 
 // evict drops a key of zone from sh (whose lock is held), the least
 // recently requested of those it holds, or else from another shard.
-func (y *syncs) evict(sh *syncShard, zone string) {
+func (y *syncs) evict(sh *syncShard, zone uint16) {
 	if y.evictIn(sh, zone) {
 		return
 	}
@@ -440,30 +486,31 @@ const evictSample = 8
 
 // evictIn drops one of sh's keys of zone, the least recently requested of
 // a sample. Called with sh's lock held.
-func (y *syncs) evictIn(sh *syncShard, zone string) bool {
-	var victim syncKey
-	var ve *syncEntry
+func (y *syncs) evictIn(sh *syncShard, zone uint16) bool {
+	victim, found := uint32(0), false
 	seen := 0
-	for k, e := range sh.m {
+	for k, j := range sh.m {
 		if k.zone != zone {
 			continue
 		}
-		if ve == nil || e.used < ve.used {
-			victim, ve = k, e
+		if !found || sh.slab[j].used < sh.slab[victim].used {
+			victim, found = j, true
 		}
 		if seen++; seen == evictSample {
 			break
 		}
 	}
-	if ve == nil {
+	if !found {
 		return false
 	}
+	ve := &sh.slab[victim]
 	if n := ve.unsent[0].Units + ve.unsent[1].Units; n > 0 {
 		y.dropped.Add(n)
 		y.droppedUnits.Add(float64(n))
 	}
-	delete(sh.m, victim)
-	ve.keys.Add(-1)
+	// Its charges in a sync running are counted by the sync if it fails.
+	sh.drop(victim)
+	y.keys[zone].Add(-1)
 	return true
 }
 
@@ -471,7 +518,8 @@ func (y *syncs) evictIn(sh *syncShard, zone string) bool {
 // reply plus the charges it has not confirmed.
 func (e *syncEntry) view(l algorithms.Limit, now int64) (algorithms.State, int64) {
 	cs := [4]algorithms.WindowCharge{e.sent[0], e.sent[1], e.unsent[0], e.unsent[1]}
-	st, fullAt, _ := algorithms.AddCharges(e.global, !e.read, l, now, cs[:])
+	g := algorithms.State{Alg: l.Algorithm, At: e.at, Scale: e.scale, Prev: e.prev, Debt: e.debt}
+	st, fullAt, _ := algorithms.AddCharges(g, !e.read, l, now, cs[:])
 	return st, fullAt
 }
 
@@ -595,7 +643,8 @@ func (y *syncs) close() {
 // syncItem is one key of a sync.
 type syncItem struct {
 	k     syncKey
-	e     *syncEntry
+	j     uint32 // its entry
+	sent  [2]algorithms.WindowCharge
 	limit algorithms.Limit
 	name  string // its Redis key
 	slot  uint16
@@ -619,13 +668,13 @@ func (y *syncs) syncOnce() {
 		sh.mu.Lock()
 		dirty := sh.dirty
 		sh.dirty, sh.spare = sh.spare[:0], nil
-		for _, k := range dirty {
-			e := sh.m[k]
-			if e == nil || !e.touched {
+		for _, j := range dirty {
+			e := &sh.slab[j]
+			if !e.live || !e.touched {
 				continue // dropped for max_keys meanwhile
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
-			items = append(items, syncItem{k: k, e: e, limit: e.limit})
+			items = append(items, syncItem{k: e.k, j: j, sent: e.sent, limit: e.limit})
 		}
 		clear(dirty)
 		sh.spare = dirty[:0]
@@ -635,9 +684,10 @@ func (y *syncs) syncOnce() {
 		y.succeeded(start)
 		return
 	}
+	names := *y.names.Load()
 	for i := range items {
 		it := &items[i]
-		it.name = y.s.Key(it.k.zone, it.k.key)
+		it.name = y.s.Key(names[it.k.zone], it.k.key)
 		if y.s.cluster {
 			it.slot = hashSlotOf(it.k.key)
 		}
@@ -647,16 +697,22 @@ func (y *syncs) syncOnce() {
 		it := &items[i]
 		sh := y.shard(&it.k)
 		sh.mu.Lock()
-		if it.err == nil {
-			it.e.global, it.e.read = it.state, true
-			it.e.sent = [2]algorithms.WindowCharge{}
-		} else if sh.m[it.k] == it.e {
-			it.e.unsend()
-			sh.touch(it.k, it.e) // sent again by the next sync
-		} else if n := it.e.sent[0].Units + it.e.sent[1].Units; n > 0 {
+		j, kept := sh.entry(it.k)
+		kept = kept && j == it.j
+		switch {
+		case kept && it.err == nil:
+			e := &sh.slab[j]
+			e.at, e.scale, e.prev, e.debt, e.read = it.state.At, it.state.Scale, it.state.Prev, it.state.Debt, true
+			e.sent = [2]algorithms.WindowCharge{}
+		case kept:
+			sh.slab[j].unsend()
+			sh.touch(j) // sent again by the next sync
+		case it.err != nil:
 			// Dropped for max_keys while its sync failed.
-			y.dropped.Add(n)
-			y.droppedUnits.Add(float64(n))
+			if n := it.sent[0].Units + it.sent[1].Units; n > 0 {
+				y.dropped.Add(n)
+				y.droppedUnits.Add(float64(n))
+			}
 		}
 		sh.mu.Unlock()
 	}
@@ -682,21 +738,24 @@ func (y *syncs) syncOnce() {
 // sweep forgets the keys that hold nothing to send and are back to full
 // (their windows over), and those of zones no longer in the mode.
 func (y *syncs) sweep(now int64) {
-	cfgs := y.zones.Load()
+	var live [maxSyncZones]bool
+	if cfgs := y.zones.Load(); cfgs != nil {
+		for _, c := range *cfgs {
+			live[c.id] = true
+		}
+	}
 	for i := range y.shards {
 		sh := &y.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.touched || e.unsent[0].Units+e.unsent[1].Units+e.sent[0].Units+e.sent[1].Units > 0 {
+		for j := range sh.slab {
+			e := &sh.slab[j]
+			if !e.live || e.touched || e.unsent[0].Units+e.unsent[1].Units+e.sent[0].Units+e.sent[1].Units > 0 {
 				continue
 			}
-			live := false
-			if cfgs != nil {
-				_, live = (*cfgs)[k.zone]
-			}
-			if _, fullAt := e.view(e.limit, now); fullAt <= now || !live {
-				delete(sh.m, k)
-				e.keys.Add(-1)
+			if _, fullAt := e.view(e.limit, now); fullAt <= now || !live[e.k.zone] {
+				zone := e.k.zone
+				sh.drop(uint32(j))
+				y.keys[zone].Add(-1)
 			}
 		}
 		sh.mu.Unlock()
@@ -796,7 +855,7 @@ func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error
 		arg = arg[:0]
 		for j, i := range idx {
 			keys[j] = items[i].name
-			arg = appendSyncArg(arg, items[i].limit, items[i].e.sent)
+			arg = appendSyncArg(arg, items[i].limit, items[i].sent)
 		}
 		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, string(arg))
 	}

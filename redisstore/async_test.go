@@ -276,15 +276,15 @@ func TestSyncThreeInstancesBound(t *testing.T) {
 func readCount(t *testing.T, s *Store, zone string, k algorithms.Key, l algorithms.Limit) int64 {
 	t.Helper()
 	y := s.async.Load()
-	sk := syncKey{zone: zone, key: k}
+	sk := syncKey{zone: (*y.zones.Load())[zone].id, key: k}
 	sh := y.shard(&sk)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.m[sk]
-	if e == nil || !e.read {
+	j, ok := sh.entry(sk)
+	if !ok || !sh.slab[j].read {
 		t.Fatalf("%s: the key was never read", zone)
 	}
-	return e.global.Debt
+	return sh.slab[j].debt
 }
 
 // TestSyncRedisStoppedAndStarted: while Redis is down the zone decides
