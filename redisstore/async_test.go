@@ -417,3 +417,26 @@ func TestSyncBacklog(t *testing.T) {
 		t.Fatalf("%d script calls for %d keys, want about %d", got, n, n/syncChunk)
 	}
 }
+
+// TestSyncTakeAlloc: a decision of a key kept in the asynchronous mode
+// allocates nothing (no Redis call, the key's entry in its shard's slab).
+func TestSyncTakeAlloc(t *testing.T) {
+	if raceBuild {
+		t.Skip("under -race, allocation counts are not the program's")
+	}
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.SlidingWindow, 1_000_000, time.Hour)
+	s := syncStore(t, srv.URL(), "alloc", l, 100)
+	reqs := []algorithms.Request{{Zone: "alloc", Key: testKey(1), Limit: l, Cost: 1}}
+	out := make([]algorithms.Decision, 1)
+	ctx := context.Background()
+	_ = s.Take(ctx, reqs, out)
+	s.async.Load().syncNow()
+	if n := testing.AllocsPerRun(1000, func() {
+		if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+			t.Fatalf("Take: %v %+v", err, out[0])
+		}
+	}); n != 0 {
+		t.Errorf("%.1f allocations per decision, want 0", n)
+	}
+}

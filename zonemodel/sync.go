@@ -18,10 +18,10 @@ type Sync struct {
 	Interval caddy.Duration `json:"interval,omitempty"`
 
 	// MaxKeys bounds the keys of the zone one instance keeps (their
-	// counts as last read and their charges not yet sent); past it the
-	// least recently requested of a sample of 8 is dropped, its unsent
-	// charges counted
-	// dropped. 1 to 10,000,000. Default: 100,000.
+	// counts as last read and their charges not yet sent, about 300 bytes
+	// each); past it the least recently requested of a sample of 8 is
+	// dropped, its unsent charges counted dropped. 1 to 10,000,000.
+	// Default: 100,000.
 	MaxKeys int `json:"max_keys,omitempty"`
 }
 
