@@ -161,7 +161,7 @@ func (h *Handler) provisionControls() error {
 // provisionIn provisions the controls in the order given, then derives
 // what follows from the planned requests: further stages (derive), and
 // whether the directive's requests may call the store after their
-// decision (h.hold). Within a stage the hooks run in the table's order,
+// decision (h.pin). Within a stage the hooks run in the table's order,
 // whatever the order given.
 func (h *Handler) provisionIn(order []*control) error {
 	var joined [len(controls)]stages
@@ -180,9 +180,9 @@ func (h *Handler) provisionIn(order []*control) error {
 			joined[i] |= c.derive(h)
 		}
 	}
-	h.hold = nil
-	if hs, ok := h.store.(storeHolder); ok && slices.ContainsFunc(h.planned, givenBack) {
-		h.hold = hs
+	h.pin = nil
+	if ps, ok := h.store.(storePinner); ok && slices.ContainsFunc(h.planned, givenBack) {
+		h.pin = ps
 	}
 	h.on = [numStages][]*control{}
 	for s := range numStages {
@@ -197,7 +197,7 @@ func (h *Handler) provisionIn(order []*control) error {
 
 // givenBack reports whether a planned request's charge may be given back
 // or settled after its decision: the store is then kept open across a
-// reload while the directive's requests use it (storeHolder).
+// reload while the directive's requests use it (storePinner).
 func givenBack(rq algorithms.Request) bool {
 	return rq.Refundable || rq.InFlight
 }

@@ -114,7 +114,7 @@ func TestControlsProvisionInAnyOrder(t *testing.T) {
 			concurrent adaptive
 		}
 	}`, nil)
-	want, wantPlanned, wantHold := h.on, slices.Clone(h.planned), h.hold
+	want, wantPlanned, wantPin := h.on, slices.Clone(h.planned), h.pin
 	if len(want[atTake]) == 0 || len(want[atExit]) != 3 {
 		t.Fatalf("the table's order: take %s, exit %s; want the wait for charges in flight, and settle, concurrency, adaptive", names(want[atTake]), names(want[atExit]))
 	}
@@ -138,8 +138,8 @@ func TestControlsProvisionInAnyOrder(t *testing.T) {
 				t.Fatalf("order %s, stage %d: %s, want %s", names(order), s, names(h.on[s]), names(want[s]))
 			}
 		}
-		if !slices.Equal(h.planned, wantPlanned) || h.hold != wantHold {
-			t.Fatalf("order %s: planned %+v, hold %v; want %+v, %v", names(order), h.planned, h.hold, wantPlanned, wantHold)
+		if !slices.Equal(h.planned, wantPlanned) || h.pin != wantPin {
+			t.Fatalf("order %s: planned %+v, pin %v; want %+v, %v", names(order), h.planned, h.pin, wantPlanned, wantPin)
 		}
 	})
 	if f := factorial(len(order)); len(order) < 8 || orders != f {

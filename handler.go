@@ -19,9 +19,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !h.enabled {
 		return next.ServeHTTP(w, r)
 	}
-	if h.hold != nil {
-		h.hold.Hold()
-		defer h.hold.Unhold()
+	if h.pin != nil {
+		h.pin.Pin()
+		defer h.pin.Unpin()
 	}
 	a := h.admit(r)
 	defer a.exit() // every exit: the slots back, the admission recycled

@@ -130,16 +130,16 @@ type Handler struct {
 	// requestjson.go's, pass.go's.
 	requestJSON requestJSONDirective
 	passing     passDirective
-	// room holds the requests waiting (delay, charges in flight, an
+	// room counts the requests waiting (delay, charges in flight, an
 	// adaptive place), at most max_waiting (admission.go).
 	room *waitingRoom
 	// inflight is the wait for charges in flight (inflight.go).
 	inflight *chargesWait
-	// hold: the store, when it is one a reload keeps open while requests
-	// use it (storeHolder) and this directive's requests may call it after
+	// pin: the store, when it is one a reload keeps open while requests
+	// pin it (storePinner) and this directive's requests may call it after
 	// their decision (a planned charge given back or settled,
 	// provisionIn); nil otherwise.
-	hold     storeHolder
+	pin      storePinner
 	releases []func() // the local allowances' registrations (provisionAllowances)
 }
 

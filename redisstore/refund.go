@@ -57,9 +57,9 @@ func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	c := s.refundCall(refunds)
 	c.onDone = s.refundDone
 	n := s.nodeFor(c.ctx, c.key0())
-	s.holds.Add(1) // until refundCallDone
+	s.pins.Add(1) // until refundCallDone
 	if b := n.breaker; b != nil && b.state.Load() != circuitClosed || !n.batch.post(c) {
-		s.holds.Add(-1)
+		s.pins.Add(-1)
 		s.refundsLost.Add(float64(len(refunds)))
 		putCall(c)
 	}
@@ -83,16 +83,16 @@ func (s *Store) refundCallDone(c *call) {
 	if c.cmd == nil || c.replyErr() != nil {
 		s.refundsLost.Add(float64(c.nkeys))
 	}
-	s.holds.Add(-1)
+	s.pins.Add(-1)
 }
 
-// Hold marks a request that may still call the store (its charges in
-// flight to settle, a wait for others'); Unhold ends it. The store a
-// reload replaces stays open while any is held (Redis.Cleanup).
-func (s *Store) Hold() { s.holds.Add(1) }
+// Pin marks a request that may still call the store (its charges in
+// flight to settle, a wait for others'); Unpin ends it. The store a
+// reload replaces stays open while any pins it (Redis.Cleanup).
+func (s *Store) Pin() { s.pins.Add(1) }
 
-// Unhold ends a Hold.
-func (s *Store) Unhold() { s.holds.Add(-1) }
+// Unpin ends a Pin.
+func (s *Store) Unpin() { s.pins.Add(-1) }
 
 // post queues an asynchronous call (c.onDone set) without waiting; it
 // reports false when the queue is full (c is then the caller's).

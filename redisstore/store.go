@@ -63,10 +63,10 @@ type Store struct {
 	problem atomic.Pointer[string]
 
 	// refundsLost counts the refunds that did not reach Redis (refund.go);
-	// holds counts the requests that may still call the store (Hold) and
+	// pins counts the requests that may still call the store (Pin) and
 	// the refund calls not yet done: a reload that changes the store's
 	// settings keeps it open until there are none (Redis.Cleanup).
-	holds atomic.Int64
+	pins atomic.Int64
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
