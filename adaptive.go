@@ -18,7 +18,7 @@ import (
 // adaptiveControl: `concurrent adaptive` limits the requests of one key in
 // flight at once on this instance to a limit learnt from the upstream's
 // latency (package adaptive). It is decided in this process's memory,
-// whatever the store, by a layer of the take stage (adaptiveLayer) around
+// whatever the store, by a layer of the decide stage (adaptiveLayer) around
 // the fail policy: the adaptive zones first (a request over the limit may
 // wait, with delay, for a place), then the store for the others, and the
 // places taken are given back when the store refuses. An admitted request
@@ -30,7 +30,7 @@ var adaptiveControl = control{
 	provision: provisionAdaptive,
 	cleanup:   cleanupAdaptive,
 	admin:     adaptiveInfo,
-	layer:     adaptiveTakeLayer,
+	layer:     adaptiveDecideLayer,
 	hooks: hooks{
 		verdict: func(a *admission) {
 			if len(a.adapt.holds) > 0 {
@@ -113,7 +113,7 @@ func (r *adaptiveRequest) recycled() adaptiveRequest {
 
 // adaptiveHold is an adaptive zone's part of one admission: its request,
 // decision and the place it holds, kept apart from the store's zones
-// during the take (adaptiveLayer).
+// during the decide stage (adaptiveLayer).
 type adaptiveHold struct {
 	zone  *zone
 	req   algorithms.Request
@@ -263,9 +263,9 @@ func (ak *adaptiveKey) release() {
 	}
 }
 
-// adaptiveTakeLayer puts adaptiveLayer around the take stage of a
+// adaptiveDecideLayer puts adaptiveLayer around the decide stage of a
 // directive with adaptive zones.
-func adaptiveTakeLayer(h *Handler, next taker) taker {
+func adaptiveDecideLayer(h *Handler, next decider) decider {
 	for _, z := range h.zones {
 		if z.adapt != nil {
 			return adaptiveLayer{next}
@@ -274,12 +274,12 @@ func adaptiveTakeLayer(h *Handler, next taker) taker {
 	return next
 }
 
-// adaptiveLayer is the take stage's outer layer in a directive with
+// adaptiveLayer is the decide stage's outer layer in a directive with
 // adaptive zones: it decides them here, then asks next (the fail policy
 // over the store) for the other zones, all-or-nothing across both.
-type adaptiveLayer struct{ next taker }
+type adaptiveLayer struct{ next decider }
 
-func (l adaptiveLayer) take(a *admission) error {
+func (l adaptiveLayer) decide(a *admission) error {
 	// The adaptive zones leave the planned lists for a.adapt.holds.
 	n := 0
 	for i := range a.reqs {
@@ -291,7 +291,7 @@ func (l adaptiveLayer) take(a *admission) error {
 		n++
 	}
 	if len(a.adapt.holds) == 0 {
-		return l.next.take(a)
+		return l.next.decide(a)
 	}
 	a.reqs, a.zones, a.shown, a.decs = a.reqs[:n], a.zones[:n], a.shown[:n], a.decs[:n]
 	refused, err := acquireAdaptive(a)
@@ -312,7 +312,7 @@ func (l adaptiveLayer) take(a *admission) error {
 		rejoinAdaptive(a)
 		return nil
 	}
-	if err := l.next.take(a); err != nil {
+	if err := l.next.decide(a); err != nil {
 		releaseAdaptive(a)
 		return err
 	}

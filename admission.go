@@ -17,7 +17,7 @@ import (
 // admission is one request through a rate_limit handler, from its plan to
 // its exit; ServeHTTP (handler.go) runs its stages in order:
 //
-//	plan → take → verdict → respond → serve → forward (status) → exit
+//	plan → decide → verdict → respond → serve → forward (status) → exit
 //
 // The controls (controls.go) join the stages through their hooks. Pooled:
 // the hot path allocates nothing for it.
@@ -37,7 +37,7 @@ type admission struct {
 	// (enterRoom), nil for none.
 	place *atomic.Int64
 
-	// take: the outcome, and the store that decided.
+	// decide: the outcome, and the store that decided.
 	out   outcome
 	store Store
 
@@ -72,7 +72,7 @@ type admission struct {
 	adapt  adaptiveRequest
 }
 
-// outcome is what a request's take and verdict came to.
+// outcome is what a request's decision and verdict came to.
 type outcome uint8
 
 const (
@@ -185,9 +185,9 @@ func (l *lazyReplacer) Get(name string) (any, bool) {
 	return l.repl.Get(name)
 }
 
-// take decides every planned zone in one store call, through the take
-// stage's layers (failpolicy.go). No zone: unmetered.
-func (a *admission) take() error {
+// decide decides every planned zone in one store call (Store.Take),
+// through the decide stage's layers (failpolicy.go). No zone: unmetered.
+func (a *admission) decide() error {
 	if len(a.reqs) == 0 {
 		a.out = unmetered
 		return nil
@@ -196,7 +196,7 @@ func (a *admission) take() error {
 	for _, c := range a.h.on[atAdmit] {
 		c.admit(a)
 	}
-	return a.h.take.take(a)
+	return a.h.decider.decide(a)
 }
 
 // sizeDecs makes a.decs as long as a.reqs.
@@ -253,7 +253,7 @@ func (a *admission) verdict() {
 	if !a.waits {
 		a.leaveRoom() // a request that need not wait gives its place back at once
 	}
-	if a.now.IsZero() { // not set by the store call (storeCall.take)
+	if a.now.IsZero() { // not set by the store call (storeCall.decide)
 		a.now = time.Now()
 	}
 }

@@ -31,9 +31,9 @@ type control struct {
 	cleanup func(h *Handler)
 	// admin adds the control's fields to a zone's admin listing.
 	admin func(z *zone, info *adminZoneInfo)
-	// layer wraps the take stage of h in a layer of the control's (or
+	// layer wraps the decide stage of h in a layer of the control's (or
 	// returns next when h does not use it); run once at Provision.
-	layer func(h *Handler, next taker) taker
+	layer func(h *Handler, next decider) decider
 	hooks
 }
 
@@ -46,11 +46,11 @@ type hooks struct {
 	prepare func(a *admission) error
 	// plan fills in the request of zone z (a holder id).
 	plan func(a *admission, z *zone, rq *algorithms.Request)
-	// admit runs once the zones are planned, before the take.
+	// admit runs once the zones are planned, before the store call.
 	admit func(a *admission)
-	// take runs on the store's decisions, before the verdict; an error
+	// decided runs on the store's decisions, before the verdict; an error
 	// goes to the fail policy, or ends the request (a client gone).
-	take func(a *admission) error
+	decided func(a *admission) error
 	// rank adjusts the decisions before they are ranked.
 	rank func(a *admission)
 	// verdict completes an allowed request's verdict.
@@ -74,7 +74,7 @@ const (
 	atPrepare stage = iota
 	atPlan
 	atAdmit
-	atTake
+	atDecided
 	atRank
 	atVerdict
 	atServe
@@ -105,8 +105,8 @@ func (c *control) hookAt(s stage) bool {
 		return c.plan != nil
 	case atAdmit:
 		return c.admit != nil
-	case atTake:
-		return c.take != nil
+	case atDecided:
+		return c.decided != nil
 	case atRank:
 		return c.rank != nil
 	case atVerdict:

@@ -12,7 +12,7 @@ import (
 )
 
 // ServeHTTP admits the request through its stages (admission.go): plan
-// (zones, keys, limits, costs), take (one store call, the fail policy),
+// (zones, keys, limits, costs), decide (one store call, the fail policy),
 // verdict (allow, refuse, wait, pass marked), then the response and the
 // obligations that follow it. Controls join the stages (controls.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -29,7 +29,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		markRefusal(w) // this handler's own answer: counted by no zone
 		return err
 	}
-	if err := a.take(); err != nil {
+	if err := a.decide(); err != nil {
 		markRefusal(w)
 		return err
 	}

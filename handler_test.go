@@ -68,13 +68,13 @@ func newHandler(t testing.TB, block string, clock *fakeClock) *Handler {
 }
 
 // useStores swaps h's store, and its fail-local store unless local is
-// nil, after Provision, and composes its take stage again.
+// nil, after Provision, and composes its decide stage again.
 func useStores(h *Handler, store, local Store) {
 	h.store = store
 	if local != nil {
 		h.local = local
 	}
-	h.take = h.takeStage()
+	h.decider = h.decideStage()
 	adminRegister(h) // the admin API reads the stores it was given
 }
 

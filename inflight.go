@@ -25,8 +25,8 @@ var inflightControl = control{
 	provision: provisionInflight,
 	derive:    deriveInflight,
 	hooks: hooks{
-		take:   awaitCharges,
-		status: func(a *admission, _ int) { chargesSettled(a) },
+		decided: awaitCharges,
+		status:  func(a *admission, _ int) { chargesSettled(a) },
 	},
 }
 
@@ -78,7 +78,7 @@ func chargesSettled(a *admission) {
 }
 
 // deriveInflight has a directive whose planned requests leave charges in
-// flight (count, settle) wait for them (take) and its settlements wake the
+// flight (count, settle) wait for them (decided) and its settlements wake the
 // waiters (status).
 func deriveInflight(h *Handler) stages {
 	if !chargesInFlight(h.planned) {
@@ -88,7 +88,7 @@ func deriveInflight(h *Handler) stages {
 		return 0
 	}
 	if h.inflight.wait > 0 {
-		return joins(atTake, atStatus)
+		return joins(atDecided, atStatus)
 	}
 	return joins(atStatus)
 }

@@ -112,7 +112,7 @@ type Handler struct {
 	planned []algorithms.Request
 	// on lists, per stage, the controls that joined it (controls.go).
 	on          [numStages][]*control
-	take        taker // the take stage's layers (failpolicy.go)
+	decider     decider // the decide stage's layers (failpolicy.go)
 	store       Store
 	local       Store
 	storeStats  *telemetry.StoreMetrics
@@ -218,7 +218,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.resp = h.Response.Compile(reply.Settings{Legacy: h.legacy, Jitter: h.Jitter, GRPCStatus: h.GRPCStatus})
-	h.take = h.takeStage()
+	h.decider = h.decideStage()
 
 	ev, err := ctx.App("events")
 	if err != nil {
