@@ -121,7 +121,7 @@ type adaptiveHold struct {
 	shown *shownLimit
 	key   *adaptiveKey
 	// inFlight: the requests in flight when it was admitted; held: it
-	// holds a place; sampled: its latency was taken.
+	// holds a place; sampled: its latency was measured.
 	inFlight      int64
 	held, sampled bool
 }
@@ -390,7 +390,7 @@ func adaptiveRetryHint(lim *adaptive.Limiter) time.Duration {
 }
 
 // waitForPlace waits up to the zone's delay for a place under ah's limit,
-// holding a place in the waiting room (full: refused at once), woken when
+// in a seat of the waiting room (full: refused at once), woken when
 // a place is given back. It returns the requests in flight with this one,
 // 0 if none freed in time, or a 499 error if the client left.
 func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
@@ -438,7 +438,7 @@ func releaseAdaptive(a *admission) {
 	}
 }
 
-// adaptiveFirstByte takes each admitted adaptive zone's latency sample at
+// adaptiveFirstByte measures each admitted adaptive zone's latency sample at
 // the response's first byte (its status known), and gives its place back
 // then: whatever the response's shape (a short answer, an event stream,
 // NDJSON, a download, a gRPC stream, a 101), the limit counts the requests

@@ -33,9 +33,9 @@ type admission struct {
 	zones []*zone
 	shown []*shownLimit
 	buf   []byte
-	// place is the waiting room's count this request holds a place in
+	// seat is the waiting room's count this request has a seat in
 	// (enterRoom), nil for none.
-	place *atomic.Int64
+	seat *atomic.Int64
 
 	// decide: the outcome, and the store that decided.
 	out   outcome
@@ -44,8 +44,8 @@ type admission struct {
 	// verdict: what ServeHTTP answers with.
 	v   verdict
 	now time.Time
-	// waits: a serve hook waits, holding the request's place in the
-	// waiting room; else the place goes back after the verdict.
+	// waits: a serve hook waits, in the request's seat in the waiting
+	// room; else the seat goes back after the verdict.
 	waits bool
 	// The controls' per-request state, one slot each: pass.go's, delay.go's
 	// (settle's and adaptive's below).
@@ -251,7 +251,7 @@ func (a *admission) verdict() {
 		}
 	}
 	if !a.waits {
-		a.leaveRoom() // a request that need not wait gives its place back at once
+		a.leaveRoom() // a request that need not wait gives its seat back at once
 	}
 	if a.now.IsZero() { // not set by the store call (storeCall.decide)
 		a.now = time.Now()
@@ -286,8 +286,8 @@ func (a *admission) serve() error {
 }
 
 // forward runs the next handlers; when a control waits for the status
-// (wantsStatus), with a response writer that reports it (statuswriter.go),
-// settled on any exit.
+// (wantsStatus), with a response writer that reports it (statuswriter.go);
+// an exit before the status was written reports the one inferred here.
 func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err error) {
 	if !a.wantsStatus {
 		return next.ServeHTTP(w, a.r)
@@ -310,7 +310,7 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 			case err != nil:
 				status = errorStatus(err)
 			}
-			sw.settle(status)
+			sw.noteStatus(status)
 		}
 		if a.rewrite != nil {
 			_ = a.rewrite.Flush(sw.ResponseWriter)
@@ -341,7 +341,7 @@ func (a *admission) statusKnown(status int) {
 }
 
 // exit runs on every exit of ServeHTTP (an error, a panic, a client gone,
-// a stream's end), once the status is settled: an allowed request's last
+// a stream's end), once the status is known: an allowed request's last
 // obligations (the exit hooks: its settlements, its slots back), whether
 // or not it reserved anything, then the admission is recycled.
 func (a *admission) exit() {
@@ -360,10 +360,10 @@ func (a *admission) exit() {
 	admissionPool.Put(a)
 }
 
-// waitingRoom counts the requests of a handler holding a place to wait
+// waitingRoom counts the requests of a handler with a seat to wait in
 // (n), at most max (max_waiting): those waiting for their turn (delay),
 // for charges in flight and for an adaptive place. The stage code owns
-// it; a control that waits takes a place through enterRoom.
+// it; a control that waits gets a seat through enterRoom.
 type waitingRoom struct {
 	n   atomic.Int64
 	max int64
@@ -372,7 +372,7 @@ type waitingRoom struct {
 // defaultMaxWaiting is max_waiting's default.
 const defaultMaxWaiting = 1000
 
-// newWaitingRoom returns a room of size places (0: the default).
+// newWaitingRoom returns a room of size seats (0: the default).
 func newWaitingRoom(size int) *waitingRoom {
 	if size <= 0 {
 		size = defaultMaxWaiting
@@ -380,7 +380,7 @@ func newWaitingRoom(size int) *waitingRoom {
 	return &waitingRoom{max: int64(size)}
 }
 
-// enter takes a place in the room, if one is free; the place goes back
+// enter gets a seat in the room, if one is free; the seat goes back
 // with n.Add(-1).
 func (room *waitingRoom) enter() bool {
 	for n := room.n.Load(); n < room.max; n = room.n.Load() {
@@ -391,25 +391,25 @@ func (room *waitingRoom) enter() bool {
 	return false
 }
 
-// enterRoom takes a place in the waiting room for the request, unless it
-// holds one already; false: the room is full. The place goes back after
+// enterRoom gets a seat in the waiting room for the request, unless it
+// has one already; false: the room is full. The seat goes back after
 // the verdict for a request that need not wait, else at the end of its
 // wait or at exit (leaveRoom).
 func (a *admission) enterRoom() bool {
-	if a.place != nil {
+	if a.seat != nil {
 		return true
 	}
 	if !a.h.room.enter() {
 		return false
 	}
-	a.place = &a.h.room.n
+	a.seat = &a.h.room.n
 	return true
 }
 
-// leaveRoom gives the request's place in the waiting room back, if any.
+// leaveRoom gives the request's seat in the waiting room back, if any.
 func (a *admission) leaveRoom() {
-	if a.place != nil {
-		a.place.Add(-1)
-		a.place = nil
+	if a.seat != nil {
+		a.seat.Add(-1)
+		a.seat = nil
 	}
 }

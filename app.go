@@ -38,7 +38,7 @@ func (*App) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Start does nothing: the app holds what the handlers share.
+// Start does nothing: the app keeps what the handlers share.
 func (*App) Start() error { return nil }
 
 // Stop does nothing.

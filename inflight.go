@@ -18,7 +18,7 @@ import (
 // (Decision.InFlight) starts no penalty and waits, up to settle_wait, for
 // them to settle, asking the store again on a pause that doubles (another
 // instance's settlements are seen too), woken at once by this process's
-// (settleSignal). It holds a place in the waiting room meanwhile (room
+// (settleSignal). It has a seat in the waiting room meanwhile (room
 // full: refused at once); a client that leaves gets a 499, charged nothing.
 var inflightControl = control{
 	name:      "charges in flight",

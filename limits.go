@@ -38,7 +38,7 @@ func (z *zone) costOf(repl identity.Resolver, scratch []byte, logger *zap.Logger
 type dynamicLimit struct {
 	events, window, burst *identity.Candidate
 
-	// shown holds what responses show of each limit resolved so far,
+	// shown keeps what responses show of each limit resolved so far,
 	// copied on write and read without a lock; at most maxShown entries.
 	shown atomic.Pointer[map[algorithms.Limit]*shownLimit]
 	mu    sync.Mutex // serialises writers of shown

@@ -93,7 +93,7 @@ type Handler struct {
 	// SettleWait bounds how long a request refused only because of its
 	// keys' charges in flight (zones with count or settle, still waiting
 	// for their responses) waits for them to settle before it is refused;
-	// it holds a place in the waiting room (max_waiting) meanwhile. 0: no
+	// it has a seat in the waiting room (max_waiting) meanwhile. 0: no
 	// waiting. At most 1m. Default: 1s. Without such a zone it does nothing
 	// (warned about at load).
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
