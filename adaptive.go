@@ -438,7 +438,7 @@ func releaseAdaptive(a *admission) {
 	}
 }
 
-// adaptiveFirstByte measures each admitted adaptive zone's latency sample at
+// adaptiveFirstByte records each admitted adaptive zone's latency sample at
 // the response's first byte (its status known), and gives its place back
 // then: whatever the response's shape (a short answer, an event stream,
 // NDJSON, a download, a gRPC stream, a 101), the limit counts the requests
