@@ -4,8 +4,9 @@
 // timeout. Every Caddy instance pointed at the same Redis enforces one limit
 // together.
 //
-// It satisfies the store contract of package sluice structurally (it never
-// imports it).
+// It implements the store contract of package stores (Store and the
+// capabilities it asserts at the end of this file); it never imports the
+// handler's package.
 package redisstore
 
 import (

@@ -8,13 +8,14 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Refunds: a zone that counts only some response statuses (`count`) is
-// given its charge back when the response does not match: the script in
-// refund mode (lua/take.lua; Go twin algorithms.GiveBack), one call per
-// hash slot of the refunded keys, sent by the pipeline workers like a
+// Refunds: a charge given back after its decision (a count zone's
+// uncounted status, a waiter called off, a fail-local give-back) or
+// settled to its actual amount (a settle zone: Settle), and a charge in
+// flight made final (Keep): the script in its refund and settle modes
+// (lua/take.lua; Go twins algorithms.GiveBack and algorithms.Settle), one
+// call per hash slot of the keys, sent by the pipeline workers like a
 // decision. Nobody waits for it. A refund not sent, or failed, is lost
-// (the limiter's favour) and counted (refundsLost). docs/redis.md,
-// "Refunds".
+// (the limiter's favour) and counted (refundsLost). docs/redis.md, "Refunds".
 
 // Refund gives back charges without waiting (see above). It never fails:
 // a lost refund is counted. A concurrency zone has no charge to give back
