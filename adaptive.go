@@ -21,7 +21,7 @@ import (
 // whatever the store, by a layer of the decide stage (adaptiveLayer) around
 // the fail policy: the adaptive zones first (a request over the limit may
 // wait, with delay, for a place), then the store for the others, and the
-// places taken are given back when the store refuses. An admitted request
+// places it got are given back when the store refuses. An admitted request
 // is timed from the moment it is passed on (serve) to its response's first
 // byte (status), where it gives its place back (at exit if no byte came).
 var adaptiveControl = control{
@@ -346,8 +346,8 @@ func rejoinAdaptive(a *admission) {
 	}
 }
 
-// acquireAdaptive takes a place under each adaptive zone's limit (a
-// report-only zone takes one whatever the limit), waiting up to the
+// acquireAdaptive gets a place under each adaptive zone's limit (a
+// report-only zone gets one whatever the limit), waiting up to the
 // zone's delay for one; it reports whether an enforcing zone refuses. An
 // error is a client gone while waiting (499).
 func acquireAdaptive(a *admission) (refused bool, err error) {

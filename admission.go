@@ -27,7 +27,7 @@ type admission struct {
 	repl lazyReplacer // r's placeholders
 
 	// plan: one request per zone that applies, in zone order, with its
-	// decision once taken and what its responses show of its limit.
+	// decision once made and what its responses show of its limit.
 	reqs  []algorithms.Request
 	decs  []algorithms.Decision
 	zones []*zone

@@ -38,7 +38,7 @@ type control struct {
 }
 
 // hooks are a control's parts in the stages of an admission, each called
-// only when the control joined that stage (nil: it takes no part). They run
+// only when the control joined that stage (nil: it has no part). They run
 // on the hot path: no allocation, no fmt.
 type hooks struct {
 	// prepare runs before the zones are planned (a field of the request's

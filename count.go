@@ -10,11 +10,11 @@ import (
 )
 
 // countControl: a zone that counts only some responses (`count 401 403`,
-// `count 4xx`). The charge is taken with the request's other zones, so a
-// spent budget refuses atomically, and given back when the response's
-// status is known and not counted; never charged afterwards. Until then the
-// charge is in flight (inflight.go). algorithms/refund.go says how exact a
-// refund is, per algorithm.
+// `count 4xx`). The charge is made in the one Store.Take with the request's
+// other zones, so a spent budget refuses atomically, and given back when
+// the response's status is known and not counted; never charged afterwards.
+// Until then the charge is in flight (inflight.go). algorithms/refund.go
+// says how exact a refund is, per algorithm.
 var countControl = control{
 	name:      "count",
 	compile:   compileCount,
@@ -151,7 +151,7 @@ func provisionCount(h *Handler) (stages, error) {
 	return joins(atVerdict, atStatus), nil
 }
 
-// The statuses statusKnown takes besides the response's own.
+// The statuses statusKnown is given besides the response's own.
 const (
 	// statusRefusal: the response is a rate_limit handler's own refusal (a
 	// later directive's): no zone counts it.

@@ -16,7 +16,7 @@ import (
 // delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
 // token_bucket and gcra). A request a zone would refuse, but whose turn
 // comes within max_wait, is admitted later instead: the store reserves its
-// turn in the one take (algorithms/delay.go) and says how long to wait; the
+// turn in the one Store.Take (algorithms/delay.go) and says how long to wait; the
 // request then waits here, in a seat of its directive's waiting room
 // (max_waiting; room full: decided as if it could not wait, NoDelay). A
 // waiter whose client leaves (clientgone.go) cancels its reservation (every

@@ -186,7 +186,7 @@ func (b *settleSignal) join() chan struct{} {
 	return ch
 }
 
-// leave removes the waiter of ch, handing a wake-up it did not take to the
+// leave removes the waiter of ch, handing a wake-up it did not use to the
 // next.
 func (b *settleSignal) leave(ch chan struct{}) {
 	b.waiters.Add(-1)

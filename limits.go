@@ -57,7 +57,7 @@ func (z *zone) showLimit(l algorithms.Limit) shownLimit {
 }
 
 // maxShown bounds the limits one zone keeps formatted: a zone's requests
-// resolve to a few limits (its plans). Past the bound (limits taken from
+// resolve to a few limits (its plans). Past the bound (limits read from
 // arbitrary values), each request formats its own, which costs allocations
 // but keeps its headers right.
 const maxShown = 64

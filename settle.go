@@ -17,8 +17,8 @@ import (
 )
 
 // settleControl: a zone that charges what the response reports (`settle
-// header <name>`, `settle json <path>...`). The request takes its cost, the
-// estimate, with its other zones (so a spent budget refuses it
+// header <name>`, `settle json <path>...`). The request is charged its cost,
+// the estimate, with its other zones (so a spent budget refuses it
 // atomically); the response's amount is read as the response streams
 // through (statuswriter.go hands each body write over after the client's
 // own write), and at exit the charge is settled to it in one store call
