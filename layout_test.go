@@ -76,6 +76,7 @@ func TestLayoutLeaves(t *testing.T) {
 		"usage":      {"algorithms"},
 		"telemetry":  nil,
 		"admin":      {"algorithms", "identity", "reply", "stores", "zonemodel"},
+		"zonemodel":  {"adaptive", "algorithms", "identity"},
 	} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {

@@ -54,7 +54,7 @@ type settleZone struct {
 	body            *usage.Spec
 	spec            string
 	// free: the statuses whose estimate is given back whole.
-	free *statusSet
+	free *zonemodel.Statuses
 	// settled counts the units settled; missing, the responses without a
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
@@ -71,7 +71,7 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if s == nil {
 		return nil
 	}
-	free, err := parseStatuses("settle: free", s.FreeStatuses())
+	free, err := zonemodel.ParseStatuses("settle: free", s.FreeStatuses())
 	if err != nil {
 		return err
 	}
@@ -302,7 +302,7 @@ func finishSettle(a *admission) {
 		if c.done {
 			continue // given back (a waiter's client left)
 		}
-		if st.status == statusRefusal || st.status > 0 && rd.sz.free.has(st.status) {
+		if st.status == statusRefusal || st.status > 0 && rd.sz.free.Has(st.status) {
 			// A later rate_limit refused it (the upstream never saw it),
 			// or the upstream answered a status it does not bill.
 			rd.freed = true
