@@ -61,7 +61,7 @@ func (cz *countZone) give(c *charge, why giving, status int, r *algorithms.Refun
 	case why&giveStatus != 0:
 		r.Keep = status == statusUnknown || cz.statuses.Has(status)
 		if m := c.zone.metrics; m != nil && !r.Keep {
-			m.refunded.Inc()
+			m.Refunded.Inc()
 		}
 		return refund
 	}

@@ -119,7 +119,7 @@ func await(a *admission) error {
 	defer a.leaveRoom()
 	turn := a.turn
 	if m := turn.zone.metrics; m != nil {
-		m.delay.Observe(turn.wait.Seconds())
+		m.Delay.Observe(turn.wait.Seconds())
 		telemetry.Metrics.Waiting.Inc()
 		defer telemetry.Metrics.Waiting.Dec()
 	}
@@ -140,7 +140,7 @@ func await(a *admission) error {
 	}
 	_ = a.res.give(giveCancel, 0) // refunds only: no error
 	if m := turn.zone.metrics; m != nil {
-		m.abandoned.Inc()
+		m.Abandoned.Inc()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)
 }

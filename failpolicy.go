@@ -122,11 +122,11 @@ func (p *failPolicy) failover(a *admission, err error) {
 		if z.metrics != nil {
 			switch z.fail {
 			case failClosedPolicy:
-				z.metrics.failedClosed.Inc()
+				z.metrics.FailedClosed.Inc()
 			case failLocalPolicy:
-				z.metrics.failedLocal.Inc()
+				z.metrics.FailedLocal.Inc()
 			default:
-				z.metrics.failedOpen.Inc()
+				z.metrics.FailedOpen.Inc()
 			}
 		}
 	}
@@ -173,11 +173,11 @@ func (p *failPolicy) partial(a *admission, failed []bool) {
 			if z.fail == failLocalPolicy && p.local != nil {
 				local = append(local, n)
 				if z.metrics != nil {
-					z.metrics.failedLocal.Inc()
+					z.metrics.FailedLocal.Inc()
 				}
 			} else {
 				if z.metrics != nil {
-					z.metrics.failedOpen.Inc()
+					z.metrics.FailedOpen.Inc()
 				}
 				continue
 			}

@@ -62,9 +62,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) ambiguousKey(z *zone, field *identity.Ambiguity) error {
 	if z.metrics != nil {
 		if z.reportOnly {
-			z.metrics.reportOnlyAmbiguous.Inc()
+			z.metrics.ReportOnlyAmbiguous.Inc()
 		} else {
-			z.metrics.ambiguous.Inc()
+			z.metrics.Ambiguous.Inc()
 		}
 	}
 	msg := "rate limit key is ambiguous: request refused with 400"

@@ -107,6 +107,15 @@ const (
 
 var fieldNames = [numFields]string{"events", "window", "burst", "cost", "limit"}
 
+// perRequestFields names the fields whose fallbacks zone z counts: every
+// one when something is chosen per request, else none.
+func perRequestFields(z *zone) []string {
+	if z.costExpr == nil && z.dyn == nil {
+		return nil
+	}
+	return fieldNames[:]
+}
+
 // limitOf returns the limit of a request in this zone, and its key token:
 // each per-request field resolved and parsed, an unusable value replaced by
 // the zone's default for that field, and a combination that fails
@@ -184,8 +193,8 @@ func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v
 }
 
 func (z *zone) countFallback(field int) {
-	if z.metrics != nil && z.metrics.fallbacks != nil {
-		z.metrics.fallbacks[field].Inc()
+	if z.metrics != nil && z.metrics.Fallbacks != nil {
+		z.metrics.Fallbacks[field].Inc()
 	}
 }
 

@@ -204,7 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 		for _, z := range h.zones {
-			z.metrics = newZoneMetrics(z.name, z.costExpr != nil || z.dyn != nil)
+			z.metrics = telemetry.NewZoneMetrics(z.name, perRequestFields(z))
 		}
 		name := "custom"
 		if m, ok := h.store.(caddy.Module); ok {

@@ -307,7 +307,7 @@ func finishSettle(a *admission) {
 			// or the upstream answered a status it does not bill.
 			rd.freed = true
 			if m := c.zone.metrics; m != nil {
-				m.refunded.Inc()
+				m.Refunded.Inc()
 			}
 			continue
 		}

@@ -47,7 +47,7 @@ type zone struct {
 	// shown is what responses show of the zone's default limit.
 	shown shownLimit
 	// metrics are the zone's counters; nil with disable_metrics.
-	metrics    *zoneMetrics
+	metrics    *telemetry.ZoneMetrics
 	reportOnly bool
 	// count is a count zone's (count.go); nil: every response charged.
 	count *countZone
