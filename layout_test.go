@@ -77,6 +77,7 @@ func TestLayoutLeaves(t *testing.T) {
 		"telemetry":  nil,
 		"admin":      {"algorithms", "identity", "reply", "stores", "zonemodel"},
 		"zonemodel":  {"adaptive", "algorithms", "identity"},
+		"zoneapp":    {"algorithms", "zonemodel"},
 	} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {

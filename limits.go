@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // The per-request side of a zone: its cost and limit resolved from
@@ -136,7 +137,7 @@ func (z *zone) limitOf(repl identity.Resolver, tok identity.Token, scratch []byt
 		z.countFallback(fieldLimit)
 		if ce := z.badValue.Check(logger, zap.WarnLevel, fallbackMsg[fieldLimit], time.Now()); ce != nil {
 			z.badValue.Write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[fieldLimit]),
-				zap.String("resolved", describeLimit(l)), zap.String("default", describeLimit(z.limit)), zap.Error(err))
+				zap.String("resolved", zonemodel.DescribeLimit(l)), zap.String("default", zonemodel.DescribeLimit(z.limit)), zap.Error(err))
 		}
 		return z.limit, tok, scratch
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/memstore"
 	"github.com/sluicehq/caddy-sluice/reply"
 	"github.com/sluicehq/caddy-sluice/telemetry"
+	"github.com/sluicehq/caddy-sluice/zoneapp"
 )
 
 func init() {
@@ -227,11 +228,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = ev.(*caddyevents.App)
 
 	// Zone names are checked across the whole configuration being loaded.
-	app, err := rateLimitApp(ctx)
+	app, err := zoneapp.Of(ctx)
 	if err != nil {
 		return err
 	}
-	if err := app.register(h.zones, storeKey(h.store)); err != nil {
+	if err := app.Register(zoneUses(h), storeKey(h.store)); err != nil {
 		return err
 	}
 	h.app = app
@@ -375,7 +376,7 @@ func (h *Handler) Cleanup() error {
 	h.releases = nil
 	adminUnregister(h)
 	if h.app != nil {
-		h.app.unregister(h.zones)
+		h.app.Unregister(zoneUses(h))
 		h.app = nil
 	}
 	return nil

@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -99,36 +98,6 @@ func compileZone(cfg *Zone, name string) (*zone, error) {
 		zn.badValue = telemetry.NewSampledLog(1, telemetry.BadValueInterval)
 	}
 	return zn, nil
-}
-
-// describeDynamic renders a limit and the placeholders that choose it per
-// request.
-func describeDynamic(l algorithms.Limit, dyn string) string {
-	if dyn == "" {
-		return describeLimit(l)
-	}
-	return describeLimit(l) + " " + dyn
-}
-
-// describeLimit renders a limit as the Caddyfile would write it.
-func describeLimit(l algorithms.Limit) string {
-	if l.Algorithm == algorithms.Concurrency {
-		return fmt.Sprintf("concurrent %d lease %s", l.Events, time.Duration(l.Window)*time.Millisecond)
-	}
-	s := fmt.Sprintf("events %d window %s", l.Events, time.Duration(l.Window)*time.Millisecond)
-	if l.Burst > 0 {
-		s += fmt.Sprintf(" burst %d", l.Burst)
-	}
-	if l.Penalty > 0 {
-		s += fmt.Sprintf(" penalty %s", time.Duration(l.Penalty)*time.Millisecond)
-	}
-	if l.Delay > 0 {
-		s += fmt.Sprintf(" delay %s", time.Duration(l.Delay)*time.Millisecond)
-	}
-	if l.DelayAfter > 0 {
-		s += fmt.Sprintf(" delay_after %d", l.DelayAfter)
-	}
-	return s + " algorithm " + l.Algorithm.String()
 }
 
 // A zone's configuration, its defaults and its checks live in zonemodel,
