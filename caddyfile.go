@@ -91,13 +91,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Errf("rate_limit: unexpected argument %q (a matcher goes right after rate_limit; settings go in the block)", d.Val())
 	}
-	arg := func(field string) (string, error) { return oneArg(d, "rate_limit: "+field) }
-	flag := func(field string) (bool, error) {
-		if d.NextArg() {
-			return false, d.Errf("rate_limit: %s takes no argument, got %q", field, d.Val())
-		}
-		return true, nil
-	}
+	p := directiveParser{d}
 	places := map[string]*fieldPlaces{} // where each zone and its fields were written
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -107,7 +101,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		seen[field] = true
 		at.fields[field] = d.Token()
-		var v string
 		var err error
 		switch field {
 		case "zone":
@@ -115,68 +108,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "store":
 			h.StoreRaw, err = parseStore(d)
 		case "headers":
-			h.Headers, err = arg(field)
+			h.Headers, err = p.arg(field)
 		case "grpc_status":
-			h.GRPCStatus, err = arg(field)
+			h.GRPCStatus, err = p.arg(field)
 		case "response":
 			h.Response, err = reply.ParseResponse(d)
 		case "jitter":
-			if v, err = arg(field); err != nil {
-				break
-			}
-			j, perr := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-			// NaN and ±Inf parse, but JSON cannot carry them: the handler
-			// would be lost from the adapted config with a misleading error.
-			if perr != nil || math.IsNaN(j) || math.IsInf(j, 0) {
-				return d.Errf("rate_limit: jitter must be a fraction (0.2) or a percentage (20%%), got %q", v)
-			}
-			if strings.HasSuffix(v, "%") {
-				j /= 100
-			}
-			h.Jitter = j
+			h.Jitter, err = p.jitter()
 		case "report_only":
-			h.ReportOnly, err = flag(field)
+			h.ReportOnly, err = p.flag(field)
 		case "log_key":
-			h.LogKey, err = flag(field)
+			h.LogKey, err = p.flag(field)
 		case "disable_metrics":
-			h.DisableMetrics, err = flag(field)
+			h.DisableMetrics, err = p.flag(field)
 		case "enabled":
-			if v, err = arg(field); err != nil {
-				break
-			}
-			b, perr := strconv.ParseBool(v)
-			if perr != nil {
-				return d.Errf("rate_limit: enabled must be true or false, got %q", v)
-			}
-			h.Enabled = &b
+			h.Enabled, err = p.enabled()
 		case "max_waiting":
-			if v, err = arg(field); err != nil {
-				break
-			}
-			n, perr := strconv.Atoi(v)
-			if perr != nil || n < 1 { // 0 would read as not set
-				return d.Errf("rate_limit: max_waiting must be a positive integer, got %q", v)
-			}
-			h.MaxWaiting = n
+			h.MaxWaiting, err = p.maxWaiting()
 		case "settle_wait":
-			if v, err = arg(field); err != nil {
-				break
-			}
-			dur, perr := caddy.ParseDuration(v)
-			if perr != nil {
-				return d.Errf("rate_limit: settle_wait must be a duration (0: no waiting), got %q", v)
-			}
-			sw := caddy.Duration(dur)
-			h.SettleWait = &sw
+			h.SettleWait, err = p.settleWait()
 		case "sweep_interval":
-			if v, err = arg(field); err != nil {
-				break
-			}
-			dur, perr := caddy.ParseDuration(v)
-			if perr != nil || dur <= 0 { // 0 would read as not set
-				return d.Errf("rate_limit: sweep_interval must be a positive duration, got %q", v)
-			}
-			h.SweepInterval = caddy.Duration(dur)
+			h.SweepInterval, err = p.sweepInterval()
 		case "distributed":
 			return d.Err("rate_limit: distributed is not supported: Sluice shares exact state through a shared store instead of synchronising through Caddy storage; use `store redis { url ... }`")
 		case "storage":
@@ -189,6 +141,90 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return h.checkParsed(at, places)
+}
+
+// directiveParser reads the values of the rate_limit directive's own
+// subdirectives; its errors name the file and line.
+type directiveParser struct{ d *caddyfile.Dispenser }
+
+// arg reads the field's one argument.
+func (p directiveParser) arg(field string) (string, error) {
+	return oneArg(p.d, "rate_limit: "+field)
+}
+
+// flag reads a subdirective that takes no argument.
+func (p directiveParser) flag(field string) (bool, error) {
+	if p.d.NextArg() {
+		return false, p.d.Errf("rate_limit: %s takes no argument, got %q", field, p.d.Val())
+	}
+	return true, nil
+}
+
+// jitter reads a fraction (0.2) or a percentage (20%).
+func (p directiveParser) jitter() (float64, error) {
+	v, err := p.arg("jitter")
+	if err != nil {
+		return 0, err
+	}
+	j, perr := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+	// NaN and ±Inf parse, but JSON cannot carry them: the handler would be
+	// lost from the adapted config with a misleading error.
+	if perr != nil || math.IsNaN(j) || math.IsInf(j, 0) {
+		return 0, p.d.Errf("rate_limit: jitter must be a fraction (0.2) or a percentage (20%%), got %q", v)
+	}
+	if strings.HasSuffix(v, "%") {
+		j /= 100
+	}
+	return j, nil
+}
+
+func (p directiveParser) enabled() (*bool, error) {
+	v, err := p.arg("enabled")
+	if err != nil {
+		return nil, err
+	}
+	b, perr := strconv.ParseBool(v)
+	if perr != nil {
+		return nil, p.d.Errf("rate_limit: enabled must be true or false, got %q", v)
+	}
+	return &b, nil
+}
+
+func (p directiveParser) maxWaiting() (int, error) {
+	v, err := p.arg("max_waiting")
+	if err != nil {
+		return 0, err
+	}
+	n, perr := strconv.Atoi(v)
+	if perr != nil || n < 1 { // 0 would read as not set
+		return 0, p.d.Errf("rate_limit: max_waiting must be a positive integer, got %q", v)
+	}
+	return n, nil
+}
+
+func (p directiveParser) settleWait() (*caddy.Duration, error) {
+	v, err := p.arg("settle_wait")
+	if err != nil {
+		return nil, err
+	}
+	dur, perr := caddy.ParseDuration(v)
+	if perr != nil {
+		return nil, p.d.Errf("rate_limit: settle_wait must be a duration (0: no waiting), got %q", v)
+	}
+	sw := caddy.Duration(dur)
+	return &sw, nil
+}
+
+func (p directiveParser) sweepInterval() (caddy.Duration, error) {
+	v, err := p.arg("sweep_interval")
+	if err != nil {
+		return 0, err
+	}
+	dur, perr := caddy.ParseDuration(v)
+	if perr != nil || dur <= 0 { // 0 would read as not set
+		return 0, p.d.Errf("rate_limit: sweep_interval must be a positive duration, got %q", v)
+	}
+	return caddy.Duration(dur), nil
 }
 
 // checkParsed runs the load-time checks (compileZone, Handler.Validate) on
