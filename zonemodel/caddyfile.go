@@ -48,40 +48,18 @@ func ParseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 		case "algorithm":
 			z.Algorithm, err = p.arg(field)
 		case "cost":
-			args := d.RemainingArgs()
-			switch {
-			case len(args) == 0:
-				return nil, p.errf("cost needs a value")
-			case len(args) == 2 && strings.Contains(args[0], "{"):
-				z.CostDefault, err = p.count("cost's default", args[1])
-			case len(args) != 1:
-				return nil, p.errf("cost takes an integer, or a placeholder and an optional default (cost {cost} 1), got %q", strings.Join(args, " "))
-			}
-			z.Cost = caddyhttp.WeakString(args[0])
+			err = p.cost(z)
 		case "report_only":
 			if d.NextArg() {
 				return nil, p.errf("report_only takes no argument, got %q", d.Val())
 			}
 			z.ReportOnly = true
 		case "enabled":
-			if v, err = p.arg(field); err == nil {
-				b, perr := strconv.ParseBool(v)
-				if perr != nil {
-					err = p.errf("enabled must be true or false, got %q", v)
-				}
-				z.Enabled = &b
-			}
+			z.Enabled, err = p.enabled()
 		case "fail":
 			z.Fail, err = p.arg(field)
 		case "match":
-			if d.NextArg() {
-				return nil, p.errf("match takes a block of matchers, not %q", d.Val())
-			}
-			set, perr := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
-			if perr != nil {
-				return nil, p.errf("match: %v", perr)
-			}
-			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			err = p.match(z)
 		case "local_allowance":
 			z.LocalAllowance, err = p.localAllowance()
 		case "ipv4_prefix":
@@ -109,19 +87,7 @@ func ParseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.DelayAfter, err = p.count(field, v)
 			}
 		case "concurrent":
-			if d.NextArg() {
-				if d.Val() == "adaptive" {
-					if d.NextArg() {
-						return nil, p.errf("concurrent adaptive takes a block of settings, not %q", d.Val())
-					}
-					z.Adaptive, err = p.adaptive()
-					break
-				}
-				d.Prev()
-			}
-			if z.ConcurrentFrom, v, err = p.perRequest(field, "10"); err == nil {
-				z.Concurrent, err = p.count(field, v)
-			}
+			err = p.concurrent(z)
 		case "lease":
 			if v, err = p.arg(field); err == nil {
 				z.Lease, err = p.duration(field, v)
@@ -134,6 +100,68 @@ func ParseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 		}
 	}
 	return z, nil
+}
+
+// cost parses `cost <n>` or `cost <placeholder> [<default>]`.
+func (p zoneParser) cost(z *Zone) (err error) {
+	args := p.d.RemainingArgs()
+	switch {
+	case len(args) == 0:
+		return p.errf("cost needs a value")
+	case len(args) == 2 && strings.Contains(args[0], "{"):
+		z.CostDefault, err = p.count("cost's default", args[1])
+	case len(args) != 1:
+		return p.errf("cost takes an integer, or a placeholder and an optional default (cost {cost} 1), got %q", strings.Join(args, " "))
+	}
+	z.Cost = caddyhttp.WeakString(args[0])
+	return err
+}
+
+// enabled parses `enabled true|false`.
+func (p zoneParser) enabled() (*bool, error) {
+	v, err := p.arg("enabled")
+	if err != nil {
+		return nil, err
+	}
+	b, perr := strconv.ParseBool(v)
+	if perr != nil {
+		return &b, p.errf("enabled must be true or false, got %q", v)
+	}
+	return &b, nil
+}
+
+// match parses a `match { ... }` block of matchers, one more matcher set.
+func (p zoneParser) match(z *Zone) error {
+	if p.d.NextArg() {
+		return p.errf("match takes a block of matchers, not %q", p.d.Val())
+	}
+	set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(p.d)
+	if err != nil {
+		return p.errf("match: %v", err)
+	}
+	z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+	return nil
+}
+
+// concurrent parses `concurrent <n>`, `concurrent <placeholder> <default>`
+// or `concurrent adaptive { ... }`.
+func (p zoneParser) concurrent(z *Zone) (err error) {
+	d := p.d
+	if d.NextArg() {
+		if d.Val() == "adaptive" {
+			if d.NextArg() {
+				return p.errf("concurrent adaptive takes a block of settings, not %q", d.Val())
+			}
+			z.Adaptive, err = p.adaptive()
+			return err
+		}
+		d.Prev()
+	}
+	var v string
+	if z.ConcurrentFrom, v, err = p.perRequest("concurrent", "10"); err == nil {
+		z.Concurrent, err = p.count("concurrent", v)
+	}
+	return err
 }
 
 // adaptive parses the block of `concurrent adaptive { ... }` (none: every
