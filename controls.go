@@ -126,8 +126,8 @@ func (c *control) hookAt(s stage) bool {
 // controls is the registration table: one line per control, in the order
 // their hooks run within a stage (pass marks before delay waits; count and
 // settle settle before inflight wakes a waiter; settle's verdict follows
-// count's).
-var controls = [...]*control{
+// count's). A slice: a test may append a control of its own.
+var controls = []*control{
 	&penaltyControl,     // penalty.go
 	&countControl,       // count.go
 	&settleControl,      // settle.go
@@ -155,7 +155,7 @@ func compileControls(z *zone, cfg *Zone) error {
 // lists, per stage, the controls that joined it with a hook for it (h.on).
 // Called by Provision once the zones are compiled.
 func (h *Handler) provisionControls() error {
-	return h.provisionIn(controls[:])
+	return h.provisionIn(controls)
 }
 
 // provisionIn provisions the controls in the order given, then derives
@@ -164,7 +164,7 @@ func (h *Handler) provisionControls() error {
 // decision (h.pin). Within a stage the hooks run in the table's order,
 // whatever the order given.
 func (h *Handler) provisionIn(order []*control) error {
-	var joined [len(controls)]stages
+	joined := make([]stages, len(controls))
 	for _, c := range order {
 		if c.provision == nil {
 			continue
@@ -173,7 +173,7 @@ func (h *Handler) provisionIn(order []*control) error {
 		if err != nil {
 			return err
 		}
-		joined[slices.Index(controls[:], c)] |= set
+		joined[slices.Index(controls, c)] |= set
 	}
 	for i, c := range controls {
 		if c.derive != nil {
