@@ -440,3 +440,37 @@ func TestSyncTakeAlloc(t *testing.T) {
 		t.Errorf("%.1f allocations per decision, want 0", n)
 	}
 }
+
+// TestSyncCluster: on a 3-master Cluster, a sync groups its keys by hash
+// slot (one script call per slot, which go-redis sends to the slot's
+// master) and every key's count lands where its slot lives.
+func TestSyncCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newClusterStore(t, c.Addrs(), testTimeout)
+	l := syncLimit(t, algorithms.FixedWindow, 10, time.Hour)
+	release, err := s.SyncZone("cl", l, time.Hour, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	const n = 60
+	for i := range n {
+		for range 3 {
+			takeOne(t, s, "cl", testKey(i), l)
+		}
+	}
+	s.async.Load().syncNow()
+	if st, _ := s.SyncStatus("cl"); st.Error != "" || st.Held != 0 {
+		t.Fatalf("status %+v: want every charge landed", st)
+	}
+	cc := c.Client()
+	for i := range n {
+		raw, err := cc.Get(context.Background(), s.Key("cl", testKey(i))).Result()
+		if err != nil {
+			t.Fatalf("key %d: %v", i, err)
+		}
+		if st, ok := DecodeState(raw); !ok || st.Debt != 3 {
+			t.Fatalf("key %d: state %+v (%v), want a count of 3", i, st, ok)
+		}
+	}
+}
