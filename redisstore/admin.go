@@ -35,6 +35,7 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 	for i, k := range keys {
 		names[i] = s.zoneKey(zone, k, l.Algorithm)
 	}
+	defer s.peekSynced(zone, keys, l, out, found)
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return peekOn(ctx, s.client, names, l, out, found)
@@ -123,6 +124,7 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	for _, k := range keys {
 		s.deny.Forget(zone, k) // this instance's refusals of the key end at once
 	}
+	s.forgetSynced(zone, keys) // and its view in the asynchronous mode
 	n := 0
 	for _, d := range dels {
 		n += int(d.Val())

@@ -297,6 +297,62 @@ func (s *Store) SyncStatus(zone string) (stores.SyncStatus, bool) {
 	return st, true
 }
 
+// peekSynced replaces, for the keys of zone kept in the asynchronous mode,
+// the admin API's view of Redis's state with this instance's (Redis's as
+// last read plus the charges not yet confirmed): what it decides on.
+func (s *Store) peekSynced(zone string, keys []algorithms.Key, l algorithms.Limit, out []algorithms.Decision, found []bool) {
+	y := s.async.Load()
+	if y == nil {
+		return
+	}
+	cfgs := y.zones.Load()
+	if cfgs == nil {
+		return
+	}
+	cfg, ok := (*cfgs)[zone]
+	if !ok {
+		return
+	}
+	now := time.Now().UnixMilli()
+	for i, key := range keys {
+		k := syncKey{zone: cfg.id, key: key}
+		sh := y.shard(&k)
+		sh.mu.Lock()
+		if j, ok := sh.entry(k); ok {
+			st, _ := sh.slab[j].view(l, now)
+			out[i] = algorithms.Peek(st, false, l, now)
+			found[i] = out[i].ResetAfter > 0
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// forgetSynced drops this instance's view of the keys of zone (the admin
+// API reset them in Redis), their unconfirmed charges with it; the next
+// request reads the key afresh at its sync.
+func (s *Store) forgetSynced(zone string, keys []algorithms.Key) {
+	y := s.async.Load()
+	if y == nil {
+		return
+	}
+	y.regMu.Lock()
+	id, ok := y.ids[zone]
+	y.regMu.Unlock()
+	if !ok {
+		return
+	}
+	for _, key := range keys {
+		k := syncKey{zone: id, key: key}
+		sh := y.shard(&k)
+		sh.mu.Lock()
+		if j, ok := sh.entry(k); ok {
+			sh.drop(j)
+			y.keys[id].Add(-1)
+		}
+		sh.mu.Unlock()
+	}
+}
+
 // asyncLayer decides the zones in the asynchronous mode here (syncs.take)
 // and passes the others to next.
 func (s *Store) asyncLayer(next stores.Store) stores.Store {

@@ -474,3 +474,35 @@ func TestSyncCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncAdminPeekAndReset: the admin API's peek of a key kept in the
+// asynchronous mode shows this instance's view (its charges not yet sent
+// included), and a reset drops it with the key in Redis.
+func TestSyncAdminPeekAndReset(t *testing.T) {
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.FixedWindow, 5, time.Hour)
+	s := syncStore(t, srv.URL(), "adm", l, 100)
+	k := testKey(4)
+	for range 3 {
+		takeOne(t, s, "adm", k, l)
+	}
+	out, found := make([]algorithms.Decision, 1), make([]bool, 1)
+	if err := s.PeekKeys(context.Background(), "adm", []algorithms.Key{k}, l, out, found); err != nil {
+		t.Fatal(err)
+	}
+	if !found[0] || out[0].Remaining != 2 {
+		t.Fatalf("peek before any sync: found %v, %+v; want 2 left (the 3 unsent charges seen)", found[0], out[0])
+	}
+	s.async.Load().syncNow()
+	if _, err := s.ResetKeys(context.Background(), "adm", []algorithms.Key{k}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if !takeOne(t, s, "adm", k, l).Allowed {
+			t.Fatalf("request %d after the reset refused: the instance kept its view", i)
+		}
+	}
+	if takeOne(t, s, "adm", k, l).Allowed {
+		t.Fatal("a sixth request after the reset allowed")
+	}
+}
