@@ -164,7 +164,7 @@ func TestPrometheusDashboardAndAlerts(t *testing.T) {
 		zoneList = append(zoneList, zones[z])
 	}
 	store := `store redis @URL@ {
-				timeout 100ms
+				timeout 500ms
 				breaker {
 					failures 3
 					cooldown 500ms
@@ -176,7 +176,7 @@ func TestPrometheusDashboardAndAlerts(t *testing.T) {
 		rate_limit {
 			zone @MEM@ {
 				key {http.request.header.X-User}
-				events 20
+				events 5
 				window 1m
 			}
 		}
