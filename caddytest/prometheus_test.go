@@ -109,26 +109,34 @@ func alertRules(t *testing.T, dir string) (map[string]string, string) {
 	return m, path
 }
 
-// promUpstream stands in for the application: /slow answers after 100 ms
-// (or, with X-Hold, once release is closed), /usage reports X-Usage 7 on
-// every other response and nothing on the rest.
+// promUpstream stands in for the application: /slow answers after 100 ms,
+// or with X-Hold: <name> once that hold is released; /usage reports
+// X-Usage 7 on every other response and nothing on the rest.
 type promUpstream struct {
 	*httptest.Server
+	usage atomic.Int64
+	holds map[string]*promHold
+}
+
+// promHold holds requests in the upstream until release is closed.
+type promHold struct {
 	held    atomic.Int64
-	usage   atomic.Int64
 	release chan struct{}
 }
 
-func newPromUpstream(t *testing.T) *promUpstream {
-	u := &promUpstream{release: make(chan struct{})}
+func newPromUpstream(t *testing.T, holds ...string) *promUpstream {
+	u := &promUpstream{holds: map[string]*promHold{}}
+	for _, h := range holds {
+		u.holds[h] = &promHold{release: make(chan struct{})}
+	}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/slow":
-			if r.Header.Get("X-Hold") != "" {
-				u.held.Add(1)
+			if h := u.holds[r.Header.Get("X-Hold")]; h != nil {
+				h.held.Add(1)
 				select {
-				case <-u.release:
-				case <-time.After(20 * time.Second):
+				case <-h.release:
+				case <-time.After(30 * time.Second):
 				}
 			} else {
 				time.Sleep(100 * time.Millisecond)
@@ -140,8 +148,49 @@ func newPromUpstream(t *testing.T) *promUpstream {
 		}
 		w.Write([]byte("ok"))
 	}))
-	t.Cleanup(u.Close)
+	t.Cleanup(func() {
+		for _, h := range u.holds {
+			select {
+			case <-h.release:
+			default:
+				close(h.release)
+			}
+		}
+		u.Close()
+	})
 	return u
+}
+
+// hold sends a request to each of paths with X-Hold: name through c, and
+// another to the first path every 200 ms while the upstream holds fewer
+// than need more (one may be refused while the load's request runs); it
+// returns once the upstream holds them.
+func (u *promUpstream) hold(t *testing.T, c *http.Client, name string, need int, paths ...string) {
+	t.Helper()
+	h := u.holds[name]
+	want := h.held.Load() + int64(need)
+	send := func(path string) {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
+			req.Header.Set("X-Hold", name)
+			if resp, err := c.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	for _, path := range paths {
+		send(path)
+	}
+	end := time.Now().Add(10 * time.Second)
+	for next := time.Now().Add(200 * time.Millisecond); h.held.Load() < want; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("hold %s: %d of %d requests reached the upstream in 10s", name, h.held.Load(), want)
+		}
+		if time.Now().After(next) {
+			send(paths[0])
+			next = time.Now().Add(200 * time.Millisecond)
+		}
+	}
 }
 
 // TestPrometheusDashboardAndAlerts (issue 40): a real Prometheus scrapes
@@ -155,7 +204,7 @@ func newPromUpstream(t *testing.T) *promUpstream {
 // for: 0s in Prometheus's /api/v1/alerts) once Redis is frozen.
 func TestPrometheusDashboardAndAlerts(t *testing.T) {
 	srv := redistest.Start(t)
-	up := newPromUpstream(t)
+	up := newPromUpstream(t, "adaptive", "store")
 	tc := newTester(t)
 	zones := map[string]string{}
 	var zoneList []string
@@ -224,7 +273,8 @@ func TestPrometheusDashboardAndAlerts(t *testing.T) {
 				}
 			}
 		}
-		respond "ok"
+		rewrite * /slow
+		reverse_proxy @UP@
 	}
 	handle /settle {
 		rate_limit {
@@ -458,13 +508,27 @@ scrape_configs:
 		}
 	}
 
-	// Healthy: the zone refusing half its requests with no history
-	// (SluiceRefusalRatioJump), the adaptive zone at its minimum and the
-	// settle zone's missing usage fire; the store's alerts stay quiet.
-	firing := until("healthy", 30*time.Second, "SluiceRefusalRatioJump", "SluiceAdaptiveAtMinimum", "SluiceSettleUsageMissing")
-	for _, quiet := range []string{"SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost", "SluiceStoreDataLost", "SluiceStoreEvictions"} {
+	// Healthy: the zones refusing with no history (SluiceRefusalRatioJump)
+	// and the settle zone's missing usage fire; the store's alerts stay
+	// quiet, and so does SluiceAdaptiveAtMinimum: the adaptive zone sits at
+	// its minimum (one request in flight never grows it) but refuses none.
+	firing := until("healthy", 30*time.Second, "SluiceRefusalRatioJump", "SluiceSettleUsageMissing")
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(time.Second) {
+		res, err := prom.query(`caddy_rate_limit_adaptive_limit{zone="` + zones["ADAPT"] + `"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res) == 1 && res[0].value == 4 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("healthy: the adaptive zone's limit in Prometheus is %s, want its minimum 4", zonesOf(res))
+		}
+	}
+	firing = evaluate()
+	for _, quiet := range []string{"SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost", "SluiceStoreDataLost", "SluiceStoreEvictions", "SluiceAdaptiveAtMinimum"} {
 		if firing[quiet] {
-			t.Errorf("healthy: the expression of %s holds while Redis is well", quiet)
+			t.Errorf("healthy: the expression of %s holds while all is well", quiet)
 		}
 	}
 	res, err := prom.query(alerts["SluiceRefusalRatioJump"])
@@ -472,6 +536,12 @@ scrape_configs:
 		t.Errorf("SluiceRefusalRatioJump: want zone %s (three keys over their limit) among %s (%v)", zones["MEM"], zonesOf(res), err)
 	}
 	t.Logf("healthy: alert expressions holding: %v", firing)
+
+	// The adaptive zone's 4 places held in the upstream: it refuses at its
+	// minimum.
+	up.hold(t, c, "adaptive", 4, "/adaptive", "/adaptive", "/adaptive", "/adaptive")
+	until("adaptive zone full", 30*time.Second, "SluiceAdaptiveAtMinimum")
+	close(up.holds["adaptive"].release)
 
 	// Redis restarts empty: the store's watch sees a new run_id.
 	if !shown {
@@ -485,25 +555,10 @@ scrape_configs:
 	// and the Redis concurrency zones held in the upstream: their refund and
 	// their slot's release cannot reach Redis (a release is given up once
 	// its 2 s lease would have expired).
-	for _, path := range []string{"/rcount", "/rcount", "/rconc", "/rconc"} {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
-			req.Header.Set("X-Hold", "1")
-			if resp, err := c.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
-	}
-	heldBy := time.Now().Add(10 * time.Second)
-	for up.held.Load() < 4 {
-		if time.Now().After(heldBy) {
-			t.Fatalf("only %d of 4 held requests reached the upstream in 10s", up.held.Load())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	up.hold(t, c, "store", 4, "/rcount", "/rcount", "/rconc", "/rconc")
 	srv.Freeze(t)
 	t.Cleanup(func() { srv.Thaw(t) })
-	close(up.release)
+	close(up.holds["store"].release)
 	until("frozen", 45*time.Second, "SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost")
 	// The same alerts fire in Prometheus itself (the rules with for: 0s).
 	firingBy := time.Now().Add(15 * time.Second)
