@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,42 @@ import (
 // expression.
 type promQuery struct {
 	name, expr string
+}
+
+// dashboardVariables reads the dashboard's query variables: name →
+// Grafana's label_values(<selector>, <label>) split into selector and
+// label.
+func dashboardVariables(t *testing.T) map[string][2]string {
+	t.Helper()
+	raw, err := os.ReadFile("../observability/sluice-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Type       string `json:"type"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`^label_values\((.+), (\w+)\)$`)
+	out := map[string][2]string{}
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		m := re.FindStringSubmatch(v.Definition)
+		if m == nil {
+			t.Fatalf("variable %s: %q is not label_values(<selector>, <label>)", v.Name, v.Definition)
+		}
+		out[v.Name] = [2]string{m[1], m[2]}
+	}
+	return out
 }
 
 // dashboardQueries reads every panel target of observability's dashboard,
@@ -617,6 +654,25 @@ scrape_configs:
 		}
 		if !found {
 			t.Errorf("notProduced names %q, which is no dashboard query", name)
+		}
+	}
+
+	// The dashboard's variables list this test's instance and zones.
+	dashVars := dashboardVariables(t)
+	for name, want := range map[string][]string{"instance": {instance}, "zone": zoneList} {
+		v, ok := dashVars[name]
+		if !ok {
+			t.Fatalf("the dashboard has no variable %s", name)
+		}
+		match := strings.ReplaceAll(v[0], "$instance", strings.ReplaceAll(regexp.QuoteMeta(instance), `\`, `\\`))
+		got, err := prom.labelValues(v[1], match)
+		if err != nil {
+			t.Fatalf("variable %s: %v", name, err)
+		}
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				t.Errorf("variable %s (label_values(%s, %s)) lists %v, not %s", name, match, v[1], got, w)
+			}
 		}
 	}
 

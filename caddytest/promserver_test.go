@@ -212,7 +212,7 @@ func positive(samples []sample, ours func(map[string]string) bool) bool {
 	return false
 }
 
-// any reports whether one of samples is kept by ours.
+// anyOurs reports whether one of samples is kept by ours.
 func anyOurs(samples []sample, ours func(map[string]string) bool) bool {
 	for _, s := range samples {
 		if ours(s.labels) {
@@ -222,11 +222,28 @@ func anyOurs(samples []sample, ours func(map[string]string) bool) bool {
 	return false
 }
 
-// zonesOf lists the zone labels of samples, for messages.
+// zonesOf lists the labels of samples, for messages.
 func zonesOf(samples []sample) string {
 	var zs []string
 	for _, s := range samples {
 		zs = append(zs, fmt.Sprint(s.labels))
 	}
 	return strings.Join(zs, " ")
+}
+
+// labelValues returns the values of label among the series match selects
+// (/api/v1/label/<label>/values), as Grafana's label_values(match, label).
+func (p *promServer) labelValues(label, match string) ([]string, error) {
+	var out struct {
+		Status string   `json:"status"`
+		Error  string   `json:"error"`
+		Data   []string `json:"data"`
+	}
+	if err := p.getJSON("/api/v1/label/"+url.PathEscape(label)+"/values?match[]="+url.QueryEscape(match), &out); err != nil {
+		return nil, err
+	}
+	if out.Status != "success" {
+		return nil, fmt.Errorf("label %s of %s: %s", label, match, out.Error)
+	}
+	return out.Data, nil
 }
