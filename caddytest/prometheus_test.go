@@ -235,10 +235,13 @@ func (u *promUpstream) hold(t *testing.T, c *http.Client, name string, need int,
 // bounded load; every dashboard query and every alert expression is
 // evaluated through Prometheus's HTTP API. Each panel query returns a
 // positive value of this test's zones or Redis in some phase (except the
-// few the scenario cannot produce, listed); the alerts are quiet while all
-// is well, SluiceStoreDataLost fires once Redis restarts empty, and the
-// store alerts fire (their expressions, and the test copy of the rules with
-// for: 0s in Prometheus's /api/v1/alerts) once Redis is frozen.
+// few the scenario cannot produce, listed). While all is well, the
+// refusal and settle alerts hold and the others are quiet (the adaptive
+// zone at its minimum but refusing none); SluiceAdaptiveAtMinimum fires
+// once the zone's places are held; SluiceStoreDataLost once Redis restarts
+// empty; the store alerts once Redis is frozen (their expressions, and the
+// test copy of the rules with for: 0s in /api/v1/alerts). The dashboard's
+// variables list the test's instance and zones.
 func TestPrometheusDashboardAndAlerts(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newPromUpstream(t, "adaptive", "store")
