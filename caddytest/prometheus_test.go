@@ -239,7 +239,7 @@ func (u *promUpstream) hold(t *testing.T, c *http.Client, name string, need int,
 // refusal and settle alerts hold and the others are quiet (the adaptive
 // zone at its minimum but refusing none); SluiceAdaptiveAtMinimum fires
 // once the zone's places are held; SluiceStoreDataLost once Redis restarts
-// empty; the store alerts once Redis is frozen (their expressions, and the
+// empty; SluiceStoreEvictions once it evicts; the store alerts once Redis is frozen (their expressions, and the
 // test copy of the rules with for: 0s in /api/v1/alerts). The dashboard's
 // variables list the test's instance and zones.
 func TestPrometheusDashboardAndAlerts(t *testing.T) {
@@ -591,6 +591,25 @@ scrape_configs:
 	srv.Restart(t)
 	until("restarted", 30*time.Second, "SluiceStoreDataLost")
 
+	// Redis evicts keys for memory: an LRU policy, a bound 1 MB above its
+	// use and 3 MB written; then unbounded again.
+	used, err := strconv.ParseInt(srv.Info(t, "memory")["used_memory"], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+	srv.Do(t, "CONFIG", "SET", "maxmemory", strconv.FormatInt(used+1<<20, 10))
+	junk := strings.Repeat("x", 16<<10)
+	for i := range 200 {
+		srv.Do(t, "SET", "prom:evict:"+strconv.Itoa(i), junk)
+	}
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "0")
+	srv.Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	if n := srv.Info(t, "stats")["evicted_keys"]; n == "0" || n == "" {
+		t.Fatalf("Redis evicted no key (evicted_keys %q)", n)
+	}
+	until("evicted", 30*time.Second, "SluiceStoreEvictions")
+
 	// Redis frozen (accepts, never answers), with requests of the count
 	// and the Redis concurrency zones held in the upstream: their refund and
 	// their slot's release cannot reach Redis (a release is given up once
@@ -623,7 +642,6 @@ scrape_configs:
 	notProduced := map[string]string{
 		"Unknown, late and unsent decisions B": "a late reply needs Redis to answer between timeout and the grace (it may)",
 		"Unknown, late and unsent decisions C": "an unsent timeout needs the pipelines busy past the timeout",
-		"Redis restarts and evictions B":       "no key is evicted (the test's Redis has no maxmemory)",
 		"Waiting now A":                        "a gauge that is 0 between bursts",
 	}
 	pending := func() []promQuery {
