@@ -431,6 +431,7 @@ scrape_configs:
 	c := loopbackClient(64)
 	stop := make(chan struct{})
 	var sent atomic.Int64
+	var adaptivePaused atomic.Bool
 	var wg sync.WaitGroup
 	paths := []string{"/mem", "/dyn", "/delay", "/conc", "/settle", "/rdeny", "/rlocal", "/rcount", "/rconc"}
 	loadEnd := time.Now().Add(60 * time.Second)
@@ -445,7 +446,7 @@ scrape_configs:
 				default:
 				}
 				path := paths[(i+w)%len(paths)]
-				if w == 0 && i%2 == 0 {
+				if w == 0 && i%2 == 0 && !adaptivePaused.Load() {
 					path = "/adaptive"
 				}
 				req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
@@ -577,11 +578,41 @@ scrape_configs:
 	}
 	t.Logf("healthy: alert expressions holding: %v", firing)
 
-	// The adaptive zone's 4 places held in the upstream: it refuses at its
-	// minimum.
+	// The adaptive zone's 4 places held in the upstream, the load's
+	// requests to it paused first (one ending while the places are held
+	// would be a sample that grows the limit): it refuses at its minimum
+	// the requests sent to it every 100 ms.
+	adaptivePaused.Store(true)
+	waitAdaptiveIdle(t, zones["ADAPT"])
 	up.hold(t, c, "adaptive", 4, "/adaptive", "/adaptive", "/adaptive", "/adaptive")
+	probeStop := make(chan struct{})
+	var refusedProbes atomic.Int64
+	var probes sync.WaitGroup
+	probes.Add(1)
+	go func() {
+		defer probes.Done()
+		for {
+			select {
+			case <-probeStop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if resp, err := c.Get(siteA + "/adaptive"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusTooManyRequests {
+					refusedProbes.Add(1)
+				}
+			}
+		}
+	}()
 	until("adaptive zone full", 30*time.Second, "SluiceAdaptiveAtMinimum")
+	close(probeStop)
+	probes.Wait()
+	if got := jsonInt(t, adaptiveListing(t, zones["ADAPT"]), "limit"); got != 4 || refusedProbes.Load() == 0 {
+		t.Errorf("adaptive zone full: limit %d, %d requests refused; want 4 and some", got, refusedProbes.Load())
+	}
 	close(up.holds["adaptive"].release)
+	adaptivePaused.Store(false)
 
 	// Redis restarts empty: the store's watch sees a new run_id.
 	if !shown {
