@@ -2,12 +2,9 @@ package caddytest_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,134 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
-
-// promQuery is one query of the dashboard (a panel's target) or an alert's
-// expression.
-type promQuery struct {
-	name, expr string
-}
-
-// dashboardVariables reads the dashboard's query variables: name →
-// Grafana's label_values(<selector>, <label>) split into selector and
-// label.
-func dashboardVariables(t *testing.T) map[string][2]string {
-	t.Helper()
-	raw, err := os.ReadFile("../observability/sluice-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Templating struct {
-			List []struct {
-				Name       string `json:"name"`
-				Type       string `json:"type"`
-				Definition string `json:"definition"`
-			} `json:"list"`
-		} `json:"templating"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatal(err)
-	}
-	re := regexp.MustCompile(`^label_values\((.+), (\w+)\)$`)
-	out := map[string][2]string{}
-	for _, v := range d.Templating.List {
-		if v.Type != "query" {
-			continue
-		}
-		m := re.FindStringSubmatch(v.Definition)
-		if m == nil {
-			t.Fatalf("variable %s: %q is not label_values(<selector>, <label>)", v.Name, v.Definition)
-		}
-		out[v.Name] = [2]string{m[1], m[2]}
-	}
-	return out
-}
-
-// dashboardQueries reads every panel target of observability's dashboard,
-// its variables substituted as Grafana would for the given instance and
-// zones (a multi-value variable becomes a regex alternation) and
-// $__rate_interval as rate.
-func dashboardQueries(t *testing.T, instance string, zones []string, rate string) []promQuery {
-	t.Helper()
-	raw, err := os.ReadFile("../observability/sluice-dashboard.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				RefID string `json:"refId"`
-				Expr  string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatal(err)
-	}
-	r := strings.NewReplacer("$__rate_interval", rate, "$instance", strings.ReplaceAll(regexp.QuoteMeta(instance), `\`, `\\`), "$zone", "("+strings.Join(zones, "|")+")")
-	var out []promQuery
-	for _, p := range d.Panels {
-		for _, tg := range p.Targets {
-			out = append(out, promQuery{name: p.Title + " " + tg.RefID, expr: r.Replace(tg.Expr)})
-		}
-	}
-	if len(out) < 20 {
-		t.Fatalf("only %d dashboard queries read", len(out))
-	}
-	if v := regexp.MustCompile(`\$\w+`).FindString(strings.Join(exprs(out), "\n")); v != "" {
-		t.Fatalf("a dashboard query keeps the variable %s after substitution", v)
-	}
-	return out
-}
-
-func exprs(qs []promQuery) []string {
-	var s []string
-	for _, q := range qs {
-		s = append(s, q.expr)
-	}
-	return s
-}
-
-// alertRules reads observability's alert rules by name and writes the
-// test copy Prometheus loads: the same rules, every `for:` 0s, so an alert
-// fires at its first evaluation where the expression holds.
-func alertRules(t *testing.T, dir string) (map[string]string, string) {
-	t.Helper()
-	raw, err := os.ReadFile("../observability/sluice-alerts.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Groups []struct {
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-			} `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]string{}
-	for _, g := range f.Groups {
-		for _, r := range g.Rules {
-			if r.Alert != "" {
-				m[r.Alert] = r.Expr
-			}
-		}
-	}
-	noFor := regexp.MustCompile(`(?m)^(\s+for:) \S+$`).ReplaceAll(raw, []byte("$1 0s"))
-	path := filepath.Join(dir, "sluice-alerts.yml")
-	if err := os.WriteFile(path, noFor, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return m, path
-}
 
 // promUpstream stands in for the application: /slow answers after 100 ms,
 // or with X-Hold: <name> once that hold is released; /usage reports
@@ -230,29 +101,8 @@ func (u *promUpstream) hold(t *testing.T, c *http.Client, name string, need int,
 	}
 }
 
-// TestPrometheusDashboardAndAlerts (issue 40): a real Prometheus scrapes
-// this process's Caddy (memory zones of every kind and Redis zones) under
-// bounded load; every dashboard query and every alert expression is
-// evaluated through Prometheus's HTTP API. Each panel query returns a
-// positive value of this test's zones or Redis in some phase (except the
-// few the scenario cannot produce, listed). While all is well, the
-// refusal and settle alerts hold and the others are quiet (the adaptive
-// zone at its minimum but refusing none); SluiceAdaptiveAtMinimum fires
-// once the zone's places are held; SluiceStoreDataLost once Redis restarts
-// empty; SluiceStoreEvictions once it evicts; the store alerts once Redis is frozen (their expressions, and the
-// test copy of the rules with for: 0s in /api/v1/alerts). The dashboard's
-// variables list the test's instance and zones.
-func TestPrometheusDashboardAndAlerts(t *testing.T) {
-	srv := redistest.Start(t)
-	up := newPromUpstream(t, "adaptive", "store")
-	tc := newTester(t)
-	zones := map[string]string{}
-	var zoneList []string
-	for _, z := range []string{"MEM", "DYN", "DELAY", "CONC", "ADAPT", "SETTLE", "RDENY", "RLOCAL", "RCOUNT", "RCONC"} {
-		zones[z] = zoneName("prom_" + strings.ToLower(z))
-		zoneList = append(zoneList, zones[z])
-	}
-	store := `store redis @URL@ {
+// promStore is the Redis store of the scenario's Redis zones.
+const promStore = `store redis @URL@ {
 				timeout 500ms
 				breaker {
 					failures 3
@@ -260,7 +110,11 @@ func TestPrometheusDashboardAndAlerts(t *testing.T) {
 					max_cooldown 1s
 				}
 			}`
-	sites := strings.NewReplacer("@STORE@", store).Replace(`http://localhost:@A@ {
+
+// promSites is the scenario's site: memory zones of every kind (rate,
+// per-request events, delay, concurrency, adaptive, settle) and Redis
+// zones (deny cache, local allowance, count, concurrency), each on a path.
+const promSites = `http://localhost:@A@ {
 	handle /mem {
 		rate_limit {
 			zone @MEM@ {
@@ -382,17 +236,46 @@ func TestPrometheusDashboardAndAlerts(t *testing.T) {
 		reverse_proxy @UP@
 	}
 }
-`)
-	vars := []string{"URL", srv.URL(), "UP", up.Listener.Addr().String()}
-	for k, v := range zones {
-		vars = append(vars, k, v)
-	}
-	load(t, tc, config("", sites, vars...))
+`
 
+// promZones are the scenario's zones, by their variable in promSites.
+var promZones = []string{"MEM", "DYN", "DELAY", "CONC", "ADAPT", "SETTLE", "RDENY", "RLOCAL", "RCOUNT", "RCONC"}
+
+// promScenario is TestPrometheusDashboardAndAlerts's world: Redis, the
+// upstream, the loaded config, Prometheus scraping this process's Caddy,
+// the dashboard's queries and the alerts' expressions.
+type promScenario struct {
+	t        *testing.T
+	srv      *redistest.Server
+	up       *promUpstream
+	prom     *promServer
+	c        *http.Client
+	zones    map[string]string // by their variable in promSites
+	zoneList []string
+	instance string            // Prometheus's scrape target: the admin endpoint
+	alerts   map[string]string // each alert's expression
+	panels   []promQuery
+	seen     map[string]bool // panel queries that showed a positive value of ours
+	sent     atomic.Int64    // requests of the load
+	// adaptivePaused keeps the load off /adaptive while its places are held.
+	adaptivePaused atomic.Bool
+}
+
+func newPromScenario(t *testing.T) *promScenario {
+	s := &promScenario{t: t, srv: redistest.Start(t), up: newPromUpstream(t, "adaptive", "store"), c: loopbackClient(64),
+		zones: map[string]string{}, seen: map[string]bool{}, instance: "127.0.0.1:" + strconv.Itoa(adminPort)}
+	tc := newTester(t)
+	vars := []string{"URL", s.srv.URL(), "UP", s.up.Listener.Addr().String()}
+	for _, z := range promZones {
+		s.zones[z] = zoneName("prom_" + strings.ToLower(z))
+		s.zoneList = append(s.zoneList, s.zones[z])
+		vars = append(vars, z, s.zones[z])
+	}
+	load(t, tc, config("", strings.ReplaceAll(promSites, "@STORE@", promStore), vars...))
 	dir := t.TempDir()
 	alerts, rulesPath := alertRules(t, dir)
-	instance := "127.0.0.1:" + strconv.Itoa(adminPort)
-	prom := startPrometheus(t, dir, fmt.Sprintf(`global:
+	s.alerts = alerts
+	s.prom = startPrometheus(t, dir, fmt.Sprintf(`global:
   scrape_interval: 1s
   evaluation_interval: 1s
 rule_files:
@@ -401,52 +284,83 @@ scrape_configs:
   - job_name: caddy
     static_configs:
       - targets: ['%s']
-`, rulesPath, instance))
+`, rulesPath, s.instance))
+	s.panels = dashboardQueries(t, s.instance, s.zoneList, "10s")
+	return s
+}
 
-	// ours keeps the series of this test: its instance, zones, Redis.
-	target, node := srv.URL(), srv.Addr
-	ourZones := map[string]bool{}
-	for _, z := range zoneList {
-		ourZones[z] = true
+// TestPrometheusDashboardAndAlerts (issue 40): a real Prometheus scrapes
+// this process's Caddy (memory zones of every kind and Redis zones) under
+// bounded load; every dashboard query and every alert expression is
+// evaluated through Prometheus's HTTP API. Each panel query returns a
+// positive value of this test's zones or Redis in some phase (except the
+// few the scenario cannot produce, listed). While all is well, the
+// refusal and settle alerts hold and the others are quiet (the adaptive
+// zone at its minimum but refusing none); SluiceAdaptiveAtMinimum fires
+// once the zone's places are held; SluiceStoreDataLost once Redis restarts
+// empty; SluiceStoreEvictions once it evicts; the store alerts once Redis is frozen (their expressions, and the
+// test copy of the rules with for: 0s in /api/v1/alerts). The dashboard's
+// variables list the test's instance and zones.
+func TestPrometheusDashboardAndAlerts(t *testing.T) {
+	s := newPromScenario(t)
+	stopLoad := s.startLoad()
+	t.Cleanup(stopLoad)
+	s.burst()
+	shown := s.seeBurst()
+	s.healthy()
+	s.fillAdaptive()
+	if !shown {
+		s.burst()
+		s.seeBurst()
 	}
-	ours := func(l map[string]string) bool {
-		if v, ok := l["instance"]; ok && v != instance {
-			return false
-		}
-		if v, ok := l["zone"]; ok && !ourZones[v] {
-			return false
-		}
-		if v, ok := l["target"]; ok && v != target {
-			return false
-		}
-		if v, ok := l["node"]; ok && v != node {
-			return false
-		}
-		return true
-	}
+	s.restartRedis()
+	s.evictRedis()
+	s.freezeRedis()
+	s.awaitPanels()
+	stopLoad()
+	t.Logf("requests sent: %d", s.sent.Load())
+	s.checkPanels()
+	s.checkVariables()
+	s.checkRules()
+}
 
-	// Bounded load: 4 workers over the paths (worker 0 alone on /adaptive,
-	// so at most one request of it is in flight and its limit stays at its
-	// minimum), until stopped, 60 s or 30000 requests.
-	c := loopbackClient(64)
-	stop := make(chan struct{})
-	var sent atomic.Int64
-	var adaptivePaused atomic.Bool
+// ours keeps the series of this test: its instance, zones, Redis.
+func (s *promScenario) ours(l map[string]string) bool {
+	if v, ok := l["instance"]; ok && v != s.instance {
+		return false
+	}
+	if v, ok := l["zone"]; ok && !slices.Contains(s.zoneList, v) {
+		return false
+	}
+	if v, ok := l["target"]; ok && v != s.srv.URL() {
+		return false
+	}
+	if v, ok := l["node"]; ok && v != s.srv.Addr {
+		return false
+	}
+	return true
+}
+
+// startLoad starts the bounded load: 4 workers over the paths (worker 0
+// alone on /adaptive, so at most one request of it is in flight and its
+// limit stays at its minimum), until stopped, 60 s or 30000 requests.
+func (s *promScenario) startLoad() (stop func()) {
+	done := make(chan struct{})
 	var wg sync.WaitGroup
 	paths := []string{"/mem", "/dyn", "/delay", "/conc", "/settle", "/rdeny", "/rlocal", "/rcount", "/rconc"}
-	loadEnd := time.Now().Add(60 * time.Second)
+	end := time.Now().Add(60 * time.Second)
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; time.Now().Before(loadEnd) && sent.Add(1) <= 30000; i++ {
+			for i := 0; time.Now().Before(end) && s.sent.Add(1) <= 30000; i++ {
 				select {
-				case <-stop:
+				case <-done:
 					return
 				default:
 				}
 				path := paths[(i+w)%len(paths)]
-				if w == 0 && i%2 == 0 && !adaptivePaused.Load() {
+				if w == 0 && i%2 == 0 && !s.adaptivePaused.Load() {
 					path = "/adaptive"
 				}
 				req, _ := http.NewRequest(http.MethodGet, siteA+path, nil)
@@ -454,108 +368,109 @@ scrape_configs:
 				if i%2 == 0 {
 					req.Header.Set("X-Events", "bogus")
 				}
-				if resp, err := c.Do(req); err == nil {
+				if resp, err := s.c.Do(req); err == nil {
 					resp.Body.Close()
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
 		}()
 	}
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	t.Cleanup(stopLoad)
+	return sync.OnceFunc(func() { close(done); wg.Wait() })
+}
 
-	// A burst on /delay: 40 requests wait their turn; 20 more give up
-	// after 100 ms while waiting (abandoned). A second burst follows if
-	// the first did not show (a series it created shows no increase).
-	burst := func() {
-		var bw sync.WaitGroup
-		for i := range 60 {
-			bw.Add(1)
-			go func() {
-				defer bw.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				if i >= 40 {
-					time.Sleep(20 * time.Millisecond)
-					ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
-				}
-				defer cancel()
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, siteA+"/delay", nil)
-				if resp, err := c.Do(req); err == nil {
-					resp.Body.Close()
-				}
-			}()
-		}
-		bw.Wait()
+// burst sends 60 requests at once to /delay: 40 wait their turn; 20 more
+// give up after 100 ms while waiting (abandoned).
+func (s *promScenario) burst() {
+	var bw sync.WaitGroup
+	for i := range 60 {
+		bw.Add(1)
+		go func() {
+			defer bw.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if i >= 40 {
+				time.Sleep(20 * time.Millisecond)
+				ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+			}
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, siteA+"/delay", nil)
+			if resp, err := s.c.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
 	}
-	burst()
+	bw.Wait()
+}
 
-	panels := dashboardQueries(t, instance, zoneList, "10s")
-	seen := map[string]bool{}
-	// evaluate runs every panel query (each must evaluate) and every alert
-	// expression, and returns the alerts whose expression holds for us.
-	evaluate := func() map[string]bool {
-		for _, q := range panels {
-			res, err := prom.query(q.expr)
-			if err != nil {
-				t.Fatalf("panel %q: Prometheus refused the query: %v\n%s", q.name, err, q.expr)
-			}
-			if positive(res, ours) {
-				seen[q.name] = true
-			}
-		}
-		firing := map[string]bool{}
-		for name, expr := range alerts {
-			res, err := prom.query(expr)
-			if err != nil {
-				t.Fatalf("alert %s: Prometheus refused the expression: %v\n%s", name, err, expr)
-			}
-			if anyOurs(res, ours) {
-				firing[name] = true
-			}
-		}
-		return firing
-	}
-	// seeBurst evaluates until the burst's waits show (a scrape or two
-	// after it), at most 15 s: the last check reports what never did.
-	seeBurst := func() bool {
-		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
-			evaluate()
-			if seen["Wait time A"] && seen["Delayed and abandoned A"] && seen["Delayed and abandoned B"] {
-				return true
-			}
-		}
-		return false
-	}
-	shown := seeBurst()
-	// until evaluates every second until every alert of want holds, or
-	// limit passes; it returns the last evaluation.
-	until := func(phase string, limit time.Duration, want ...string) map[string]bool {
-		deadline := time.Now().Add(limit)
-		for {
-			firing := evaluate()
-			missing := []string{}
-			for _, w := range want {
-				if !firing[w] {
-					missing = append(missing, w)
-				}
-			}
-			if len(missing) == 0 {
-				return firing
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: after %v the expressions of %v still return no series of this test (holding: %v); Prometheus's log:\n%s", phase, limit, missing, firing, prom.logTail())
-			}
-			time.Sleep(time.Second)
+// seeBurst evaluates until the burst's waits show (a scrape or two after
+// it), at most 15 s, and reports whether they did (a series the burst
+// created shows no increase: the test bursts again).
+func (s *promScenario) seeBurst() bool {
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		s.evaluate()
+		if s.seen["Wait time A"] && s.seen["Delayed and abandoned A"] && s.seen["Delayed and abandoned B"] {
+			return true
 		}
 	}
+	return false
+}
 
-	// Healthy: the zones refusing with no history (SluiceRefusalRatioJump)
-	// and the settle zone's missing usage fire; the store's alerts stay
-	// quiet, and so does SluiceAdaptiveAtMinimum: the adaptive zone sits at
-	// its minimum (one request in flight never grows it) but refuses none.
-	firing := until("healthy", 30*time.Second, "SluiceRefusalRatioJump", "SluiceSettleUsageMissing")
+// evaluate runs every panel query (each must evaluate) and every alert
+// expression, and returns the alerts whose expression holds for us.
+func (s *promScenario) evaluate() map[string]bool {
+	t := s.t
+	for _, q := range s.panels {
+		res, err := s.prom.query(q.expr)
+		if err != nil {
+			t.Fatalf("panel %q: Prometheus refused the query: %v\n%s", q.name, err, q.expr)
+		}
+		if positive(res, s.ours) {
+			s.seen[q.name] = true
+		}
+	}
+	firing := map[string]bool{}
+	for name, expr := range s.alerts {
+		res, err := s.prom.query(expr)
+		if err != nil {
+			t.Fatalf("alert %s: Prometheus refused the expression: %v\n%s", name, err, expr)
+		}
+		if anyOurs(res, s.ours) {
+			firing[name] = true
+		}
+	}
+	return firing
+}
+
+// until evaluates every second until every alert of want holds, or limit
+// passes; it returns the last evaluation.
+func (s *promScenario) until(phase string, limit time.Duration, want ...string) map[string]bool {
+	deadline := time.Now().Add(limit)
+	for {
+		firing := s.evaluate()
+		missing := []string{}
+		for _, w := range want {
+			if !firing[w] {
+				missing = append(missing, w)
+			}
+		}
+		if len(missing) == 0 {
+			return firing
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%s: after %v the expressions of %v still return no series of this test (holding: %v); Prometheus's log:\n%s", phase, limit, missing, firing, s.prom.logTail())
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// healthy: the zones refusing with no history (SluiceRefusalRatioJump) and
+// the settle zone's missing usage fire; the store's alerts stay quiet, and
+// so does SluiceAdaptiveAtMinimum: the adaptive zone sits at its minimum
+// (one request in flight never grows it) but refuses none.
+func (s *promScenario) healthy() {
+	t := s.t
+	s.until("healthy", 30*time.Second, "SluiceRefusalRatioJump", "SluiceSettleUsageMissing")
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(time.Second) {
-		res, err := prom.query(`caddy_rate_limit_adaptive_limit{zone="` + zones["ADAPT"] + `"}`)
+		res, err := s.prom.query(`caddy_rate_limit_adaptive_limit{zone="` + s.zones["ADAPT"] + `"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -566,27 +481,30 @@ scrape_configs:
 			t.Fatalf("healthy: the adaptive zone's limit in Prometheus is %s, want its minimum 4", zonesOf(res))
 		}
 	}
-	firing = evaluate()
+	firing := s.evaluate()
 	for _, quiet := range []string{"SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost", "SluiceStoreDataLost", "SluiceStoreEvictions", "SluiceAdaptiveAtMinimum"} {
 		if firing[quiet] {
 			t.Errorf("healthy: the expression of %s holds while all is well", quiet)
 		}
 	}
-	res, err := prom.query(alerts["SluiceRefusalRatioJump"])
-	if err != nil || !strings.Contains(zonesOf(res), zones["MEM"]) {
-		t.Errorf("SluiceRefusalRatioJump: want zone %s (three keys over their limit) among %s (%v)", zones["MEM"], zonesOf(res), err)
+	res, err := s.prom.query(s.alerts["SluiceRefusalRatioJump"])
+	if err != nil || !strings.Contains(zonesOf(res), s.zones["MEM"]) {
+		t.Errorf("SluiceRefusalRatioJump: want zone %s (three keys over their limit) among %s (%v)", s.zones["MEM"], zonesOf(res), err)
 	}
 	t.Logf("healthy: alert expressions holding: %v", firing)
+}
 
-	// The adaptive zone's 4 places held in the upstream, the load's
-	// requests to it paused first (one ending while the places are held
-	// would be a sample that grows the limit): it refuses at its minimum
-	// the requests sent to it every 100 ms.
-	adaptivePaused.Store(true)
-	waitAdaptiveIdle(t, zones["ADAPT"])
-	up.hold(t, c, "adaptive", 4, "/adaptive", "/adaptive", "/adaptive", "/adaptive")
+// fillAdaptive holds the adaptive zone's 4 places in the upstream, the
+// load's requests to it paused first (one ending while the places are held
+// would be a sample that grows the limit): SluiceAdaptiveAtMinimum fires as
+// the zone refuses, at its minimum, the requests sent to it every 100 ms.
+func (s *promScenario) fillAdaptive() {
+	t := s.t
+	s.adaptivePaused.Store(true)
+	waitAdaptiveIdle(t, s.zones["ADAPT"])
+	s.up.hold(t, s.c, "adaptive", 4, "/adaptive", "/adaptive", "/adaptive", "/adaptive")
 	probeStop := make(chan struct{})
-	var refusedProbes atomic.Int64
+	var refused atomic.Int64
 	var probes sync.WaitGroup
 	probes.Add(1)
 	go func() {
@@ -597,33 +515,36 @@ scrape_configs:
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			if resp, err := c.Get(siteA + "/adaptive"); err == nil {
+			if resp, err := s.c.Get(siteA + "/adaptive"); err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusTooManyRequests {
-					refusedProbes.Add(1)
+					refused.Add(1)
 				}
 			}
 		}
 	}()
-	until("adaptive zone full", 30*time.Second, "SluiceAdaptiveAtMinimum")
+	s.until("adaptive zone full", 30*time.Second, "SluiceAdaptiveAtMinimum")
 	close(probeStop)
 	probes.Wait()
-	if got := jsonInt(t, adaptiveListing(t, zones["ADAPT"]), "limit"); got != 4 || refusedProbes.Load() == 0 {
-		t.Errorf("adaptive zone full: limit %d, %d requests refused; want 4 and some", got, refusedProbes.Load())
+	if got := jsonInt(t, adaptiveListing(t, s.zones["ADAPT"]), "limit"); got != 4 || refused.Load() == 0 {
+		t.Errorf("adaptive zone full: limit %d, %d requests refused; want 4 and some", got, refused.Load())
 	}
-	close(up.holds["adaptive"].release)
-	adaptivePaused.Store(false)
+	close(s.up.holds["adaptive"].release)
+	s.adaptivePaused.Store(false)
+}
 
-	// Redis restarts empty: the store's watch sees a new run_id.
-	if !shown {
-		burst()
-		seeBurst()
-	}
-	srv.Restart(t)
-	until("restarted", 30*time.Second, "SluiceStoreDataLost")
+// restartRedis restarts Redis empty: the store's watch sees a new run_id
+// and SluiceStoreDataLost fires.
+func (s *promScenario) restartRedis() {
+	s.srv.Restart(s.t)
+	s.until("restarted", 30*time.Second, "SluiceStoreDataLost")
+}
 
-	// Redis evicts keys for memory: an LRU policy, a bound 1 MB above its
-	// use and 3 MB written; then unbounded again.
+// evictRedis makes Redis evict keys for memory (an LRU policy, a bound
+// 1 MB above its use and 3 MB written; then unbounded again):
+// SluiceStoreEvictions fires.
+func (s *promScenario) evictRedis() {
+	t, srv := s.t, s.srv
 	used, err := strconv.ParseInt(srv.Info(t, "memory")["used_memory"], 10, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -639,85 +560,99 @@ scrape_configs:
 	if n := srv.Info(t, "stats")["evicted_keys"]; n == "0" || n == "" {
 		t.Fatalf("Redis evicted no key (evicted_keys %q)", n)
 	}
-	until("evicted", 30*time.Second, "SluiceStoreEvictions")
+	s.until("evicted", 30*time.Second, "SluiceStoreEvictions")
+}
 
-	// Redis frozen (accepts, never answers), with requests of the count
-	// and the Redis concurrency zones held in the upstream: their refund and
-	// their slot's release cannot reach Redis (a release is given up once
-	// its 2 s lease would have expired).
-	up.hold(t, c, "store", 4, "/rcount", "/rcount", "/rconc", "/rconc")
-	srv.Freeze(t)
-	t.Cleanup(func() { srv.Thaw(t) })
-	close(up.holds["store"].release)
-	until("frozen", 45*time.Second, "SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost")
-	// The same alerts fire in Prometheus itself (the rules with for: 0s).
-	firingBy := time.Now().Add(15 * time.Second)
-	for {
-		states, err := prom.alertStates(ours)
+// freezeRedis freezes Redis (it accepts, never answers) with requests of
+// the count and the Redis concurrency zones held in the upstream: their
+// refund and their slot's release cannot reach Redis (a release is given
+// up once its 2 s lease would have expired). The store's alerts fire, as
+// expressions and in Prometheus itself (the rules with for: 0s).
+func (s *promScenario) freezeRedis() {
+	t := s.t
+	s.up.hold(t, s.c, "store", 4, "/rcount", "/rcount", "/rconc", "/rconc")
+	s.srv.Freeze(t)
+	t.Cleanup(func() { s.srv.Thaw(t) })
+	close(s.up.holds["store"].release)
+	s.until("frozen", 45*time.Second, "SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost")
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(time.Second) {
+		states, err := s.prom.alertStates(s.ours)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if states["SluiceStoreFailing"] == "firing" && states["SluiceBreakerOpen"] == "firing" {
 			t.Logf("frozen: Prometheus's alerts: %v", states)
-			break
+			return
 		}
-		if time.Now().After(firingBy) {
+		if time.Now().After(end) {
 			t.Fatalf("frozen: Prometheus's alerts %v: want SluiceStoreFailing and SluiceBreakerOpen firing", states)
 		}
-		time.Sleep(time.Second)
 	}
+}
 
-	// Every panel query shows a positive value of ours in some phase,
-	// except those the scenario cannot produce: evaluated until each did
-	// (the frozen phase's counters reach Prometheus a scrape or two later).
-	notProduced := map[string]string{
-		"Unknown, late and unsent decisions B": "a late reply needs Redis to answer between timeout and the grace (it may)",
-		"Unknown, late and unsent decisions C": "an unsent timeout needs the pipelines busy past the timeout",
-		"Waiting now A":                        "a gauge that is 0 between bursts",
-	}
-	pending := func() []promQuery {
-		var out []promQuery
-		for _, q := range panels {
-			if _, skip := notProduced[q.name]; !skip && !seen[q.name] {
-				out = append(out, q)
-			}
+// promNotProduced are the panel queries the scenario cannot make positive.
+var promNotProduced = map[string]string{
+	"Unknown, late and unsent decisions B": "a late reply needs Redis to answer between timeout and the grace (it may)",
+	"Unknown, late and unsent decisions C": "an unsent timeout needs the pipelines busy past the timeout",
+	"Waiting now A":                        "a gauge that is 0 between bursts",
+}
+
+// pending returns the panel queries that have not shown a positive value
+// of ours yet, those of promNotProduced aside.
+func (s *promScenario) pending() []promQuery {
+	var out []promQuery
+	for _, q := range s.panels {
+		if _, skip := promNotProduced[q.name]; !skip && !s.seen[q.name] {
+			out = append(out, q)
 		}
-		return out
 	}
-	for end := time.Now().Add(20 * time.Second); len(pending()) > 0 && time.Now().Before(end); {
+	return out
+}
+
+// awaitPanels evaluates until every panel query showed a positive value,
+// at most 20 s (the frozen phase's counters reach Prometheus a scrape or
+// two later).
+func (s *promScenario) awaitPanels() {
+	for end := time.Now().Add(20 * time.Second); len(s.pending()) > 0 && time.Now().Before(end); {
 		time.Sleep(time.Second)
-		evaluate()
+		s.evaluate()
 	}
-	stopLoad()
-	t.Logf("requests sent: %d", sent.Load())
-	for _, q := range pending() {
-		res, _ := prom.query(q.expr)
+}
+
+// checkPanels: every panel query showed a positive value of ours in some
+// phase, except those the scenario cannot produce.
+func (s *promScenario) checkPanels() {
+	t := s.t
+	for _, q := range s.pending() {
+		res, _ := s.prom.query(q.expr)
 		t.Errorf("panel %q: never a positive value of this test's zones or Redis; now %s\n%s", q.name, zonesOf(res), q.expr)
 	}
-	for _, q := range panels {
-		if why, skip := notProduced[q.name]; skip && seen[q.name] {
-			t.Logf("panel %q: positive, though listed as not produced (%s)", q.name, why)
-		}
-	}
-	for name := range notProduced {
+	for name, why := range promNotProduced {
 		found := false
-		for _, q := range panels {
+		for _, q := range s.panels {
 			found = found || q.name == name
 		}
-		if !found {
-			t.Errorf("notProduced names %q, which is no dashboard query", name)
+		switch {
+		case !found:
+			t.Errorf("promNotProduced names %q, which is no dashboard query", name)
+		case s.seen[name]:
+			t.Logf("panel %q: positive, though listed as not produced (%s)", name, why)
 		}
 	}
+}
 
-	// The dashboard's variables list this test's instance and zones.
+// checkVariables: the dashboard's variables list this test's instance and
+// zones.
+func (s *promScenario) checkVariables() {
+	t := s.t
 	dashVars := dashboardVariables(t)
-	for name, want := range map[string][]string{"instance": {instance}, "zone": zoneList} {
+	for name, want := range map[string][]string{"instance": {s.instance}, "zone": s.zoneList} {
 		v, ok := dashVars[name]
 		if !ok {
 			t.Fatalf("the dashboard has no variable %s", name)
 		}
-		match := strings.ReplaceAll(v[0], "$instance", strings.ReplaceAll(regexp.QuoteMeta(instance), `\`, `\\`))
-		got, err := prom.labelValues(v[1], match)
+		match := strings.ReplaceAll(v[0], "$instance", strings.ReplaceAll(regexp.QuoteMeta(s.instance), `\`, `\\`))
+		got, err := s.prom.labelValues(v[1], match)
 		if err != nil {
 			t.Fatalf("variable %s: %v", name, err)
 		}
@@ -727,18 +662,22 @@ scrape_configs:
 			}
 		}
 	}
+}
 
-	health, err := prom.ruleHealth()
+// checkRules: Prometheus loaded every alert of the file and evaluates each
+// without error.
+func (s *promScenario) checkRules() {
+	t := s.t
+	health, err := s.prom.ruleHealth()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(health) != len(alerts) {
-		t.Errorf("Prometheus loaded %d rules, the file has %d alerts", len(health), len(alerts))
+	if len(health) != len(s.alerts) {
+		t.Errorf("Prometheus loaded %d rules, the file has %d alerts", len(health), len(s.alerts))
 	}
 	for name, h := range health {
 		if !strings.HasPrefix(h, "ok") {
 			t.Errorf("rule %s: health %q", name, h)
 		}
 	}
-
 }
