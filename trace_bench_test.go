@@ -82,3 +82,18 @@ func BenchmarkServeHTTPTraced(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTraceVerdictOff is what traceVerdict costs a request without a
+// span (tracing off), its context as Caddy's server prepares it: the
+// lookup of the span, alone.
+//
+//	go test -run XXX -bench TraceVerdictOff -benchmem .
+func BenchmarkTraceVerdictOff(b *testing.B) {
+	r := httptest.NewRequest("GET", "/", nil)
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), newBenchWriter(), &caddyhttp.Server{})
+	a := &admission{r: r}
+	b.ReportAllocs()
+	for b.Loop() {
+		a.traceVerdict()
+	}
+}
