@@ -1,6 +1,8 @@
 package sluice
 
 import (
+	"sync"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -59,8 +61,9 @@ func (a *admission) traceVerdict() {
 	for i, z := range a.zones {
 		zones[i] = z.name
 	}
-	var buf [10]attribute.KeyValue
-	attrs := append(buf[:0],
+	bp := attrPool.Get().(*[]attribute.KeyValue)
+	defer attrPool.Put(bp)
+	attrs := append((*bp)[:0],
 		attribute.String(attrOutcome, outcome),
 		attribute.StringSlice(attrZones, zones),
 		attribute.Float64(attrStoreTime, a.took.Seconds()))
@@ -85,5 +88,12 @@ func (a *admission) traceVerdict() {
 	case failClosed:
 		attrs = append(attrs, attribute.Float64(attrRetryAfter, a.v.RetryAfter.Seconds()))
 	}
-	span.SetAttributes(attrs...)
+	span.SetAttributes(attrs...) // copied by the span
+	*bp = attrs[:0]
 }
+
+// attrPool holds the attribute lists handed to the span, which escape.
+var attrPool = sync.Pool{New: func() any {
+	s := make([]attribute.KeyValue, 0, 10)
+	return &s
+}}
