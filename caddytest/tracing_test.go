@@ -105,7 +105,8 @@ func traced() (header, id string) {
 // real OTLP receiver, each request's server span carries its rate limit
 // decision: an allowed request's zones, deciding zone, remaining, store
 // time and wait; a refusal's zone and Retry-After; a request admitted
-// after a wait for its turn; a store failure under fail open.
+// after a wait for its turn; an on_exceed pass zone's would-be refusal; a
+// store failure under fail open and under fail closed.
 func TestTracingDecision(t *testing.T) {
 	rcv := startOTLPReceiver(t)
 	// Read by Caddy's tracing module when it creates its exporter, on the
@@ -126,6 +127,7 @@ func TestTracingDecision(t *testing.T) {
 
 	tc := newTester(t)
 	tight, wide, shaped, failing := zoneName("trace_tight"), zoneName("trace_wide"), zoneName("trace_delay"), zoneName("trace_down")
+	soft, closed := zoneName("trace_soft"), zoneName("trace_closed")
 	load(t, tc, config("", `
 http://localhost:@A@ {
 	tracing {
@@ -159,6 +161,31 @@ http://localhost:@A@ {
 		}
 		respond "ok"
 	}
+	route /soft {
+		rate_limit {
+			zone @SOFT@ {
+				key {http.request.header.X-User}
+				events 1
+				window 1h
+				on_exceed pass
+			}
+		}
+		respond "ok"
+	}
+	route /closed {
+		rate_limit {
+			zone @CLOSED@ {
+				key {http.request.header.X-User}
+				events 2
+				window 1h
+				fail closed
+			}
+			store redis redis://@DOWN@ {
+				timeout 2s
+			}
+		}
+		respond "ok"
+	}
 	route /down {
 		rate_limit {
 			zone @FAILING@ {
@@ -173,7 +200,7 @@ http://localhost:@A@ {
 		}
 		respond "ok"
 	}
-}`, "TIGHT", tight, "WIDE", wide, "SHAPED", shaped, "FAILING", failing, "DOWN", down))
+}`, "TIGHT", tight, "WIDE", wide, "SHAPED", shaped, "FAILING", failing, "DOWN", down, "SOFT", soft, "CLOSED", closed))
 	// Before the receiver stops: a config without tracing shuts Caddy's
 	// tracer provider down, its last spans flushed to the receiver.
 	t.Cleanup(func() { load(t, tc, config("", "")) })
@@ -191,6 +218,9 @@ http://localhost:@A@ {
 	_ = request("/delayed", http.StatusOK) // the burst of 1, spent
 	delayed := request("/delayed", http.StatusOK)
 	failed := request("/down", http.StatusOK)
+	_ = request("/soft", http.StatusOK) // its one event
+	passed := request("/soft", http.StatusOK)
+	failedClosed := request("/closed", http.StatusServiceUnavailable)
 
 	str := func(attrs map[string]*commonpb.AnyValue, key string) string { return attrs[key].GetStringValue() }
 	num := func(attrs map[string]*commonpb.AnyValue, key string) int64 { return attrs[key].GetIntValue() }
@@ -278,4 +308,20 @@ http://localhost:@A@ {
 	expectAttr("fail open", attrs, "rate_limit.store.error.type", "connection")
 	expectStoreTime("fail open", attrs)
 	expectAbsent("fail open", attrs, "rate_limit.zone", "rate_limit.remaining")
+
+	attrs = rcv.serverSpan(t, passed)
+	expectAttr("on_exceed pass", attrs, "rate_limit.outcome", "exceeded_passed")
+	expectAttr("on_exceed pass", attrs, "rate_limit.zone", soft)
+	expectAttr("on_exceed pass", attrs, "rate_limit.remaining", int64(0))
+
+	attrs = rcv.serverSpan(t, failedClosed)
+	expectAttr("fail closed", attrs, "rate_limit.outcome", "failed_closed")
+	expectAttr("fail closed", attrs, "rate_limit.zone", closed)
+	if str(attrs, "rate_limit.store.error.type") == "" {
+		t.Error("fail closed: no rate_limit.store.error.type")
+	}
+	if ra := secs(attrs, "rate_limit.retry_after"); ra <= 0 {
+		t.Errorf("fail closed: rate_limit.retry_after = %v s, want the 503's wait", ra)
+	}
+	expectAbsent("fail closed", attrs, "rate_limit.remaining", "rate_limit.delay.duration")
 }
