@@ -32,7 +32,7 @@ const (
 // for its turn). A span that is not recording (no tracing) costs one
 // context lookup. A request no zone decided, or whose client left before
 // its decision, carries nothing; of two directives on one request, the
-// later one's verdict stands.
+// later one's attributes replace the earlier one's.
 func (a *admission) traceVerdict() {
 	span := trace.SpanFromContext(a.r.Context())
 	if !span.IsRecording() {
