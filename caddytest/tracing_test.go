@@ -106,7 +106,7 @@ func traced() (header, id string) {
 // decision: an allowed request's zones, deciding zone, remaining, store
 // time and wait; a refusal's zone and Retry-After; a request admitted
 // after a wait for its turn; an on_exceed pass zone's would-be refusal; a
-// store failure under fail open and under fail closed.
+// store failure under fail open, fail closed and fail local.
 func TestTracingDecision(t *testing.T) {
 	rcv := startOTLPReceiver(t)
 	// Read by Caddy's tracing module when it creates its exporter, on the
@@ -127,7 +127,7 @@ func TestTracingDecision(t *testing.T) {
 
 	tc := newTester(t)
 	tight, wide, shaped, failing := zoneName("trace_tight"), zoneName("trace_wide"), zoneName("trace_delay"), zoneName("trace_down")
-	soft, closed := zoneName("trace_soft"), zoneName("trace_closed")
+	soft, closed, local := zoneName("trace_soft"), zoneName("trace_closed"), zoneName("trace_local")
 	load(t, tc, config("", `
 http://localhost:@A@ {
 	tracing {
@@ -186,6 +186,20 @@ http://localhost:@A@ {
 		}
 		respond "ok"
 	}
+	route /local {
+		rate_limit {
+			zone @LOCAL@ {
+				key {http.request.header.X-User}
+				events 2
+				window 1h
+				fail local
+			}
+			store redis redis://@DOWN@ {
+				timeout 2s
+			}
+		}
+		respond "ok"
+	}
 	route /down {
 		rate_limit {
 			zone @FAILING@ {
@@ -200,7 +214,7 @@ http://localhost:@A@ {
 		}
 		respond "ok"
 	}
-}`, "TIGHT", tight, "WIDE", wide, "SHAPED", shaped, "FAILING", failing, "DOWN", down, "SOFT", soft, "CLOSED", closed))
+}`, "TIGHT", tight, "WIDE", wide, "SHAPED", shaped, "FAILING", failing, "DOWN", down, "SOFT", soft, "CLOSED", closed, "LOCAL", local))
 	// Before the receiver stops: a config without tracing shuts Caddy's
 	// tracer provider down, its last spans flushed to the receiver.
 	t.Cleanup(func() { load(t, tc, config("", "")) })
@@ -221,6 +235,7 @@ http://localhost:@A@ {
 	_ = request("/soft", http.StatusOK) // its one event
 	passed := request("/soft", http.StatusOK)
 	failedClosed := request("/closed", http.StatusServiceUnavailable)
+	failedLocal := request("/local", http.StatusOK)
 
 	str := func(attrs map[string]*commonpb.AnyValue, key string) string { return attrs[key].GetStringValue() }
 	num := func(attrs map[string]*commonpb.AnyValue, key string) int64 { return attrs[key].GetIntValue() }
@@ -324,4 +339,13 @@ http://localhost:@A@ {
 		t.Errorf("fail closed: rate_limit.retry_after = %v s, want the 503's wait", ra)
 	}
 	expectAbsent("fail closed", attrs, "rate_limit.remaining", "rate_limit.delay.duration")
+
+	// Decided by this instance's memory store: its numbers, and the failure.
+	attrs = rcv.serverSpan(t, failedLocal)
+	expectAttr("fail local", attrs, "rate_limit.outcome", "allowed")
+	expectAttr("fail local", attrs, "rate_limit.zone", local)
+	expectAttr("fail local", attrs, "rate_limit.remaining", int64(1))
+	if str(attrs, "rate_limit.store.error.type") == "" {
+		t.Error("fail local: no rate_limit.store.error.type")
+	}
 }
