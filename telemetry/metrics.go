@@ -30,6 +30,9 @@ var Metrics = struct {
 	Settled, SettleMissing *prometheus.CounterVec
 	// AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency: see the root's adaptive.go.
 	AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency *prometheus.GaugeVec
+	// AdaptiveMinimum, AdaptiveMaximum: an adaptive zone's bounds, so an
+	// alert can tell a limit pinned at its minimum.
+	AdaptiveMinimum, AdaptiveMaximum *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -118,9 +121,17 @@ func Register(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "adaptive_latency_seconds",
 			Help: "An adaptive concurrency zone's sample latency: the mean time to the first byte of the last window's responses, by zone.",
 		}, []string{"zone"})
+		Metrics.AdaptiveMinimum = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_minimum",
+			Help: "An adaptive concurrency zone's minimum setting, the least its limit falls to, by zone.",
+		}, []string{"zone"})
+		Metrics.AdaptiveMaximum = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_maximum",
+			Help: "An adaptive concurrency zone's maximum setting, the most its limit grows to, by zone.",
+		}, []string{"zone"})
 	})
 	for _, c := range []prometheus.Collector{Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
-		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency} {
+		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency, Metrics.AdaptiveMinimum, Metrics.AdaptiveMaximum} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
@@ -139,21 +150,22 @@ func NewStoreMetrics(name string) *StoreMetrics {
 	return &StoreMetrics{name: name, duration: Metrics.StoreDuration.WithLabelValues(name)}
 }
 
-// Observe observes a store call begun at start.
-func (m *StoreMetrics) Observe(start time.Time) {
-	m.duration.Observe(time.Since(start).Seconds())
+// Observe observes the time a store call took.
+func (m *StoreMetrics) Observe(took time.Duration) {
+	m.duration.Observe(took.Seconds())
 }
 
 // Failed counts a failed store call by its error's kind.
 func (m *StoreMetrics) Failed(err error) {
-	Metrics.StoreErrors.WithLabelValues(m.name, errorKind(err)).Inc()
+	Metrics.StoreErrors.WithLabelValues(m.name, ErrorKind(err)).Inc()
 }
 
-// errorKind is a store error's kind label: the kind the error names itself
+// ErrorKind is a store error's kind (its label, and a span's
+// rate_limit.store.error.type): the kind the error names itself
 // (StoreErrorKind; redisstore's: timeout, connection, tls, readonly,
 // noreplicas, oom, noscript, noperm, circuit_open, other), else timeout for
 // a deadline, else other.
-func errorKind(err error) string {
+func ErrorKind(err error) string {
 	var k interface{ StoreErrorKind() string }
 	switch {
 	case errors.As(err, &k):
