@@ -379,6 +379,12 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 			if v, err = p.arg(field); err == nil {
 				z.Delay, err = p.duration(field, v)
 			}
+		case "max_overrides":
+			if v, err = p.arg(field); err == nil {
+				var n int64
+				n, err = p.count(field, v)
+				z.MaxOverrides = int(n)
+			}
 		case "delay_after":
 			if v, err = p.arg(field); err == nil {
 				z.DelayAfter, err = p.count(field, v)
@@ -402,7 +408,7 @@ func parseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.Lease, err = p.duration(field, v)
 			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance, max_overrides)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -30,6 +30,8 @@ var Metrics = struct {
 	Settled, SettleMissing *prometheus.CounterVec
 	// AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency: see the root's adaptive.go.
 	AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency *prometheus.GaugeVec
+	// Overrides: see the root's overrides.go.
+	Overrides *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -118,8 +120,12 @@ func Register(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "adaptive_latency_seconds",
 			Help: "An adaptive concurrency zone's sample latency: the mean time to the first byte of the last window's responses, by zone.",
 		}, []string{"zone"})
+		Metrics.Overrides = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "overrides",
+			Help: "Overrides in force in a zone (set through the admin API), as last read from its store (every 5s, and at each set, delete or listing), by zone.",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
+	for _, c := range []prometheus.Collector{Metrics.Overrides, Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
 		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err

@@ -169,6 +169,11 @@ type Zone struct {
 	// off.
 	LocalAllowance *LocalAllowance `json:"local_allowance,omitempty"`
 
+	// MaxOverrides bounds the overrides the zone holds at once (set
+	// through the admin API: docs/operating.md, "Overrides"), 1 to
+	// 100000. Rate zones only. Default: 1000.
+	MaxOverrides int `json:"max_overrides,omitempty"`
+
 	// concurrentZero: the JSON wrote "concurrent": 0, which reads as not
 	// set (UnmarshalJSON).
 	concurrentZero bool
