@@ -124,7 +124,7 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if z.MaxOverrides > 0 && z.IsConcurrency() {
 		return nil, errors.New("max_overrides does not apply to a concurrency zone: overrides change a rate zone's limit")
 	}
-	c := &Compiled{MaxOverrides: z.MaxOverrides,Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
+	c := &Compiled{MaxOverrides: z.MaxOverrides, Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
 		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle}
 	if err := c.compileCost(z); err != nil {
 		return nil, err
