@@ -33,6 +33,7 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 		"MODE_SETTLE": str(modeSettle), "UNKNOWN_INSTANT": str(unknownInstant),
 		"ALG_CONCURRENCY": strconv.Itoa(int(algorithms.Concurrency)),
 		"MAXOCAP":         strconv.FormatInt(algorithms.MaxOverrideCapacity, 10),
+		"OVFMT":           "'>c1I7I7I7I7'", "OVLEN": num(overrideLen),
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (.+)$`)
 	files, err := filepath.Glob("lua/*.lua")

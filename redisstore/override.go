@@ -5,8 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -17,9 +15,7 @@ import (
 
 // Overrides (stores.Overrider). A key's override lives beside its state,
 // under the same hash tag, at <state key>:o, where the decision's script
-// reads it (lua/take.lua): '<expires ms>:<kind>:<events>:<window
-// ms>:<capacity>', kind l (a limit), b (block) or u (unlimited), with a
-// PXAT of its expiry. Each zone's index, for the listing and its bound,
+// reads it (lua/take.lua; encodeOverride), with a PXAT of its expiry. Each zone's index, for the listing and its bound,
 // is a sorted set of tokens by expiry and a hash of their audit (JSON), at
 // <prefix>ctl:{ovr:<zone>}:exp and :meta; a small script keeps them, and
 // hands each ended override to the one caller that removes it.
@@ -68,18 +64,26 @@ func (s *Store) overrideIndexKeys(zone string) []string {
 	return []string{s.ctlKey(tag, "exp"), s.ctlKey(tag, "meta")}
 }
 
-// encodeOverride is an override as the script reads it.
+// overrideLen is the length of an override as the script reads it.
+const overrideLen = 29
+
+// encodeOverride is an override as the script reads it (lua/take.lua's
+// OVFMT): its kind, then its expiry, events, window and capacity, each a
+// 7-byte big-endian integer.
 func encodeOverride(o algorithms.Override) string {
-	b := strconv.AppendInt(nil, o.Expires, 10)
+	b := make([]byte, 1, overrideLen)
+	b[0] = 'l'
+	n := [4]int64{o.Expires, o.Events, o.Window, o.Capacity()}
 	switch {
 	case o.Block:
-		b = append(b, ":b:0:0:0"...)
+		b[0], n[1], n[2], n[3] = 'b', 0, 0, 0
 	case o.Unlimited:
-		b = append(b, ":u:0:0:0"...)
-	default:
-		b = strconv.AppendInt(append(b, ":l:"...), o.Events, 10)
-		b = strconv.AppendInt(append(b, ':'), o.Window, 10)
-		b = strconv.AppendInt(append(b, ':'), o.Capacity(), 10)
+		b[0], n[1], n[2], n[3] = 'u', 0, 0, 0
+	}
+	for _, x := range n {
+		for sh := 48; sh >= 0; sh -= 8 {
+			b = append(b, byte(x>>sh))
+		}
 	}
 	return string(b)
 }
@@ -120,25 +124,29 @@ func decodeAudit(v string) (stores.OverrideEntry, bool) {
 // false for none or a malformed one.
 func decodeOverride(v string) (algorithms.Override, bool) {
 	var o algorithms.Override
-	f := strings.Split(v, ":")
-	if len(f) != 5 {
+	if len(v) != overrideLen {
 		return o, false
 	}
 	var n [4]int64
-	for i, x := range []string{f[0], f[2], f[3], f[4]} {
-		var err error
-		if n[i], err = strconv.ParseInt(x, 10, 64); err != nil || n[i] < 0 {
-			return o, false
+	for i := range n {
+		for _, c := range []byte(v[1+7*i : 8+7*i]) {
+			n[i] = n[i]<<8 | int64(c)
 		}
 	}
 	o.Expires = n[0]
-	switch f[1] {
-	case "b":
+	switch v[0] {
+	case 'b':
 		o.Block = true
-	case "u":
+	case 'u':
 		o.Unlimited = true
-	case "l":
-		o.Events, o.Window, o.Burst = n[1], n[2], n[3]
+	case 'l':
+		o.Events, o.Window = n[1], n[2]
+		if n[3] != n[1] {
+			o.Burst = n[3]
+		}
+		if o.Events <= 0 || o.Window <= 0 {
+			return o, false
+		}
 	default:
 		return o, false
 	}

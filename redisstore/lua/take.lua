@@ -187,22 +187,16 @@ local leases = {}
 local inflightTTL = '300000' -- ms
 
 -- Overrides (redisstore/override.go): KEYS[i] .. ':o' holds zone i's key's
--- override, '<expires ms>:<kind>:<events>:<window ms>:<capacity>', kind l
--- (another limit: the algorithm, penalty and delay kept), b (block) or u
--- (unlimited); its TTL, set by the admin API, ends it, and so does its
+-- override, 29 bytes (OVFMT): its kind, l (another limit: the algorithm,
+-- penalty and delay kept), b (block) or u (unlimited), then its expiry
+-- (Unix ms), events, window (ms) and capacity; its TTL, set by the admin API, ends it, and so does its
 -- expiry read here. A take reads it with the key's state; a refund does
 -- not. A zone it decided has 4 x (capacity + 1) added to its allowed
 -- number in the reply (MAXOCAP keeps the sum exact; block: capacity 0) and
 -- sends no value for the deny cache (0). ovf[i] is that number (0: none);
 -- oes, ows, ocs the limit a zone was decided under, for a veto's view.
 local MAXOCAP = 1125899906842623
-local ovs, ovparse = memo(function(v)
-  local e, k, ev, w, c = string.match(v, '^(%d+):([lbu]):(%d+):(%d+):(%d+)$')
-  if not e then
-    return nil
-  end
-  return {tonum(e), k, tonum(ev), tonum(w), tonum(c)}
-end)
+local OVFMT, OVLEN = '>c1I7I7I7I7', 29
 local ovf, oes, ows, ocs = {}, {}, {}, {}
 
 -- settle takes cost off the units of key charged in flight.
@@ -294,24 +288,24 @@ local function take(keys, argv, base)
       if ot then p = ot.p end
       local pending = 0
       if inflight then pending = tonum(call('GET', keys[i] .. ':f')) or 0 end
-      local ov, okind = nil, nil
+      local okind, oexp = nil, 0
       if alg ~= ALG_CONCURRENCY then
-        ov = call('GET', keys[i] .. ':o')
-        if ov then
-          ov = ovs[ov] or ovparse(ov)
-          if ov and now < ov[1] then
-            okind, anyov = ov[2], true
+        local ov = call('GET', keys[i] .. ':o')
+        if ov and #ov == OVLEN then
+          local k, e, oe, ow, oc = sunpk(OVFMT, ov)
+          if now < e and (k == 'b' or k == 'u' or k == 'l' and oe > 0 and ow > 0 and oc > 0) then
+            okind, oexp, anyov = k, e, true
+            if k == 'l' then events, w, capacity = oe, ow, oc end
           end
         end
       end
       if okind == 'l' then
-        events, w, capacity = ov[3], ov[4], ov[5]
         oes[i], ows[i], ocs[i] = events, w, capacity
         ovf[i] = 4 * (capacity + 1)
       end
       if okind == 'b' then
         -- blocked until the override ends: nothing written
-        allowed, rem, retry, reset = 0, 0, ov[1] - now, ov[1] - now
+        allowed, rem, retry, reset = 0, 0, oexp - now, oexp - now
         ovf[i] = 4
       elseif okind == 'u' then
         -- unlimited: allowed, nothing charged
