@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 
@@ -235,11 +236,24 @@ func (s *Store) Overrides(ctx context.Context, zone string) (live, expired []sto
 	if err != nil {
 		return nil, nil, err
 	}
-	_, _, expired, err = s.index(ctx, zone, now.UnixMilli(), "", "")
+	// The ended ones, without a script (a user that may run none still
+	// lists): each goes to the caller whose ZREM removes it.
+	ik := s.overrideIndexKeys(zone)
+	gone, err := s.client.ZRangeByScore(ctx, ik[0], &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now.UnixMilli(), 10)}).Result()
 	if err != nil {
 		return nil, nil, err
 	}
-	vals, err := s.client.HVals(ctx, s.overrideIndexKeys(zone)[1]).Result()
+	for _, tok := range gone {
+		if n, err := s.client.ZRem(ctx, ik[0], tok).Result(); err != nil || n == 0 {
+			continue
+		}
+		v, _ := s.client.HGet(ctx, ik[1], tok).Result()
+		s.client.HDel(ctx, ik[1], tok)
+		if e, ok := decodeAudit(v); ok {
+			expired = append(expired, e)
+		}
+	}
+	vals, err := s.client.HVals(ctx, ik[1]).Result()
 	if err != nil {
 		return nil, expired, err
 	}
