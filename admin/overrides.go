@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -209,7 +210,14 @@ func parseOverride(r *http.Request, l algorithms.Limit, now time.Time) (algorith
 		var te *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &te):
-			return o, "", apiErr(http.StatusBadRequest, "field %s: want a JSON %s, got %s", te.Field, te.Type, te.Value)
+			want := "a string"
+			switch te.Type.Kind() {
+			case reflect.Int64:
+				want = "a whole number"
+			case reflect.Bool:
+				want = "true or false"
+			}
+			return o, "", apiErr(http.StatusBadRequest, "field %s: want %s, got a JSON %s", te.Field, want, te.Value)
 		case strings.HasPrefix(err.Error(), "json: unknown field"):
 			return o, "", apiErr(http.StatusBadRequest, "%s (known: events, window, burst, block, unlimited, expires_in, expires, reason)", strings.TrimPrefix(err.Error(), "json: "))
 		}
