@@ -291,6 +291,9 @@ func putOverride(w http.ResponseWriter, r *http.Request, az *activeZone, st stor
 			}
 			return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.Name, err)
 		}
+		if local := localOverrider(az); local != nil {
+			_ = local.SetOverride(r.Context(), az.Name, e, az.maxOverrides())
+		}
 		logOverride("override set", az.Name, &e, "")
 		list.Overrides = append(list.Overrides, viewOf(&e))
 	}
@@ -306,6 +309,9 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, az *activeZone, st s
 		if err != nil {
 			return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.Name, err)
 		}
+		if local := localOverrider(az); local != nil {
+			_, _, _ = local.DeleteOverride(r.Context(), az.Name, tok)
+		}
 		if ok {
 			logOverride("override deleted", az.Name, &e, r.RemoteAddr)
 			list.Overrides = append(list.Overrides, viewOf(&e))
@@ -316,6 +322,17 @@ func deleteOverride(w http.ResponseWriter, r *http.Request, az *activeZone, st s
 	}
 	_, _ = collect(r.Context(), az, st)
 	return writeJSON(w, list)
+}
+
+// localOverrider is the zone's fail-local memory store, which gets the
+// zone's overrides too (it decides while the shared store cannot: a
+// reset reaches it likewise); nil when it has none.
+func localOverrider(az *activeZone) stores.Overrider {
+	if az.Local == nil || az.Local == az.Store {
+		return nil
+	}
+	o, _ := az.Local.(stores.Overrider)
+	return o
 }
 
 // logOverride writes one line of the audit.
