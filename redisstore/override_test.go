@@ -1,0 +1,101 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+	"github.com/sluicehq/caddy-sluice/stores"
+)
+
+func setOv(t *testing.T, s *Store, zone string, key algorithms.Key, o algorithms.Override, maxN int) error {
+	t.Helper()
+	return s.SetOverride(testCtx(t), zone, stores.OverrideEntry{Key: key, Override: o, Reason: "r", By: "127.0.0.1:9", At: time.Now().UnixMilli()}, maxN)
+}
+
+// Two stores on one Redis (two instances): an override set through one
+// decides the other's next take of the key, with no reload and no poll
+// between; a refusal made under an override is not kept by the deny cache
+// (a delete through the other instance admits the key at once); the key's
+// peek shows the overridden limit; the zone's bound holds; Redis ends an
+// override at its expiry (its PXAT) and the listing hands it, once, to
+// the caller that collects it.
+func TestOverridesAcrossStores(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := denyStore(t, srv, 1000), denyStore(t, srv, 1000)
+	ctx := context.Background()
+	l := limit(t, 2, time.Hour, 0)
+	zone, key := "ovz", freshKey(t)
+	r := algorithms.Request{Zone: zone, Key: key, Limit: l, Cost: 1}
+	take(t, b, r)
+	take(t, b, r)
+	exp := time.Now().Add(time.Hour).UnixMilli()
+	if err := setOv(t, a, zone, key, algorithms.Override{Events: 5, Window: l.Window, Expires: exp}, 10); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, b, r)[0]; !d.Allowed || !d.Overridden || d.Limit != 5 || d.Remaining != 2 {
+		t.Fatalf("the other instance under the raised limit: %+v, want allowed, limit 5, 2 left", d)
+	}
+	out, found := make([]algorithms.Decision, 1), make([]bool, 1)
+	if err := b.PeekKeys(ctx, zone, []algorithms.Key{key}, l, out, found); err != nil || out[0].Limit != 5 || out[0].Remaining != 2 || !out[0].Overridden {
+		t.Fatalf("peek under the override: %+v %v", out[0], err)
+	}
+	// blocked: refused by b, and not cached there
+	if err := setOv(t, a, zone, key, algorithms.Override{Block: true, Expires: exp}, 10); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if d := take(t, b, r)[0]; d.Allowed || d.Limit != 0 || d.RetryAfter < 59*time.Minute {
+			t.Fatalf("blocked: %+v", d)
+		}
+	}
+	if err := setOv(t, a, zone, key, algorithms.Override{Unlimited: true, Expires: exp}, 10); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, b, r)[0]; !d.Allowed || !d.Overridden {
+		t.Fatalf("unlimited right after the block, on the instance that refused under it: %+v", d)
+	}
+	if _, ok, err := a.DeleteOverride(ctx, zone, key); !ok || err != nil {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	if d := take(t, b, r)[0]; d.Allowed || d.Overridden || d.Limit != 2 {
+		t.Fatalf("after the delete (3 spent of 2): %+v, want refused under the zone's limit", d)
+	}
+
+	// the bound
+	if err := setOv(t, a, zone, freshKey(t), algorithms.Override{Block: true, Expires: exp}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := setOv(t, a, zone, freshKey(t), algorithms.Override{Block: true, Expires: exp}, 1); !errors.Is(err, stores.ErrTooManyOverrides) {
+		t.Fatalf("a second of 1: %v", err)
+	}
+
+	// expiry, by Redis
+	k2 := freshKey(t)
+	if err := setOv(t, a, "ovexp", k2, algorithms.Override{Block: true, Expires: time.Now().Add(300 * time.Millisecond).UnixMilli()}, 10); err != nil {
+		t.Fatal(err)
+	}
+	r2 := algorithms.Request{Zone: "ovexp", Key: k2, Limit: l, Cost: 1}
+	okey := a.overrideKey("ovexp", k2)
+	if pttl(t, srv.Client(), okey) <= 0 {
+		t.Fatalf("the override's key %s has no TTL", okey)
+	}
+	for start := time.Now(); srv.Client().Exists(ctx, okey).Val() == 1; time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the override's key outlived its expiry by 10s")
+		}
+	}
+	if d := take(t, b, r2)[0]; !d.Allowed || d.Overridden {
+		t.Fatalf("after the expiry: %+v", d)
+	}
+	live, expired, err := a.Overrides(ctx, "ovexp")
+	if err != nil || len(live) != 0 || len(expired) != 1 || expired[0].Key != k2 || !expired[0].Block {
+		t.Fatalf("the listing after the expiry: %v %v %v", live, expired, err)
+	}
+	if _, expired, _ := b.Overrides(ctx, "ovexp"); len(expired) != 0 {
+		t.Fatalf("the expiry handed out twice: %v", expired)
+	}
+}
