@@ -128,7 +128,16 @@ type Window struct {
 	InFlight int64
 	// Samples is how many latencies the window holds.
 	Samples int
+	// Quiet is the mean latency of the window's quiet samples, QuietN how
+	// many: those of requests admitted with at most 1/quietShare of the
+	// limit in flight, too few to queue at an upstream the limit fits.
+	Quiet  time.Duration
+	QuietN int
 }
+
+// quietShare: a request admitted with at most 1/quietShare of the limit in
+// flight is quiet (Window.Quiet).
+const quietShare = 4
 
 // controller turns a window into a new limit. Its state is guarded by the
 // Limiter's lock.
@@ -221,61 +230,77 @@ func (v *vegas) update(w Window, limit float64) float64 {
 
 func (v *vegas) baseline() time.Duration { return v.noLoad }
 
-// aimd grows the limit by one per window while the window's mean latency
-// stays within tolerance×baseline, and cuts it to aimdCut of itself when
-// it does not. The baseline is the average of the means of the unloaded
-// windows (a plain mean of the first ones, then an exponential one of
-// weight aimdWeight): the app-limited windows (far below the limit: the
-// upstream as it is when we do not load it) and those with the limit
-// within one of its minimum (the least load the controller can put on
-// it). An average, not the least mean seen: the least of many noisy means
-// lies below the true one by their noise, which forces a loose tolerance.
+// aimd grows the limit by one per window and cuts it to aimdCut of itself
+// when the window shows a queue at the upstream (queued). The baseline is
+// the average latency of the quiet samples (Window.Quiet) of the unloaded
+// windows: the app-limited ones (the upstream as it is when we do not load
+// it), and every sample of those with the limit within one of its minimum
+// (the least load the controller can put on it). A plain mean of the first
+// 1/aimdSampleWeight samples, then an exponential one. Quiet samples, not
+// the whole window: at 0.8× a burst queues, and the samples admitted into
+// it would raise the baseline with the queue it is there to measure.
 // Sustained load leaves the baseline alone (Envoy's minRTT drift), a
-// slower upstream is followed whenever it is unloaded (at once when
-// aimdRun unloaded windows in a row are past tolerance: the baseline moves
-// to their mean), and measuring it never lowers the limit, so it refuses
-// nothing. Until the first unloaded
-// window the baseline is the least mean seen: a zone that starts in
-// overload cuts its limit until the latency falls or the minimum is near,
-// and learns there.
+// slower upstream is followed at once (follow), and measuring it never
+// lowers the limit. Until the first unloaded window the baseline is the
+// least of the window means' exponential average (weight aimdSmooth): a
+// zone that starts in overload cuts its limit while the latency falls.
 type aimd struct {
 	tolerance float64
 	minimum   float64
-	avg       float64 // ns
-	n         int     // unloaded windows seen
+	avg       float64 // the baseline's average, ns
+	n         int     // the samples averaged
 	base      time.Duration
-	// run counts the unloaded windows in a row past tolerance, runSum
-	// their means (ns).
-	run    int
-	runSum float64
+	smooth    float64 // the window means' average until the first unloaded window, ns
+	// run counts the samples of the unloaded windows in a row past
+	// tolerance, runSum their sum (ns); skipN and skipSum are those of the
+	// run's first window.
+	run, skipN      int
+	runSum, skipSum float64
 }
 
-// aimdWeight is the weight of a new unloaded window in the baseline once
+// aimdSampleWeight is the weight of a quiet sample in the baseline once
 // 1/n is below it; aimdCut is what a slow window leaves of the limit;
-// aimdRun is how many unloaded windows in a row past tolerance move the
-// baseline to their mean; aimdQueue is the requests queued (queued) past
-// which a window is slow.
+// aimdRun is how many samples of a run past tolerance (after its first
+// window) move the baseline to their mean if it is past aimdShift × the
+// average; aimdQueue is the requests queued past which a window is slow;
+// aimdSmooth is the weight of a window in the average the baseline starts
+// from.
 const (
-	aimdWeight = 0.05
-	aimdCut    = 0.85
-	aimdRun    = 6
-	aimdQueue  = 1.0
+	aimdSampleWeight = 0.004
+	aimdCut          = 0.8
+	aimdRun          = 20
+	aimdShift        = 1.3
+	aimdQueue        = 2.0
+	aimdSmooth       = 0.5
 )
 
 func (a *aimd) update(w Window, limit float64) float64 {
 	switch {
-	case appLimited(w, limit) || limit < a.minimum+1:
-		a.n++
-		a.avg += (float64(w.RTT) - a.avg) * max(aimdWeight, 1/float64(a.n))
-		a.follow(float64(w.RTT))
-		a.base = time.Duration(a.avg)
-	case a.n == 0 && (a.base == 0 || w.RTT < a.base):
-		a.base = w.RTT
+	case limit < a.minimum+1:
+		a.learn(w.RTT, w.Samples)
+	case appLimited(w, limit) && w.QuietN > 0:
+		a.learn(w.Quiet, w.QuietN)
+	case a.n == 0:
+		if a.smooth == 0 {
+			a.smooth = float64(w.RTT)
+		}
+		a.smooth += (float64(w.RTT) - a.smooth) * aimdSmooth
+		if a.base == 0 || time.Duration(a.smooth) < a.base {
+			a.base = time.Duration(a.smooth)
+		}
 	}
 	if a.queued(w) {
 		return limit * aimdCut
 	}
 	return limit + 1
+}
+
+// learn counts k unloaded samples of mean rtt into the baseline.
+func (a *aimd) learn(rtt time.Duration, k int) {
+	a.n += k
+	a.avg += (float64(rtt) - a.avg) * min(1, max(aimdSampleWeight*float64(k), float64(k)/float64(a.n)))
+	a.follow(float64(rtt), k)
+	a.base = time.Duration(a.avg)
 }
 
 // queued reports whether window w shows a queue at the upstream: its mean
@@ -289,22 +314,30 @@ func (a *aimd) queued(w Window) bool {
 	return rtt > a.tolerance*base && float64(w.InFlight)*(1-base/rtt) > aimdQueue
 }
 
-// follow counts an unloaded window of mean rtt (ns) into the run of those
-// past tolerance, and moves the baseline to the run's mean once it is
-// aimdRun long: the upstream got slower for good (a deploy, a busy host),
-// and the average would take about 1/aimdWeight windows to say so, cutting
-// the limit meanwhile. Only upwards: a baseline too low collapses the
-// limit, one too high lets a little more queue until the average follows.
-func (a *aimd) follow(rtt float64) {
-	if a.n < 2 || rtt <= a.tolerance*a.avg {
-		a.run, a.runSum = 0, 0
+// follow counts k unloaded samples of mean rtt (ns) into the run of those
+// past tolerance, and once the run holds aimdRun samples after its first
+// window and their mean is past aimdShift × the average, moves the
+// baseline to that mean and restarts the plain mean from them: the
+// upstream got slower for good (a deploy, a busy host), and the average
+// would take about 1/aimdSampleWeight samples to say so, cutting the limit
+// meanwhile. The first window is left out: it may mix requests served
+// before the change. A smaller rise is left to the average: at the knee it
+// is a queue estimate under aimdQueue, so it cuts nothing. Only upwards: a
+// baseline too low collapses the limit, one too high lets a little more
+// queue until the average follows.
+func (a *aimd) follow(rtt float64, k int) {
+	if rtt <= a.tolerance*a.avg {
+		a.run, a.runSum, a.skipN, a.skipSum = 0, 0, 0, 0
 		return
 	}
-	a.run++
-	a.runSum += rtt
-	if a.run >= aimdRun {
-		a.avg = a.runSum / aimdRun
-		a.run, a.runSum = 0, 0
+	if a.run == 0 {
+		a.skipN, a.skipSum = k, rtt*float64(k)
+	}
+	a.run += k
+	a.runSum += rtt * float64(k)
+	if n := a.run - a.skipN; n >= aimdRun && (a.runSum-a.skipSum)/float64(n) > aimdShift*a.avg {
+		a.avg, a.n = (a.runSum-a.skipSum)/float64(n), n
+		a.run, a.runSum, a.skipN, a.skipSum = 0, 0, 0, 0
 	}
 }
 
@@ -334,7 +367,11 @@ type Limiter struct {
 	start time.Duration
 	rtts  [windowSamples]time.Duration
 	n     int
-	inMax int64
+	// quiet sums the window's quiet samples (Window.Quiet), quietN counts
+	// them.
+	quiet  time.Duration
+	quietN int
+	inMax  int64
 	// fresh counts the window's samples of requests admitted since fellAt,
 	// when the limit last fell.
 	fresh  int
@@ -412,13 +449,20 @@ func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
 	l.rtts[l.n] = rtt
 	l.n++
 	l.inMax = max(l.inMax, inFlight)
+	if float64(inFlight)*quietShare <= l.est {
+		l.quiet += rtt
+		l.quietN++
+	}
 	if now-rtt >= l.fellAt {
 		l.fresh++
 	}
 	if l.n < windowSamples && (l.n < minWindowSamples || now-l.start < l.s.Window) {
 		return false
 	}
-	w := Window{InFlight: l.inMax, Samples: l.n}
+	w := Window{InFlight: l.inMax, Samples: l.n, QuietN: l.quietN}
+	if l.quietN > 0 {
+		w.Quiet = l.quiet / time.Duration(l.quietN)
+	}
 	var sum time.Duration
 	w.Min = l.rtts[0]
 	for _, r := range l.rtts[:l.n] {
@@ -427,7 +471,7 @@ func (l *Limiter) Observe(now, rtt time.Duration, inFlight int64) bool {
 	}
 	w.RTT = sum / time.Duration(l.n)
 	refused, fresh := l.refused.Swap(0), l.fresh
-	l.n, l.inMax, l.fresh = 0, 0, 0
+	l.n, l.inMax, l.fresh, l.quiet, l.quietN = 0, 0, 0, 0, 0
 	l.last.Store(int64(w.RTT))
 	next := l.ctl.update(w, l.est)
 	bound := refused > 0 || w.InFlight >= l.limit.Load()

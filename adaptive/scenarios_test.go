@@ -108,17 +108,6 @@ func fixed(n int64) contender {
 	}}
 }
 
-// lateRefused sums phase i's refusals from its skip on over the seeds,
-// as a share of its arrivals then.
-func lateRefused(runs [][]phaseResult, i int) float64 {
-	ref, arr := 0, 0
-	for _, res := range runs {
-		ref += res[i].refusedLate
-		arr += res[i].arrivedLate
-	}
-	return float64(ref) / float64(max(arr, 1))
-}
-
 // goodput is phase ph's goodput per second over the capacity of bed b at
 // median.
 func goodput(b bed, r phaseResult, ph phase, median time.Duration) float64 {
@@ -130,9 +119,14 @@ func goodput(b bed, r phaseResult, ph phase, median time.Duration) float64 {
 // the default controller.
 type shiftGoals struct {
 	worst, mean  float64 // goodput at 2x, % of the new capacity: the worst seed's, the seeds' mean
-	first, after float64 // refused at half load from 10 s after the shift, after the overload (%, over the seeds; -1: not at half load)
+	first, after float64 // refused at half load from 10 s after the shift, after the overload (%, the worst seed's; -1: not at half load)
 	least        int64   // the least limit at half load, over the seeds
 	knee         time.Duration
+}
+
+// refusedLate is phase r's refusals from its skip on, % of its arrivals then.
+func refusedLate(r phaseResult) float64 {
+	return 100 * float64(r.refusedLate) / float64(max(r.arrivedLate, 1))
 }
 
 func measureShift(sc scenario, runs [][]phaseResult, to time.Duration) shiftGoals {
@@ -146,11 +140,11 @@ func measureShift(sc scenario, runs [][]phaseResult, to time.Duration) shiftGoal
 				g.least = min(g.least, slices.Min(res[i].limits))
 			}
 		}
+		if sc.phases[shiftFirst].load == 0.5 {
+			g.first = max(g.first, refusedLate(res[shiftFirst]))
+		}
+		g.after = max(g.after, refusedLate(res[shiftAfter]))
 	}
-	if sc.phases[shiftFirst].load == 0.5 {
-		g.first = 100 * lateRefused(runs, shiftFirst)
-	}
-	g.after = 100 * lateRefused(runs, shiftAfter)
 	return g
 }
 
@@ -177,18 +171,13 @@ func shiftScenarios() []scenario {
 // TestTestbedShift: the upstream's median moves 50 → 200 ms for good, and
 // 200 → 50 ms, then 0.5x or 0.8x of the new capacity, 2x and 0.5x, on a
 // quiet host and a noisy one (host). It prints each scenario's goals for
-// the default controller: goodput at 2x (goal: at least 90% of the new
-// capacity, each seed), the refusals at half load from 10 s after the
-// shift and after the overload (goal: under 1%), the least limit at half
-// load (never the minimum), and when the limit first came within ±25% of
-// the knee at 2x. It asserts what the default meets (docs/adaptive.md says
-// what it misses): at 2x the knee reached and goodput over the seeds at
-// least 90% of the new capacity; at half load under 1% refused right
-// after the shift and after the overload, and the limit never at its
-// minimum, on either host.
+// the default controller and asserts them in every seed: goodput at 2x at
+// least 90% of the new capacity; under 1% refused at half load from 10 s
+// after the shift and after the overload; the limit never at its minimum
+// at half load; at 2x the limit within ±25% of the knee within 20 s.
 func TestTestbedShift(t *testing.T) {
 	var b strings.Builder
-	b.WriteString("\nshift goals, default controller, seeds 1-6\n| scenario | 2x goodput, worst seed | 2x goodput, mean | refused at 0.5x from 10 s after the shift | at 0.5x from 10 s after the overload | least limit at 0.5x | limit within ±25% of the knee at 2x after |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("\nshift goals, default controller, seeds 1-6 (each column the worst seed's)\n| scenario | 2x goodput, worst seed | 2x goodput, mean | refused at 0.5x from 10 s after the shift | at 0.5x from 10 s after the overload | least limit at 0.5x | limit within ±25% of the knee at 2x after |\n|---|---|---|---|---|---|---|\n")
 	for _, sc := range shiftScenarios() {
 		all := runScenario(t, sc, []contender{noLimit(), fixed(10), defaultContender()})
 		to := sc.phases[shiftOver].median
@@ -198,20 +187,20 @@ func TestTestbedShift(t *testing.T) {
 			first = fmt.Sprintf("%.2f%%", g.first)
 		}
 		fmt.Fprintf(&b, "| %s | %.0f%% | %.0f%% | %s | %.2f%% | %d | %s |\n", sc.name, g.worst, g.mean, first, g.after, g.least, since(g.knee))
-		if g.knee < 0 {
-			t.Errorf("%s: at 2x the limit never came within ±25%% of the knee in some seed", sc.name)
+		if g.knee < 0 || g.knee > 20*time.Second {
+			t.Errorf("%s: at 2x the limit came within ±25%% of the knee after %s in the worst seed, want within 20s", sc.name, since(g.knee))
 		}
-		if g.mean < 90 {
-			t.Errorf("%s: goodput at 2x %.0f%% of the new capacity over the seeds, want at least 90%%", sc.name, g.mean)
+		if g.worst < 90 {
+			t.Errorf("%s: goodput at 2x %.0f%% of the new capacity in the worst seed, want at least 90%%", sc.name, g.worst)
 		}
 		if g.least <= DefaultMinimum {
 			t.Errorf("%s: at half load the limit fell to %d, its minimum", sc.name, g.least)
 		}
 		if g.first >= 1 {
-			t.Errorf("%s: %.2f%% refused at half load from 10 s after the shift, want under 1%%", sc.name, g.first)
+			t.Errorf("%s: %.2f%% refused at half load from 10 s after the shift in the worst seed, want under 1%%", sc.name, g.first)
 		}
 		if g.after >= 1 {
-			t.Errorf("%s: %.2f%% refused at half load from 10 s after the overload, want under 1%%", sc.name, g.after)
+			t.Errorf("%s: %.2f%% refused at half load from 10 s after the overload in the worst seed, want under 1%%", sc.name, g.after)
 		}
 	}
 	if *testbedTable {
@@ -225,8 +214,8 @@ func TestTestbedShift(t *testing.T) {
 // are of its capacity). For the default controller: fewer than 1% refused
 // at 0.5x and after the overload (over the seeds), the limit never at its
 // minimum below capacity in any seed, no limit collapsing at 3x, and the
-// default's goodput at 3x at least 85% of the host's capacity in each
-// seed (the goal, 90%, is printed: docs/adaptive.md).
+// default's goodput at 3x at least 90% of the host's capacity in each
+// seed.
 func TestTestbedNoisyHost(t *testing.T) {
 	sc := scenario{"the testbed on the noisy host", bed{sigma: testbedSigma, noisy: true}, testbedPhases}
 	all := runScenario(t, sc, []contender{noLimit(), fixed(10), defaultContender()})
@@ -245,8 +234,8 @@ func TestTestbedNoisyHost(t *testing.T) {
 			}
 		}
 		worstGood = min(worstGood, goodput(sc.b, res[testbedOver], sc.phases[testbedOver], fast))
-		if g := goodput(sc.b, res[testbedOver], sc.phases[testbedOver], fast); g < 0.85 {
-			t.Errorf("seed %d at 3x: goodput %.0f%% of the host's capacity, want at least 85%%", seed, 100*g)
+		if g := goodput(sc.b, res[testbedOver], sc.phases[testbedOver], fast); g < 0.9 {
+			t.Errorf("seed %d at 3x: goodput %.0f%% of the host's capacity, want at least 90%%", seed, 100*g)
 		}
 		if g := goodput(sc.b, all["no limit"][s][testbedOver], sc.phases[testbedOver], fast); g > 0.5 {
 			t.Errorf("seed %d at 3x: no limit's goodput %.0f%%; the noisy host should collapse it", seed, 100*g)

@@ -18,7 +18,7 @@ import (
 // each controller learns and how the defaults were measured.
 type Adaptive struct {
 	// Controller is how the limit is learnt: "aimd" (grow by one while the
-	// latency stays within tolerance × its baseline, cut to 0.85 of itself
+	// latency stays within tolerance × its baseline, cut to 0.8 of itself
 	// past it), "gradient2" or "vegas" (Netflix's concurrency-limits). Default:
 	// "aimd".
 	Controller string `json:"controller,omitempty"`
