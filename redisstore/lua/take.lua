@@ -424,6 +424,15 @@ local function take(keys, argv, base)
     end
     return out
   end
+  if n == 1 and not wantnow and anyov and out[1] % 4 == 1 and out[3] == 0 then
+    -- one zone allowed under an override, with no wait: one negative
+    -- integer, -((capacity x 2^16 + remaining) x 2^20 + reset-after) - 1,
+    -- when they fit (script.go's packedAdmission reads it)
+    local cap, rem, reset = (out[1] - 1) / 4 - 1, out[2], out[4]
+    if cap < 65536 and rem >= 0 and rem < 65536 and reset >= 0 and reset < 1048576 then
+      return -((cap * 65536 + rem) * 1048576 + reset) - 1
+    end
+  end
   if n == 1 and not wantnow and not anyov and out[1] == 1 and out[3] == 0 then
     -- one zone allowed with no wait: one packed integer (see atop)
     local rem, reset = out[2], out[4]
