@@ -47,9 +47,6 @@ func (o *Override) Apply(l Limit) Limit {
 		return l
 	}
 	l.Events, l.Window, l.Burst = o.Events, o.Window, o.Burst
-	if l.DelayAfter > l.Capacity() {
-		l.DelayAfter = l.Capacity()
-	}
 	return l
 }
 
@@ -76,7 +73,11 @@ func (o *Override) Check(l Limit, now int64) error {
 	if o.Block || o.Unlimited {
 		return nil
 	}
-	return o.Apply(l).Validate()
+	ol := o.Apply(l)
+	// A delay_after above the override's capacity counts as the capacity
+	// (threshold), as the zone's may not.
+	ol.DelayAfter = min(ol.DelayAfter, ol.Capacity())
+	return ol.Validate()
 }
 
 // StepOverride decides r at now under override o in force (o.Expires >

@@ -37,11 +37,19 @@ func TestLuaTwinOverrides(t *testing.T) {
 		{L(algorithms.SlidingWindow, 5, time.Second, 0), []algorithms.Limit{L(algorithms.SlidingWindow, 50, time.Second, 0), L(algorithms.SlidingWindow, 1, time.Second, 0), L(algorithms.SlidingWindow, 9, 2*time.Second, 0)}},
 		{L(algorithms.SlidingLog, 5, time.Second, 0), []algorithms.Limit{L(algorithms.SlidingLog, 50, time.Second, 0), L(algorithms.SlidingLog, 1, time.Second, 0), L(algorithms.SlidingLog, 3, 400*time.Millisecond, 0)}},
 	}
+	// a zone with a penalty and a delay (delay_after above some overrides'
+	// capacity)
+	pd := L(algorithms.TokenBucket, 5, time.Second, 4)
+	pd.Penalty, pd.Delay, pd.DelayAfter = 700, 400, 3
+	sets = append(sets, set{pd, []algorithms.Limit{L(algorithms.TokenBucket, 50, time.Second, 0), L(algorithms.TokenBucket, 1, time.Second, 2), L(algorithms.TokenBucket, 2, 300*time.Millisecond, 0)}})
+	gd := L(algorithms.GCRA, 5, time.Second, 4)
+	gd.Penalty, gd.Delay, gd.DelayAfter = 500, 300, 3
+	sets = append(sets, set{gd, []algorithms.Limit{L(algorithms.GCRA, 50, time.Second, 0), L(algorithms.GCRA, 1, time.Second, 2), L(algorithms.GCRA, 2, 400*time.Millisecond, 0)}})
 	const steps = 300
 	checked := map[string]int{}
 	for si, sa := range sets {
 		for _, zones := range []int{1, 2} {
-			t.Run(fmt.Sprintf("%s/%d zones", sa.zone.Algorithm, zones), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%d-%s/%d zones", si, sa.zone.Algorithm, zones), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(twinSeed, uint64(1000+10*si+zones)))
 				tw := newTwin(t, srv, c, zones)
 				ovs := make([]*algorithms.Override, zones)
@@ -119,7 +127,11 @@ func TestLuaTwinOverrides(t *testing.T) {
 						if got != goView(want) || gotOv != want.Overridden || gotLimit != want.Limit {
 							t.Fatalf("%s\nzone %d: Lua %+v (overridden %v, limit %d), Go %+v", tw.history(), i, got, gotOv, gotLimit, want)
 						}
-						if all && writes[i] {
+						switch {
+						case all && writes[i]:
+							z.st, z.fresh, z.raw = nexts[i], false, stateString(nexts[i])
+						case writes[i] && !decs[i].Allowed && algorithms.StartsPenalty(z.st, z.fresh, nexts[i]):
+							// a refusal that starts the zone's penalty writes it, whatever the others decided
 							z.st, z.fresh, z.raw = nexts[i], false, stateString(nexts[i])
 						}
 						raw, err := c.Get(ctx, z.key).Result()
