@@ -99,3 +99,40 @@ func TestOverridesAcrossStores(t *testing.T) {
 		t.Fatalf("the expiry handed out twice: %v", expired)
 	}
 }
+
+// In a Cluster: each key's override lives in its key's slot (one script
+// call decides with it), the zone's index in its own; a request of two
+// zones of one key, one overridden, is one call; the listing and the
+// delete reach both.
+func TestOverridesCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newClusterStore(t, c.Addrs(), testTimeout)
+	ctx := context.Background()
+	l := limit(t, 2, time.Hour, 0)
+	exp := time.Now().Add(time.Hour).UnixMilli()
+	keys := make([]algorithms.Key, 6)
+	for i := range keys {
+		keys[i] = freshKey(t)
+		if err := setOv(t, s, "ovc", keys[i], algorithms.Override{Events: 3 + int64(i), Window: l.Window, Expires: exp}, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, k := range keys {
+		d := take(t, s, algorithms.Request{Zone: "ovc", Key: k, Limit: l, Cost: 1}, algorithms.Request{Zone: "plain", Key: k, Limit: l, Cost: 1})
+		if !d[0].Allowed || !d[0].Overridden || d[0].Limit != 3+int64(i) || d[1].Overridden || d[1].Limit != 2 {
+			t.Fatalf("key %d: %+v", i, d)
+		}
+	}
+	live, _, err := s.Overrides(ctx, "ovc")
+	if err != nil || len(live) != len(keys) {
+		t.Fatalf("listing: %d, %v", len(live), err)
+	}
+	for _, k := range keys {
+		if _, ok, err := s.DeleteOverride(ctx, "ovc", k); !ok || err != nil {
+			t.Fatalf("delete: %v %v", ok, err)
+		}
+		if d := take(t, s, algorithms.Request{Zone: "ovc", Key: k, Limit: l, Cost: 1})[0]; d.Overridden || d.Limit != 2 {
+			t.Fatalf("after the delete: %+v", d)
+		}
+	}
+}
