@@ -371,7 +371,13 @@ func sweepOverrides() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _ = collect(ctx, az, st)
+		n, expired, err := st.ExpireOverrides(ctx, az.Name)
 		cancel()
+		for i := range expired {
+			logOverride("override expired", az.Name, &expired[i], "")
+		}
+		if err == nil && az.OverridesInForce != nil {
+			az.OverridesInForce(n)
+		}
 	}
 }

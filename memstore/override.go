@@ -112,6 +112,19 @@ func (s *Store) Overrides(_ context.Context, zone string) (live, expired []store
 	return live, expired, nil
 }
 
+// ExpireOverrides implements stores.Overrider.
+func (s *Store) ExpireOverrides(_ context.Context, zone string) (int, []stores.OverrideEntry, error) {
+	id, known := s.zones.lookup(zone)
+	if !known {
+		return 0, nil, nil
+	}
+	s.ovMu.Lock()
+	defer s.ovMu.Unlock()
+	m := s.ovs[id]
+	expired := s.expireLocked(id, m, s.now())
+	return len(m), expired, nil
+}
+
 // PeekOverrides implements stores.Overrider.
 func (s *Store) PeekOverrides(_ context.Context, zone string, keys []algorithms.Key, out []*stores.OverrideEntry) error {
 	id, known := s.zones.lookup(zone)

@@ -232,17 +232,49 @@ func (s *Store) DeleteOverride(ctx context.Context, zone string, key algorithms.
 func (s *Store) Overrides(ctx context.Context, zone string) (live, expired []stores.OverrideEntry, err error) {
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
 	defer cancel()
-	now, err := s.client.Time(ctx).Result()
+	now, expired, err := s.expireOverrides(ctx, zone)
 	if err != nil {
 		return nil, nil, err
 	}
-	// The ended ones, without a script (a user that may run none still
-	// lists): each goes to the caller whose ZREM removes it.
+	vals, err := s.client.HVals(ctx, s.overrideIndexKeys(zone)[1]).Result()
+	if err != nil {
+		return nil, expired, err
+	}
+	for _, v := range vals {
+		if e, ok := decodeAudit(v); ok && e.Expires > now {
+			live = append(live, e)
+		}
+	}
+	return live, expired, nil
+}
+
+// ExpireOverrides implements stores.Overrider.
+func (s *Store) ExpireOverrides(ctx context.Context, zone string) (int, []stores.OverrideEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
+	defer cancel()
+	_, expired, err := s.expireOverrides(ctx, zone)
+	if err != nil {
+		return 0, nil, err
+	}
+	n, err := s.client.ZCard(ctx, s.overrideIndexKeys(zone)[0]).Result()
+	return int(n), expired, err
+}
+
+// expireOverrides removes the zone's ended overrides from its index and
+// returns them, with Redis's time (ms). Without a script (a user that may
+// run none still lists): each goes to the caller whose ZREM removes it.
+func (s *Store) expireOverrides(ctx context.Context, zone string) (int64, []stores.OverrideEntry, error) {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	now := t.UnixMilli()
 	ik := s.overrideIndexKeys(zone)
-	gone, err := s.client.ZRangeByScore(ctx, ik[0], &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now.UnixMilli(), 10)}).Result()
+	gone, err := s.client.ZRangeByScore(ctx, ik[0], &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10)}).Result()
 	if err != nil {
-		return nil, nil, err
+		return 0, nil, err
 	}
+	var expired []stores.OverrideEntry
 	for _, tok := range gone {
 		if n, err := s.client.ZRem(ctx, ik[0], tok).Result(); err != nil || n == 0 {
 			continue
@@ -253,16 +285,7 @@ func (s *Store) Overrides(ctx context.Context, zone string) (live, expired []sto
 			expired = append(expired, e)
 		}
 	}
-	vals, err := s.client.HVals(ctx, ik[1]).Result()
-	if err != nil {
-		return nil, expired, err
-	}
-	for _, v := range vals {
-		if e, ok := decodeAudit(v); ok && e.Expires > now.UnixMilli() {
-			live = append(live, e)
-		}
-	}
-	return live, expired, nil
+	return now, expired, nil
 }
 
 // PeekOverrides implements stores.Overrider: the override the script
@@ -322,6 +345,14 @@ func (r *Redis) Overrides(ctx context.Context, zone string) (live, expired []sto
 		return nil, nil, errors.New("store redis: not provisioned")
 	}
 	return r.Store.Overrides(ctx, zone)
+}
+
+// ExpireOverrides implements stores.Overrider.
+func (r *Redis) ExpireOverrides(ctx context.Context, zone string) (int, []stores.OverrideEntry, error) {
+	if r.Store == nil {
+		return 0, nil, errors.New("store redis: not provisioned")
+	}
+	return r.Store.ExpireOverrides(ctx, zone)
 }
 
 // PeekOverrides implements stores.Overrider.

@@ -130,6 +130,9 @@ type Overrider interface {
 	// that ended since the last call and returns them (expired): each is
 	// returned as expired to one caller only, which logs it.
 	Overrides(ctx context.Context, zone string) (live, expired []OverrideEntry, err error)
+	// ExpireOverrides is Overrides without the listing: the count in
+	// force, and those that ended, handed out as Overrides does.
+	ExpireOverrides(ctx context.Context, zone string) (inForce int, expired []OverrideEntry, err error)
 	// PeekOverrides writes each key's override in force to out (nil:
 	// none), for the admin view of a key.
 	PeekOverrides(ctx context.Context, zone string, keys []algorithms.Key, out []*OverrideEntry) error
