@@ -18,10 +18,10 @@ import (
 // adaptiveControl: `concurrent adaptive` limits the requests of one key in
 // flight at once on this instance to a limit learnt from the upstream's
 // latency (package adaptive). It is decided in this process's memory,
-// whatever the store, by a layer of the take stage (adaptiveLayer) around
+// whatever the store, by a layer of the decide stage (adaptiveLayer) around
 // the fail policy: the adaptive zones first (a request over the limit may
 // wait, with delay, for a place), then the store for the others, and the
-// places taken are given back when the store refuses. An admitted request
+// places it got are given back when the store refuses. An admitted request
 // is timed from the moment it is passed on (serve) to its response's first
 // byte (status), where it gives its place back (at exit if no byte came).
 var adaptiveControl = control{
@@ -30,7 +30,7 @@ var adaptiveControl = control{
 	provision: provisionAdaptive,
 	cleanup:   cleanupAdaptive,
 	admin:     adaptiveInfo,
-	layer:     adaptiveTakeLayer,
+	layer:     adaptiveDecideLayer,
 	hooks: hooks{
 		verdict: func(a *admission) {
 			if len(a.adapt.holds) > 0 {
@@ -113,7 +113,7 @@ func (r *adaptiveRequest) recycled() adaptiveRequest {
 
 // adaptiveHold is an adaptive zone's part of one admission: its request,
 // decision and the place it holds, kept apart from the store's zones
-// during the take (adaptiveLayer).
+// during the decide stage (adaptiveLayer).
 type adaptiveHold struct {
 	zone  *zone
 	req   algorithms.Request
@@ -121,7 +121,7 @@ type adaptiveHold struct {
 	shown *shownLimit
 	key   *adaptiveKey
 	// inFlight: the requests in flight when it was admitted; held: it
-	// holds a place; sampled: its latency was taken.
+	// holds a place; sampled: its latency was measured.
 	inFlight      int64
 	held, sampled bool
 }
@@ -263,9 +263,9 @@ func (ak *adaptiveKey) release() {
 	}
 }
 
-// adaptiveTakeLayer puts adaptiveLayer around the take stage of a
+// adaptiveDecideLayer puts adaptiveLayer around the decide stage of a
 // directive with adaptive zones.
-func adaptiveTakeLayer(h *Handler, next taker) taker {
+func adaptiveDecideLayer(h *Handler, next decider) decider {
 	for _, z := range h.zones {
 		if z.adapt != nil {
 			return adaptiveLayer{next}
@@ -274,12 +274,12 @@ func adaptiveTakeLayer(h *Handler, next taker) taker {
 	return next
 }
 
-// adaptiveLayer is the take stage's outer layer in a directive with
+// adaptiveLayer is the decide stage's outer layer in a directive with
 // adaptive zones: it decides them here, then asks next (the fail policy
 // over the store) for the other zones, all-or-nothing across both.
-type adaptiveLayer struct{ next taker }
+type adaptiveLayer struct{ next decider }
 
-func (l adaptiveLayer) take(a *admission) error {
+func (l adaptiveLayer) decide(a *admission) error {
 	// The adaptive zones leave the planned lists for a.adapt.holds.
 	n := 0
 	for i := range a.reqs {
@@ -291,7 +291,7 @@ func (l adaptiveLayer) take(a *admission) error {
 		n++
 	}
 	if len(a.adapt.holds) == 0 {
-		return l.next.take(a)
+		return l.next.decide(a)
 	}
 	a.reqs, a.zones, a.shown, a.decs = a.reqs[:n], a.zones[:n], a.shown[:n], a.decs[:n]
 	refused, err := acquireAdaptive(a)
@@ -312,7 +312,7 @@ func (l adaptiveLayer) take(a *admission) error {
 		rejoinAdaptive(a)
 		return nil
 	}
-	if err := l.next.take(a); err != nil {
+	if err := l.next.decide(a); err != nil {
 		releaseAdaptive(a)
 		return err
 	}
@@ -346,8 +346,8 @@ func rejoinAdaptive(a *admission) {
 	}
 }
 
-// acquireAdaptive takes a place under each adaptive zone's limit (a
-// report-only zone takes one whatever the limit), waiting up to the
+// acquireAdaptive gets a place under each adaptive zone's limit (a
+// report-only zone gets one whatever the limit), waiting up to the
 // zone's delay for one; it reports whether an enforcing zone refuses. An
 // error is a client gone while waiting (499).
 func acquireAdaptive(a *admission) (refused bool, err error) {
@@ -390,7 +390,7 @@ func adaptiveRetryHint(lim *adaptive.Limiter) time.Duration {
 }
 
 // waitForPlace waits up to the zone's delay for a place under ah's limit,
-// holding a place in the waiting room (full: refused at once), woken when
+// in a seat of the waiting room (full: refused at once), woken when
 // a place is given back. It returns the requests in flight with this one,
 // 0 if none freed in time, or a 499 error if the client left.
 func waitForPlace(a *admission, ah *adaptiveHold) (int64, error) {
@@ -438,7 +438,7 @@ func releaseAdaptive(a *admission) {
 	}
 }
 
-// adaptiveFirstByte takes each admitted adaptive zone's latency sample at
+// adaptiveFirstByte records each admitted adaptive zone's latency sample at
 // the response's first byte (its status known), and gives its place back
 // then: whatever the response's shape (a short answer, an event stream,
 // NDJSON, a download, a gRPC stream, a 101), the limit counts the requests

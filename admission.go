@@ -17,7 +17,7 @@ import (
 // admission is one request through a rate_limit handler, from its plan to
 // its exit; ServeHTTP (handler.go) runs its stages in order:
 //
-//	plan → take → verdict → respond → serve → forward (status) → exit
+//	plan → decide → verdict → respond → serve → forward (status) → exit
 //
 // The controls (controls.go) join the stages through their hooks. Pooled:
 // the hot path allocates nothing for it.
@@ -27,25 +27,25 @@ type admission struct {
 	repl lazyReplacer // r's placeholders
 
 	// plan: one request per zone that applies, in zone order, with its
-	// decision once taken and what its responses show of its limit.
+	// decision once made and what its responses show of its limit.
 	reqs  []algorithms.Request
 	decs  []algorithms.Decision
 	zones []*zone
 	shown []*shownLimit
 	buf   []byte
-	// place is the waiting room's count this request holds a place in
+	// seat is the waiting room's count this request has a seat in
 	// (enterRoom), nil for none.
-	place *atomic.Int64
+	seat *atomic.Int64
 
-	// take: the outcome, and the store that decided.
+	// decide: the outcome, and the store that decided.
 	out   outcome
 	store Store
 
 	// verdict: what ServeHTTP answers with.
 	v   verdict
 	now time.Time
-	// waits: a serve hook waits, holding the request's place in the
-	// waiting room; else the place goes back after the verdict.
+	// waits: a serve hook waits, in the request's seat in the waiting
+	// room; else the seat goes back after the verdict.
 	waits bool
 	// The controls' per-request state, one slot each: pass.go's, delay.go's
 	// (settle's and adaptive's below).
@@ -72,7 +72,7 @@ type admission struct {
 	adapt  adaptiveRequest
 }
 
-// outcome is what a request's take and verdict came to.
+// outcome is what a request's decision and verdict came to.
 type outcome uint8
 
 const (
@@ -185,9 +185,9 @@ func (l *lazyReplacer) Get(name string) (any, bool) {
 	return l.repl.Get(name)
 }
 
-// take decides every planned zone in one store call, through the take
-// stage's layers (failpolicy.go). No zone: unmetered.
-func (a *admission) take() error {
+// decide decides every planned zone in one store call (Store.Take),
+// through the decide stage's layers (failpolicy.go). No zone: unmetered.
+func (a *admission) decide() error {
 	if len(a.reqs) == 0 {
 		a.out = unmetered
 		return nil
@@ -196,7 +196,7 @@ func (a *admission) take() error {
 	for _, c := range a.h.on[atAdmit] {
 		c.admit(a)
 	}
-	return a.h.take.take(a)
+	return a.h.decider.decide(a)
 }
 
 // sizeDecs makes a.decs as long as a.reqs.
@@ -254,9 +254,9 @@ func (a *admission) verdict() {
 		}
 	}
 	if !a.waits {
-		a.leaveRoom() // a request that need not wait gives its place back at once
+		a.leaveRoom() // a request that need not wait gives its seat back at once
 	}
-	if a.now.IsZero() { // not set by the store call (storeCall.take)
+	if a.now.IsZero() { // not set by the store call (storeCall.decide)
 		a.now = time.Now()
 	}
 }
@@ -289,8 +289,8 @@ func (a *admission) serve() error {
 }
 
 // forward runs the next handlers; when a control waits for the status
-// (wantsStatus), with a response writer that reports it (statuswriter.go),
-// settled on any exit.
+// (wantsStatus), with a response writer that reports it (statuswriter.go);
+// an exit before the status was written reports the one inferred here.
 func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err error) {
 	if !a.wantsStatus {
 		return next.ServeHTTP(w, a.r)
@@ -313,7 +313,7 @@ func (a *admission) forward(w http.ResponseWriter, next caddyhttp.Handler) (err 
 			case err != nil:
 				status = errorStatus(err)
 			}
-			sw.settle(status)
+			sw.noteStatus(status)
 		}
 		if a.rewrite != nil {
 			_ = a.rewrite.Flush(sw.ResponseWriter)
@@ -344,7 +344,7 @@ func (a *admission) statusKnown(status int) {
 }
 
 // exit runs on every exit of ServeHTTP (an error, a panic, a client gone,
-// a stream's end), once the status is settled: an allowed request's last
+// a stream's end), once the status is known: an allowed request's last
 // obligations (the exit hooks: its settlements, its slots back), whether
 // or not it reserved anything, then the admission is recycled.
 func (a *admission) exit() {
@@ -363,10 +363,10 @@ func (a *admission) exit() {
 	admissionPool.Put(a)
 }
 
-// waitingRoom counts the requests of a handler holding a place to wait
+// waitingRoom counts the requests of a handler with a seat to wait in
 // (n), at most max (max_waiting): those waiting for their turn (delay),
 // for charges in flight and for an adaptive place. The stage code owns
-// it; a control that waits takes a place through enterRoom.
+// it; a control that waits gets a seat through enterRoom.
 type waitingRoom struct {
 	n   atomic.Int64
 	max int64
@@ -375,7 +375,7 @@ type waitingRoom struct {
 // defaultMaxWaiting is max_waiting's default.
 const defaultMaxWaiting = 1000
 
-// newWaitingRoom returns a room of size places (0: the default).
+// newWaitingRoom returns a room of size seats (0: the default).
 func newWaitingRoom(size int) *waitingRoom {
 	if size <= 0 {
 		size = defaultMaxWaiting
@@ -383,7 +383,7 @@ func newWaitingRoom(size int) *waitingRoom {
 	return &waitingRoom{max: int64(size)}
 }
 
-// enter takes a place in the room, if one is free; the place goes back
+// enter gets a seat in the room, if one is free; the seat goes back
 // with n.Add(-1).
 func (room *waitingRoom) enter() bool {
 	for n := room.n.Load(); n < room.max; n = room.n.Load() {
@@ -394,25 +394,25 @@ func (room *waitingRoom) enter() bool {
 	return false
 }
 
-// enterRoom takes a place in the waiting room for the request, unless it
-// holds one already; false: the room is full. The place goes back after
+// enterRoom gets a seat in the waiting room for the request, unless it
+// has one already; false: the room is full. The seat goes back after
 // the verdict for a request that need not wait, else at the end of its
 // wait or at exit (leaveRoom).
 func (a *admission) enterRoom() bool {
-	if a.place != nil {
+	if a.seat != nil {
 		return true
 	}
 	if !a.h.room.enter() {
 		return false
 	}
-	a.place = &a.h.room.n
+	a.seat = &a.h.room.n
 	return true
 }
 
-// leaveRoom gives the request's place in the waiting room back, if any.
+// leaveRoom gives the request's seat in the waiting room back, if any.
 func (a *admission) leaveRoom() {
-	if a.place != nil {
-		a.place.Add(-1)
-		a.place = nil
+	if a.seat != nil {
+		a.seat.Add(-1)
+		a.seat = nil
 	}
 }

@@ -2,101 +2,21 @@ package sluice
 
 import (
 	"fmt"
-	"sync"
 
-	"github.com/caddyserver/caddy/v2"
-
-	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/zoneapp"
 )
 
-func init() {
-	caddy.RegisterModule(new(App))
-}
+// App is the rate_limit app (package zoneapp), with which the handlers of
+// a configuration register their zones' names, limits and stores.
+type App = zoneapp.App
 
-// App is the rate_limit app. It has no configuration: the rate_limit
-// handlers of a configuration load it to check, across that configuration,
-// that one zone name carries one limit and one store (a name is one shared
-// bucket).
-type App struct {
-	mu    sync.Mutex
-	zones map[string]*zoneUse
-}
-
-// zoneUse is a zone name's limit and store in one configuration.
-type zoneUse struct {
-	limit algorithms.Limit
-	dyn   string // the placeholders of a limit chosen per request
-	store string
-	refs  int // the handlers using it
-}
-
-// CaddyModule returns the Caddy module information.
-func (*App) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "rate_limit",
-		New: func() caddy.Module { return new(App) },
+// zoneUses are h's zones as the app checks them.
+func zoneUses(h *Handler) []zoneapp.Use {
+	uses := make([]zoneapp.Use, len(h.zones))
+	for i, z := range h.zones {
+		uses[i] = zoneapp.Use{Name: z.name, Limit: z.limit, Dynamic: z.dynSpec}
 	}
-}
-
-// Start does nothing: the app holds what the handlers share.
-func (*App) Start() error { return nil }
-
-// Stop does nothing.
-func (*App) Stop() error { return nil }
-
-// rateLimitApp returns the app of the configuration ctx loads. Caddy makes
-// one instance per configuration and drops it with it, so the configuration
-// still serving during a reload and the one being loaded never conflict.
-func rateLimitApp(ctx caddy.Context) (*App, error) {
-	a, err := ctx.App("rate_limit")
-	if err != nil {
-		return nil, err
-	}
-	return a.(*App), nil
-}
-
-// register records the zones of one handler, failing (and recording
-// nothing) if a name is already used in this configuration with another
-// limit or store.
-func (a *App) register(zones []*zone, store string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.zones == nil {
-		a.zones = map[string]*zoneUse{}
-	}
-	for _, z := range zones {
-		u := a.zones[z.name]
-		switch {
-		case u == nil:
-		case u.limit != z.limit || u.dyn != z.dynSpec:
-			return fmt.Errorf("zone %q: defined with %s here but with %s in another rate_limit handler of this config; a zone name is one shared bucket, so every use must carry the same limit (rename one of them)",
-				z.name, describeDynamic(z.limit, z.dynSpec), describeDynamic(u.limit, u.dyn))
-		case u.store != store:
-			return fmt.Errorf("zone %q: uses store %q here but %q in another rate_limit handler of this config; a zone name is one shared bucket, so every use must use the same store (rename one of them)",
-				z.name, store, u.store)
-		}
-	}
-	for _, z := range zones {
-		if u := a.zones[z.name]; u != nil {
-			u.refs++
-		} else {
-			a.zones[z.name] = &zoneUse{limit: z.limit, dyn: z.dynSpec, store: store, refs: 1}
-		}
-	}
-	return nil
-}
-
-// unregister releases what register recorded.
-func (a *App) unregister(zones []*zone) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, z := range zones {
-		if u := a.zones[z.name]; u != nil {
-			if u.refs--; u.refs == 0 {
-				delete(a.zones, z.name)
-			}
-		}
-	}
+	return uses
 }
 
 func storeKey(s Store) string {
@@ -105,6 +25,3 @@ func storeKey(s Store) string {
 	}
 	return fmt.Sprintf("%T@%p", s, s)
 }
-
-// Interface guards.
-var _ caddy.App = (*App)(nil)

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// Noticing a client that leaves while its request is held back (a wait of
+// Noticing a client that leaves while its request waits (a wait of
 // the handler): every wait selects on watchClient(r).done() and ends with
 // stop. net/http's HTTP/1.x server notices a hang-up only once the body is
 // read to its end, so for an HTTP/1.x request with a body the watch reads
@@ -23,8 +23,8 @@ const readAheadMax = 256 << 10
 // it doubles up to readAheadMax as the body comes.
 const readAheadFirst = 16 << 10
 
-// clientWatch watches a held-back request's client. The zero-cost case (no
-// body, or not HTTP/1.x) holds no reader.
+// clientWatch watches a waiting request's client. The zero-cost case (no
+// body, or not HTTP/1.x) keeps no reader.
 type clientWatch struct {
 	r *http.Request
 	a *readAhead

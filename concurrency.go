@@ -15,8 +15,8 @@ import (
 )
 
 // concurrencyControl: `concurrent <n>` limits how many requests of one key
-// are in flight at once. A request takes a slot at admission, in the one
-// take with its other zones, under its holder id (algorithms.Request.Holder),
+// are in flight at once. A request is given a slot at admission, in the one
+// Store.Take with its other zones, under its holder id (algorithms.Request.Holder),
 // and gives exactly that slot back on every exit (the exit hook). A
 // refusal's Retry-After is raised to a hint from the hold times seen here.
 // docs/architecture.md says how it combines with count, delay and pass.

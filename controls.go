@@ -31,14 +31,14 @@ type control struct {
 	cleanup func(h *Handler)
 	// admin adds the control's fields to a zone's admin listing.
 	admin func(z *zone, info *adminZoneInfo)
-	// layer wraps the take stage of h in a layer of the control's (or
+	// layer wraps the decide stage of h in a layer of the control's (or
 	// returns next when h does not use it); run once at Provision.
-	layer func(h *Handler, next taker) taker
+	layer func(h *Handler, next decider) decider
 	hooks
 }
 
 // hooks are a control's parts in the stages of an admission, each called
-// only when the control joined that stage (nil: it takes no part). They run
+// only when the control joined that stage (nil: it has no part). They run
 // on the hot path: no allocation, no fmt.
 type hooks struct {
 	// prepare runs before the zones are planned (a field of the request's
@@ -46,11 +46,11 @@ type hooks struct {
 	prepare func(a *admission) error
 	// plan fills in the request of zone z (a holder id).
 	plan func(a *admission, z *zone, rq *algorithms.Request)
-	// admit runs once the zones are planned, before the take.
+	// admit runs once the zones are planned, before the store call.
 	admit func(a *admission)
-	// take runs on the store's decisions, before the verdict; an error
+	// decided runs on the store's decisions, before the verdict; an error
 	// goes to the fail policy, or ends the request (a client gone).
-	take func(a *admission) error
+	decided func(a *admission) error
 	// rank adjusts the decisions before they are ranked.
 	rank func(a *admission)
 	// verdict completes an allowed request's verdict.
@@ -74,7 +74,7 @@ const (
 	atPrepare stage = iota
 	atPlan
 	atAdmit
-	atTake
+	atDecided
 	atRank
 	atVerdict
 	atServe
@@ -105,8 +105,8 @@ func (c *control) hookAt(s stage) bool {
 		return c.plan != nil
 	case atAdmit:
 		return c.admit != nil
-	case atTake:
-		return c.take != nil
+	case atDecided:
+		return c.decided != nil
 	case atRank:
 		return c.rank != nil
 	case atVerdict:
@@ -126,8 +126,8 @@ func (c *control) hookAt(s stage) bool {
 // controls is the registration table: one line per control, in the order
 // their hooks run within a stage (pass marks before delay waits; count and
 // settle settle before inflight wakes a waiter; settle's verdict follows
-// count's).
-var controls = [...]*control{
+// count's). A slice: a test may append a control of its own.
+var controls = []*control{
 	&penaltyControl,     // penalty.go
 	&countControl,       // count.go
 	&settleControl,      // settle.go
@@ -155,16 +155,16 @@ func compileControls(z *zone, cfg *Zone) error {
 // lists, per stage, the controls that joined it with a hook for it (h.on).
 // Called by Provision once the zones are compiled.
 func (h *Handler) provisionControls() error {
-	return h.provisionIn(controls[:])
+	return h.provisionIn(controls)
 }
 
 // provisionIn provisions the controls in the order given, then derives
 // what follows from the planned requests: further stages (derive), and
 // whether the directive's requests may call the store after their
-// decision (h.hold). Within a stage the hooks run in the table's order,
+// decision (h.pin). Within a stage the hooks run in the table's order,
 // whatever the order given.
 func (h *Handler) provisionIn(order []*control) error {
-	var joined [len(controls)]stages
+	joined := make([]stages, len(controls))
 	for _, c := range order {
 		if c.provision == nil {
 			continue
@@ -173,16 +173,16 @@ func (h *Handler) provisionIn(order []*control) error {
 		if err != nil {
 			return err
 		}
-		joined[slices.Index(controls[:], c)] |= set
+		joined[slices.Index(controls, c)] |= set
 	}
 	for i, c := range controls {
 		if c.derive != nil {
 			joined[i] |= c.derive(h)
 		}
 	}
-	h.hold = nil
-	if hs, ok := h.store.(storeHolder); ok && slices.ContainsFunc(h.planned, givenBack) {
-		h.hold = hs
+	h.pin = nil
+	if ps, ok := h.store.(storePinner); ok && slices.ContainsFunc(h.planned, givenBack) {
+		h.pin = ps
 	}
 	h.on = [numStages][]*control{}
 	for s := range numStages {
@@ -197,7 +197,7 @@ func (h *Handler) provisionIn(order []*control) error {
 
 // givenBack reports whether a planned request's charge may be given back
 // or settled after its decision: the store is then kept open across a
-// reload while the directive's requests use it (storeHolder).
+// reload while the directive's requests use it (storePinner).
 func givenBack(rq algorithms.Request) bool {
 	return rq.Refundable || rq.InFlight
 }

@@ -48,7 +48,7 @@ func TestControlsJoinOnlyTheirStages(t *testing.T) {
 	want := [numStages][]*control{
 		atPlan:    {&concurrencyControl}, // the holder id
 		atAdmit:   {&delayControl},       // the waiting room
-		atTake:    {&inflightControl},    // the wait for charges in flight
+		atDecided: {&inflightControl},    // the wait for charges in flight
 		atRank:    {&concurrencyControl}, // the Retry-After hint
 		atVerdict: {&countControl, &settleControl, &passControl, &delayControl, &concurrencyControl},
 		atServe:   {&passControl, &delayControl},                     // pass marks before a delay waits
@@ -114,9 +114,9 @@ func TestControlsProvisionInAnyOrder(t *testing.T) {
 			concurrent adaptive
 		}
 	}`, nil)
-	want, wantPlanned, wantHold := h.on, slices.Clone(h.planned), h.hold
-	if len(want[atTake]) == 0 || len(want[atExit]) != 3 {
-		t.Fatalf("the table's order: take %s, exit %s; want the wait for charges in flight, and settle, concurrency, adaptive", names(want[atTake]), names(want[atExit]))
+	want, wantPlanned, wantPin := h.on, slices.Clone(h.planned), h.pin
+	if len(want[atDecided]) == 0 || len(want[atExit]) != 3 {
+		t.Fatalf("the table's order: decided %s, exit %s; want the wait for charges in flight, and settle, concurrency, adaptive", names(want[atDecided]), names(want[atExit]))
 	}
 	var order []*control // those with a provision: the others cannot depend on one
 	for _, c := range controls {
@@ -132,14 +132,14 @@ func TestControlsProvisionInAnyOrder(t *testing.T) {
 		if err := h.provisionIn(order); err != nil {
 			t.Fatalf("order %s: %v", names(order), err)
 		}
-		h.take = h.takeStage() // derives FailApart
+		h.decider = h.decideStage() // derives FailApart
 		for s := range numStages {
 			if !slices.Equal(h.on[s], want[s]) {
 				t.Fatalf("order %s, stage %d: %s, want %s", names(order), s, names(h.on[s]), names(want[s]))
 			}
 		}
-		if !slices.Equal(h.planned, wantPlanned) || h.hold != wantHold {
-			t.Fatalf("order %s: planned %+v, hold %v; want %+v, %v", names(order), h.planned, h.hold, wantPlanned, wantHold)
+		if !slices.Equal(h.planned, wantPlanned) || h.pin != wantPin {
+			t.Fatalf("order %s: planned %+v, pin %v; want %+v, %v", names(order), h.planned, h.pin, wantPlanned, wantPin)
 		}
 	})
 	if f := factorial(len(order)); len(order) < 8 || orders != f {

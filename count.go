@@ -2,19 +2,17 @@ package sluice
 
 import (
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // countControl: a zone that counts only some responses (`count 401 403`,
-// `count 4xx`). The charge is taken with the request's other zones, so a
-// spent budget refuses atomically, and given back when the response's
-// status is known and not counted; never charged afterwards. Until then the
-// charge is in flight (inflight.go). algorithms/refund.go says how exact a
-// refund is, per algorithm.
+// `count 4xx`). The charge is made in the one Store.Take with the request's
+// other zones, so a spent budget refuses atomically, and given back when
+// the response's status is known and not counted; never charged afterwards.
+// Until then the charge is in flight (inflight.go). algorithms/refund.go
+// says how exact a refund is, per algorithm.
 var countControl = control{
 	name:      "count",
 	compile:   compileCount,
@@ -32,58 +30,12 @@ var countControl = control{
 	},
 }
 
-// statusSet is a set of HTTP statuses, 100 to 599.
-type statusSet [10]uint64
-
-func (s *statusSet) add(code int) { s[code>>6] |= 1 << (code & 63) }
-func (s *statusSet) has(code int) bool {
-	return code >= 0 && code < 640 && s[code>>6]&(1<<(code&63)) != 0
-}
-func (s *statusSet) addRange(lo, hi int) {
-	for c := lo; c <= hi; c++ {
-		s.add(c)
-	}
-}
-
-// parseStatuses compiles the items of field (`count`, settle's `free`):
-// codes (401), classes (4xx) and ranges (500-599), 100 to 599.
-func parseStatuses(field string, items []string) (*statusSet, error) {
-	var s statusSet
-	code := func(v string) (int, bool) {
-		n, err := strconv.Atoi(v)
-		return n, err == nil && len(v) == 3 && n >= 100 && n <= 599
-	}
-	for _, it := range items {
-		lower := strings.ToLower(strings.TrimSpace(it))
-		if lo, hi, ok := strings.Cut(lower, "-"); ok {
-			a, okA := code(lo)
-			b, okB := code(hi)
-			if !okA || !okB || a > b {
-				return nil, fmt.Errorf("%s: %q is not a range of statuses (500-599)", field, it)
-			}
-			s.addRange(a, b)
-			continue
-		}
-		if len(lower) == 3 && lower[1:] == "xx" && lower[0] >= '1' && lower[0] <= '5' {
-			c := int(lower[0]-'0') * 100
-			s.addRange(c, c+99)
-			continue
-		}
-		c, ok := code(lower)
-		if !ok {
-			return nil, fmt.Errorf("%s: %q is not a status: write a code from 100 to 599 (401), a class (4xx) or a range (500-599)", field, it)
-		}
-		s.add(c)
-	}
-	return &s, nil
-}
-
 // compileCount compiles the statuses a zone counts.
 func compileCount(z *zone, cfg *Zone) error {
 	if len(cfg.Count) == 0 {
 		return nil
 	}
-	set, err := parseStatuses("count", cfg.Count)
+	set, err := zonemodel.ParseStatuses("count", cfg.Count)
 	if err != nil {
 		return err
 	}
@@ -95,7 +47,7 @@ func compileCount(z *zone, cfg *Zone) error {
 // countZone is a count zone's: the response statuses it charges, and the
 // setting as written.
 type countZone struct {
-	statuses statusSet
+	statuses zonemodel.Statuses
 	spec     []string
 }
 
@@ -107,9 +59,9 @@ func (cz *countZone) give(c *charge, why giving, status int, r *algorithms.Refun
 	case why&giveCancel != 0:
 		return refund
 	case why&giveStatus != 0:
-		r.Keep = status == statusUnknown || cz.statuses.has(status)
+		r.Keep = status == statusUnknown || cz.statuses.Has(status)
 		if m := c.zone.metrics; m != nil && !r.Keep {
-			m.refunded.Inc()
+			m.Refunded.Inc()
 		}
 		return refund
 	}
@@ -151,7 +103,7 @@ func provisionCount(h *Handler) (stages, error) {
 	return joins(atVerdict, atStatus), nil
 }
 
-// The statuses statusKnown takes besides the response's own.
+// The statuses statusKnown is given besides the response's own.
 const (
 	// statusRefusal: the response is a rate_limit handler's own refusal (a
 	// later directive's): no zone counts it.

@@ -16,8 +16,8 @@ import (
 // delayControl: smoothing (`delay <max_wait>`, `delay_after <n>`;
 // token_bucket and gcra). A request a zone would refuse, but whose turn
 // comes within max_wait, is admitted later instead: the store reserves its
-// turn in the one take (algorithms/delay.go) and says how long to wait; the
-// request then waits here, holding a place in its directive's waiting room
+// turn in the one Store.Take (algorithms/delay.go) and says how long to wait; the
+// request then waits here, in a seat of its directive's waiting room
 // (max_waiting; room full: decided as if it could not wait, NoDelay). A
 // waiter whose client leaves (clientgone.go) cancels its reservation (every
 // charge back) and gets a 499. A waiter holds its concurrency slots while
@@ -66,7 +66,7 @@ func provisionDelay(h *Handler) (stages, error) {
 	return joins(atAdmit, atVerdict, atServe), nil
 }
 
-// enterWaitingRoom takes a place in the handler's waiting room for the
+// enterWaitingRoom gets a seat in the handler's waiting room for the
 // planned request, or, when the room is full, marks its zones as unable
 // to wait.
 func enterWaitingRoom(a *admission) {
@@ -87,7 +87,7 @@ type delayTurn struct {
 // waitOf notes the wait of an allowed request: the longest its enforcing
 // zones ask (a report-only or on_exceed pass zone never holds a request
 // up: its reservation is made, as under enforcement, and not waited for).
-// Only a request holding a place in the waiting room waits.
+// Only a request with a seat in the waiting room waits.
 func waitOf(a *admission) {
 	best := -1
 	for i := range a.decs {
@@ -95,7 +95,7 @@ func waitOf(a *admission) {
 			best = i
 		}
 	}
-	if best < 0 || a.place == nil {
+	if best < 0 || a.seat == nil {
 		return
 	}
 	if _, ok := a.store.(refunder); !ok {
@@ -106,7 +106,7 @@ func waitOf(a *admission) {
 	a.reserve()
 }
 
-// await waits for an allowed request's turn, holding its place in the
+// await waits for an allowed request's turn, in its seat in the
 // waiting room, and sets {http.rate_limit.delay} (0 for a request that
 // did not wait, or an unmetered one). If its client went away meanwhile
 // (clientgone.go), it cancels the reservation's charges and returns a 499
@@ -119,7 +119,7 @@ func await(a *admission) error {
 	defer a.leaveRoom()
 	turn := a.turn
 	if m := turn.zone.metrics; m != nil {
-		m.delay.Observe(turn.wait.Seconds())
+		m.Delay.Observe(turn.wait.Seconds())
 		telemetry.Metrics.Waiting.Inc()
 		defer telemetry.Metrics.Waiting.Dec()
 	}
@@ -140,12 +140,12 @@ func await(a *admission) error {
 	}
 	_ = a.res.give(giveCancel, 0) // refunds only: no error
 	if m := turn.zone.metrics; m != nil {
-		m.abandoned.Inc()
+		m.Abandoned.Inc()
 	}
 	return caddyhttp.Error(statusClientClosed, errWaitAbandoned)
 }
 
-// timerPool holds stopped timers for the waits (a timer per wait would be
+// timerPool keeps stopped timers for the waits (a timer per wait would be
 // an allocation per delayed request).
 var timerPool = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)

@@ -278,8 +278,8 @@ func collectParserNames(t *testing.T) []parserNames {
 	funcs := []struct{ file, fn, section string }{
 		{"caddyfile.go", "UnmarshalCaddyfile", "Directive"},
 		{"caddyfile.go", "parseGlobalOption", "Global option"},
-		{"caddyfile.go", "parseZone", "Zone"},
-		{"caddyfile.go", "parseResponse", "Response"},
+		{"zonemodel/caddyfile.go", "ParseZone", "Zone"},
+		{"reply/caddyfile.go", "ParseResponse", "Response"},
 		{"memstore/module.go", "UnmarshalCaddyfile", "Store memory"},
 		{"redisstore/module.go", "UnmarshalCaddyfile", "Store redis"},
 		{"redisstore/module.go", "unmarshalBreaker", "Breaker"},

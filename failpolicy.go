@@ -13,21 +13,22 @@ import (
 	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
-// taker is a layer of the take stage: it decides an admission's planned
-// zones (a.decs, a.store) or says why it could not. The stage is composed
-// at Provision (Handler.takeStage): the fail policy over the store call.
-type taker interface {
-	take(a *admission) error
+// decider is a layer of the decide stage: it decides an admission's
+// planned zones (a.decs, a.store) or says why it could not. The stage is
+// composed at Provision (Handler.decideStage): the fail policy over the
+// store call (Store.Take).
+type decider interface {
+	decide(a *admission) error
 }
 
-// takeStage composes the take stage of h, once the controls joined theirs,
-// and marks the zones the fail policy may decide apart.
-func (h *Handler) takeStage() taker {
+// decideStage composes the decide stage of h, once the controls joined
+// theirs, and marks the zones the fail policy may decide apart.
+func (h *Handler) decideStage() decider {
 	for i, z := range h.zones {
 		h.planned[i].FailApart = z.failApart(&h.planned[i])
 	}
-	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atTake]}
-	var t taker = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.Problem()}
+	call := storeCall{store: h.store, stats: h.storeStats, hooks: h.on[atDecided]}
+	var t decider = &failPolicy{next: call, local: h.local, errs: h.storeErrors, logger: h.logger, stats: h.storeStats, problem: h.resp.Problem()}
 	for _, c := range controls {
 		if c.layer != nil {
 			t = c.layer(h, t)
@@ -36,8 +37,8 @@ func (h *Handler) takeStage() taker {
 	return t
 }
 
-// storeCall is the take stage's innermost layer: one Take of every zone,
-// then the controls' take hooks on its decisions (a wait for charges in
+// storeCall is the decide stage's innermost layer: one Take of every
+// zone, then the controls' decided hooks on its decisions (a wait for charges in
 // flight, inflight.go).
 type storeCall struct {
 	store Store
@@ -45,7 +46,7 @@ type storeCall struct {
 	hooks []*control
 }
 
-func (c storeCall) take(a *admission) error {
+func (c storeCall) decide(a *admission) error {
 	a.store = c.store
 	start := time.Now()
 	err := c.store.Take(a.r.Context(), a.reqs, a.decs)
@@ -59,12 +60,12 @@ func (c storeCall) take(a *admission) error {
 		if err != nil {
 			break
 		}
-		err = h.take(a)
+		err = h.decided(a)
 	}
 	return err
 }
 
-// failPolicy is the take stage's outer layer: when the store cannot
+// failPolicy is the decide stage's outer layer: when the store cannot
 // decide, each zone's fail policy applies. A fail-closed zone refuses with
 // 503; fail-local zones are decided by this instance's memory store
 // (all-or-nothing among them); fail-open zones let the request through
@@ -72,7 +73,7 @@ func (c storeCall) take(a *admission) error {
 // down: algorithms.PartialError, every zone FailApart) has the zones it
 // decided stand, and only the others follow their policy (partial).
 type failPolicy struct {
-	next    taker
+	next    decider
 	local   Store // the fail-local memory store; nil: no fail-local zone
 	errs    *telemetry.SampledLog
 	logger  *zap.Logger
@@ -80,8 +81,8 @@ type failPolicy struct {
 	problem bool                    // the refusal lists the violated policies
 }
 
-func (p *failPolicy) take(a *admission) error {
-	err := p.next.take(a)
+func (p *failPolicy) decide(a *admission) error {
+	err := p.next.decide(a)
 	switch {
 	case err == nil:
 		a.out = decided
@@ -121,11 +122,11 @@ func (p *failPolicy) failover(a *admission, err error) {
 		if z.metrics != nil {
 			switch z.fail {
 			case failClosedPolicy:
-				z.metrics.failedClosed.Inc()
+				z.metrics.FailedClosed.Inc()
 			case failLocalPolicy:
-				z.metrics.failedLocal.Inc()
+				z.metrics.FailedLocal.Inc()
 			default:
-				z.metrics.failedOpen.Inc()
+				z.metrics.FailedOpen.Inc()
 			}
 		}
 	}
@@ -172,11 +173,11 @@ func (p *failPolicy) partial(a *admission, failed []bool) {
 			if z.fail == failLocalPolicy && p.local != nil {
 				local = append(local, n)
 				if z.metrics != nil {
-					z.metrics.failedLocal.Inc()
+					z.metrics.FailedLocal.Inc()
 				}
 			} else {
 				if z.metrics != nil {
-					z.metrics.failedOpen.Inc()
+					z.metrics.FailedOpen.Inc()
 				}
 				continue
 			}

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/telemetry"
 )
 
-// TestFailPolicyLayer runs the take stage's fail policy alone, over a real
+// TestFailPolicyLayer runs the decide stage's fail policy alone, over a real
 // Redis store and a real memory store as the fail-local fallback: while
 // Redis answers, it decides; once Redis is stopped, a fail-open zone passes
 // unmetered, fail-local zones are decided by the memory store (and refused
@@ -74,7 +74,7 @@ func TestFailPolicyLayer(t *testing.T) {
 			t.Fatalf("plan %v: %d zones, %v", zones, len(a.reqs), err)
 		}
 		a.sizeDecs()
-		if err := layer.take(a); err != nil {
+		if err := layer.decide(a); err != nil {
 			t.Fatalf("take %v: %v", zones, err)
 		}
 		return a.out, a

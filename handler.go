@@ -12,16 +12,16 @@ import (
 )
 
 // ServeHTTP admits the request through its stages (admission.go): plan
-// (zones, keys, limits, costs), take (one store call, the fail policy),
+// (zones, keys, limits, costs), decide (one store call, the fail policy),
 // verdict (allow, refuse, wait, pass marked), then the response and the
 // obligations that follow it. Controls join the stages (controls.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.enabled {
 		return next.ServeHTTP(w, r)
 	}
-	if h.hold != nil {
-		h.hold.Hold()
-		defer h.hold.Unhold()
+	if h.pin != nil {
+		h.pin.Pin()
+		defer h.pin.Unpin()
 	}
 	a := h.admit(r)
 	defer a.exit() // every exit: the slots back, the admission recycled
@@ -29,7 +29,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		markRefusal(w) // this handler's own answer: counted by no zone
 		return err
 	}
-	if err := a.take(); err != nil {
+	if err := a.decide(); err != nil {
 		markRefusal(w)
 		return err
 	}
@@ -62,9 +62,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) ambiguousKey(z *zone, field *identity.Ambiguity) error {
 	if z.metrics != nil {
 		if z.reportOnly {
-			z.metrics.reportOnlyAmbiguous.Inc()
+			z.metrics.ReportOnlyAmbiguous.Inc()
 		} else {
-			z.metrics.ambiguous.Inc()
+			z.metrics.Ambiguous.Inc()
 		}
 	}
 	msg := "rate limit key is ambiguous: request refused with 400"

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/memstore"
+	"github.com/sluicehq/caddy-sluice/zoneapp"
 )
 
 var loadOnce sync.Once
@@ -68,13 +69,13 @@ func newHandler(t testing.TB, block string, clock *fakeClock) *Handler {
 }
 
 // useStores swaps h's store, and its fail-local store unless local is
-// nil, after Provision, and composes its take stage again.
+// nil, after Provision, and composes its decide stage again.
 func useStores(h *Handler, store, local Store) {
 	h.store = store
 	if local != nil {
 		h.local = local
 	}
-	h.take = h.takeStage()
+	h.decider = h.decideStage()
 	adminRegister(h) // the admin API reads the stores it was given
 }
 
@@ -310,7 +311,7 @@ func TestZoneRegistry(t *testing.T) {
 	}
 	// Another configuration (a reload), with an app of its own, may
 	// redefine the zone.
-	if err := new(App).register([]*zone{{name: "reg", limit: mustLimit(t, 50)}}, "x"); err != nil {
+	if err := new(App).Register([]zoneapp.Use{{Name: "reg", Limit: mustLimit(t, 50)}}, "x"); err != nil {
 		t.Fatalf("another configuration: %v", err)
 	}
 	// Once both users are cleaned up, the name is free again.

@@ -18,15 +18,15 @@ import (
 // (Decision.InFlight) starts no penalty and waits, up to settle_wait, for
 // them to settle, asking the store again on a pause that doubles (another
 // instance's settlements are seen too), woken at once by this process's
-// (settleSignal). It holds a place in the waiting room meanwhile (room
+// (settleSignal). It has a seat in the waiting room meanwhile (room
 // full: refused at once); a client that leaves gets a 499, charged nothing.
 var inflightControl = control{
 	name:      "charges in flight",
 	provision: provisionInflight,
 	derive:    deriveInflight,
 	hooks: hooks{
-		take:   awaitCharges,
-		status: func(a *admission, _ int) { chargesSettled(a) },
+		decided: awaitCharges,
+		status:  func(a *admission, _ int) { chargesSettled(a) },
 	},
 }
 
@@ -78,7 +78,7 @@ func chargesSettled(a *admission) {
 }
 
 // deriveInflight has a directive whose planned requests leave charges in
-// flight (count, settle) wait for them (take) and its settlements wake the
+// flight (count, settle) wait for them (decided) and its settlements wake the
 // waiters (status).
 func deriveInflight(h *Handler) stages {
 	if !chargesInFlight(h.planned) {
@@ -88,7 +88,7 @@ func deriveInflight(h *Handler) stages {
 		return 0
 	}
 	if h.inflight.wait > 0 {
-		return joins(atTake, atStatus)
+		return joins(atDecided, atStatus)
 	}
 	return joins(atStatus)
 }
@@ -186,7 +186,7 @@ func (b *settleSignal) join() chan struct{} {
 	return ch
 }
 
-// leave removes the waiter of ch, handing a wake-up it did not take to the
+// leave removes the waiter of ch, handing a wake-up it did not use to the
 // next.
 func (b *settleSignal) leave(ch chan struct{}) {
 	b.waiters.Add(-1)

@@ -76,6 +76,8 @@ func TestLayoutLeaves(t *testing.T) {
 		"usage":      {"algorithms"},
 		"telemetry":  nil,
 		"admin":      {"algorithms", "identity", "reply", "stores", "zonemodel"},
+		"zonemodel":  {"adaptive", "algorithms", "identity"},
+		"zoneapp":    {"algorithms", "zonemodel"},
 	} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/identity"
+	"github.com/sluicehq/caddy-sluice/zonemodel"
 )
 
 // The per-request side of a zone: its cost and limit resolved from
@@ -38,7 +39,7 @@ func (z *zone) costOf(repl identity.Resolver, scratch []byte, logger *zap.Logger
 type dynamicLimit struct {
 	events, window, burst *identity.Candidate
 
-	// shown holds what responses show of each limit resolved so far,
+	// shown keeps what responses show of each limit resolved so far,
 	// copied on write and read without a lock; at most maxShown entries.
 	shown atomic.Pointer[map[algorithms.Limit]*shownLimit]
 	mu    sync.Mutex // serialises writers of shown
@@ -57,7 +58,7 @@ func (z *zone) showLimit(l algorithms.Limit) shownLimit {
 }
 
 // maxShown bounds the limits one zone keeps formatted: a zone's requests
-// resolve to a few limits (its plans). Past the bound (limits taken from
+// resolve to a few limits (its plans). Past the bound (limits read from
 // arbitrary values), each request formats its own, which costs allocations
 // but keeps its headers right.
 const maxShown = 64
@@ -107,6 +108,15 @@ const (
 
 var fieldNames = [numFields]string{"events", "window", "burst", "cost", "limit"}
 
+// perRequestFields names the fields whose fallbacks zone z counts: every
+// one when something is chosen per request, else none.
+func perRequestFields(z *zone) []string {
+	if z.costExpr == nil && z.dyn == nil {
+		return nil
+	}
+	return fieldNames[:]
+}
+
 // limitOf returns the limit of a request in this zone, and its key token:
 // each per-request field resolved and parsed, an unusable value replaced by
 // the zone's default for that field, and a combination that fails
@@ -127,7 +137,7 @@ func (z *zone) limitOf(repl identity.Resolver, tok identity.Token, scratch []byt
 		z.countFallback(fieldLimit)
 		if ce := z.badValue.Check(logger, zap.WarnLevel, fallbackMsg[fieldLimit], time.Now()); ce != nil {
 			z.badValue.Write(ce, zap.String("zone", z.name), zap.String("field", fieldNames[fieldLimit]),
-				zap.String("resolved", describeLimit(l)), zap.String("default", describeLimit(z.limit)), zap.Error(err))
+				zap.String("resolved", zonemodel.DescribeLimit(l)), zap.String("default", zonemodel.DescribeLimit(z.limit)), zap.Error(err))
 		}
 		return z.limit, tok, scratch
 	}
@@ -184,8 +194,8 @@ func (z *zone) fallback(logger *zap.Logger, field int, ph *identity.Candidate, v
 }
 
 func (z *zone) countFallback(field int) {
-	if z.metrics != nil && z.metrics.fallbacks != nil {
-		z.metrics.fallbacks[field].Inc()
+	if z.metrics != nil && z.metrics.Fallbacks != nil {
+		z.metrics.Fallbacks[field].Inc()
 	}
 }
 

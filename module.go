@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/caddy-sluice/memstore"
 	"github.com/sluicehq/caddy-sluice/reply"
 	"github.com/sluicehq/caddy-sluice/telemetry"
+	"github.com/sluicehq/caddy-sluice/zoneapp"
 )
 
 func init() {
@@ -93,7 +94,7 @@ type Handler struct {
 	// SettleWait bounds how long a request refused only because of its
 	// keys' charges in flight (zones with count or settle, still waiting
 	// for their responses) waits for them to settle before it is refused;
-	// it holds a place in the waiting room (max_waiting) meanwhile. 0: no
+	// it has a seat in the waiting room (max_waiting) meanwhile. 0: no
 	// waiting. At most 1m. Default: 1s. Without such a zone it does nothing
 	// (warned about at load).
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
@@ -112,7 +113,7 @@ type Handler struct {
 	planned []algorithms.Request
 	// on lists, per stage, the controls that joined it (controls.go).
 	on          [numStages][]*control
-	take        taker // the take stage's layers (failpolicy.go)
+	decider     decider // the decide stage's layers (failpolicy.go)
 	store       Store
 	local       Store
 	storeStats  *telemetry.StoreMetrics
@@ -130,16 +131,16 @@ type Handler struct {
 	// requestjson.go's, pass.go's.
 	requestJSON requestJSONDirective
 	passing     passDirective
-	// room holds the requests waiting (delay, charges in flight, an
+	// room counts the requests waiting (delay, charges in flight, an
 	// adaptive place), at most max_waiting (admission.go).
 	room *waitingRoom
 	// inflight is the wait for charges in flight (inflight.go).
 	inflight *chargesWait
-	// hold: the store, when it is one a reload keeps open while requests
-	// use it (storeHolder) and this directive's requests may call it after
+	// pin: the store, when it is one a reload keeps open while requests
+	// pin it (storePinner) and this directive's requests may call it after
 	// their decision (a planned charge given back or settled,
 	// provisionIn); nil otherwise.
-	hold     storeHolder
+	pin      storePinner
 	releases []func() // the local allowances' registrations (provisionAllowances)
 }
 
@@ -204,7 +205,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 		for _, z := range h.zones {
-			z.metrics = newZoneMetrics(z.name, z.costExpr != nil || z.dyn != nil)
+			z.metrics = telemetry.NewZoneMetrics(z.name, perRequestFields(z))
 		}
 		name := "custom"
 		if m, ok := h.store.(caddy.Module); ok {
@@ -218,7 +219,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.resp = h.Response.Compile(reply.Settings{Legacy: h.legacy, Jitter: h.Jitter, GRPCStatus: h.GRPCStatus})
-	h.take = h.takeStage()
+	h.decider = h.decideStage()
 
 	ev, err := ctx.App("events")
 	if err != nil {
@@ -227,11 +228,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.events = ev.(*caddyevents.App)
 
 	// Zone names are checked across the whole configuration being loaded.
-	app, err := rateLimitApp(ctx)
+	app, err := zoneapp.Of(ctx)
 	if err != nil {
 		return err
 	}
-	if err := app.register(h.zones, storeKey(h.store)); err != nil {
+	if err := app.Register(zoneUses(h), storeKey(h.store)); err != nil {
 		return err
 	}
 	h.app = app
@@ -375,7 +376,7 @@ func (h *Handler) Cleanup() error {
 	h.releases = nil
 	adminUnregister(h)
 	if h.app != nil {
-		h.app.unregister(h.zones)
+		h.app.Unregister(zoneUses(h))
 		h.app = nil
 	}
 	return nil

@@ -82,7 +82,7 @@ func provisionPass(h *Handler) (stages, error) {
 	if !h.passing.on {
 		return 0, nil
 	}
-	passDirectives.Add(1) // cleanup takes it back
+	passDirectives.Add(1) // cleanup gives it back
 	return joins(atVerdict, atServe), nil
 }
 

@@ -7,7 +7,7 @@ import (
 // penaltyControl: once the zone refuses a key, the key stays refused for
 // `penalty <duration>`, whatever its bucket would allow sooner
 // (algorithms/penalty.go). It travels in the zone's limit (Limit.Penalty),
-// kept by the stores with the key's state in the one take, so it joins no
+// kept by the stores with the key's state in the one Store.Take, so it joins no
 // stage of the request. Its value is checked and compiled into the limit by
 // the zone model (zonemodel.Zone.Limit), which the simulator reads too.
 var penaltyControl = control{

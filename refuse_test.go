@@ -105,7 +105,7 @@ func decideOnly(h *Handler, r *http.Request) (verdict, outcome, error) {
 	defer a.exit()
 	err := a.plan()
 	if err == nil {
-		err = a.take()
+		err = a.decide()
 	}
 	if err != nil {
 		return verdict{}, unmetered, err

@@ -36,7 +36,7 @@ func TestReservationGivesBackOnce(t *testing.T) {
 		if err := a.plan(); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.take(); err != nil {
+		if err := a.decide(); err != nil {
 			t.Fatal(err)
 		}
 		a.verdict()

@@ -17,8 +17,8 @@ import (
 )
 
 // settleControl: a zone that charges what the response reports (`settle
-// header <name>`, `settle json <path>...`). The request takes its cost, the
-// estimate, with its other zones (so a spent budget refuses it
+// header <name>`, `settle json <path>...`). The request is charged its cost,
+// the estimate, with its other zones (so a spent budget refuses it
 // atomically); the response's amount is read as the response streams
 // through (statuswriter.go hands each body write over after the client's
 // own write), and at exit the charge is settled to it in one store call
@@ -54,7 +54,7 @@ type settleZone struct {
 	body            *usage.Spec
 	spec            string
 	// free: the statuses whose estimate is given back whole.
-	free *statusSet
+	free *zonemodel.Statuses
 	// settled counts the units settled; missing, the responses without a
 	// usable amount (nil without metrics).
 	settled, missing prometheus.Counter
@@ -71,7 +71,7 @@ func compileSettle(z *zone, cfg *Zone) error {
 	if s == nil {
 		return nil
 	}
-	free, err := parseStatuses("settle: free", s.FreeStatuses())
+	free, err := zonemodel.ParseStatuses("settle: free", s.FreeStatuses())
 	if err != nil {
 		return err
 	}
@@ -302,12 +302,12 @@ func finishSettle(a *admission) {
 		if c.done {
 			continue // given back (a waiter's client left)
 		}
-		if st.status == statusRefusal || st.status > 0 && rd.sz.free.has(st.status) {
+		if st.status == statusRefusal || st.status > 0 && rd.sz.free.Has(st.status) {
 			// A later rate_limit refused it (the upstream never saw it),
 			// or the upstream answered a status it does not bill.
 			rd.freed = true
 			if m := c.zone.metrics; m != nil {
-				m.refunded.Inc()
+				m.Refunded.Inc()
 			}
 			continue
 		}

@@ -31,7 +31,7 @@ type bodyRewrite interface {
 
 // statusWriter tells its admission the response's status, once: at the
 // first final WriteHeader (101 is final), or the first Write, ReadFrom or
-// Flush (an implicit 200); else admission.forward settles it when the next
+// Flush (an implicit 200); else admission.forward notes it when the next
 // handlers return. docs/architecture.md lists every case.
 type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper
@@ -47,7 +47,8 @@ type statusWriter struct {
 
 var statusWriterPool = sync.Pool{New: func() any { return new(statusWriter) }}
 
-func (w *statusWriter) settle(status int) {
+// noteStatus tells the admission the response's status, the first time.
+func (w *statusWriter) noteStatus(status int) {
 	if !w.known {
 		w.known = true
 		switch {
@@ -80,7 +81,7 @@ func markRefusal(w http.ResponseWriter) {
 // WriteHeader reports a final status (every status but 1xx; 101 is final).
 func (w *statusWriter) WriteHeader(status int) {
 	if status >= 200 || status == http.StatusSwitchingProtocols {
-		w.settle(status)
+		w.noteStatus(status)
 		if s := w.hook.rewrite; s != nil {
 			s.Header(w.Header(), status)
 		}
@@ -90,7 +91,7 @@ func (w *statusWriter) WriteHeader(status int) {
 
 // Write reports an implicit 200 when nothing was written before.
 func (w *statusWriter) Write(b []byte) (int, error) {
-	w.settle(http.StatusOK)
+	w.noteStatus(http.StatusOK)
 	if s := w.hook.rewrite; s != nil {
 		if s.Header(w.Header(), http.StatusOK); s.Filters() {
 			// The zone reads every byte; the client gets them less the
@@ -114,7 +115,7 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // ReadFrom reports an implicit 200, as Write.
 func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
-	w.settle(http.StatusOK)
+	w.noteStatus(http.StatusOK)
 	if w.body {
 		return io.Copy(writerOnly{w}, r) // through Write, which reads the body
 	}
@@ -127,7 +128,7 @@ type writerOnly struct{ io.Writer }
 // FlushError reports an implicit 200 (a flush sends the header), then
 // flushes (http.ResponseController).
 func (w *statusWriter) FlushError() error {
-	w.settle(http.StatusOK)
+	w.noteStatus(http.StatusOK)
 	if s := w.hook.rewrite; s != nil {
 		s.Header(w.Header(), http.StatusOK)
 	}

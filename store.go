@@ -11,7 +11,7 @@ type (
 	keyedStore     = stores.Keyed
 	refunder       = stores.Refunder
 	settler        = stores.Settler
-	storeHolder    = stores.Holder
+	storePinner    = stores.Pinner
 	releaser       = stores.Releaser
 	slotHeir       = stores.SlotHeir
 	allowanceStore = stores.Allowancer

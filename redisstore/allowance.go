@@ -338,37 +338,9 @@ func (s *Store) takeAllowance(ctx context.Context, next stores.Store, cfgs map[s
 	clear(plans)
 	local := 0
 	for i := range reqs {
-		r := &reqs[i]
-		cfg, ok := cfgs[r.Zone]
-		if !ok || r.ReportOnly || !Drawable(r.Limit.Algorithm) {
-			continue
-		}
-		p := &plans[i]
-		p.k = leaseKey{zone: r.Zone, key: r.Key, limit: r.Limit}
-		sh := a.shard(&p.k)
-		sh.mu.Lock()
-		l := sh.m[p.k]
-		if l == nil {
-			if a.count.Load() >= maxLeases {
-				sh.mu.Unlock()
-				continue
-			}
-			l = &lease{remaining: -1}
-			sh.m[p.k] = l
-			a.count.Add(1)
-		}
-		p.lease = l
-		l.demand(now, r.Cost, cfg.expiry)
-		if l.left >= r.Cost && now.Before(l.expires) {
-			l.left -= r.Cost
-			p.local = true
+		if a.planZone(cfgs, &reqs[i], &plans[i], &out[i], now) {
 			local++
-			out[i] = l.decision(r, now)
-		} else if !a.paused.Load() && a.watch.armed.Load() {
-			p.grant = l.grantSize(MaxGrant(r.Limit, cfg.max), r.Cost, cfg.expiry)
-			l.pending += p.grant
 		}
-		sh.mu.Unlock()
 	}
 	if local == len(reqs) {
 		// Every zone from its lease: spent (reserved above).
@@ -415,28 +387,72 @@ func (s *Store) takeAllowance(ctx context.Context, next stores.Store, cfgs map[s
 		err = next.Take(ctx, sub, subOut)
 	}
 	if err != nil {
-		a.paused.Store(true)
-		lostDraw := errors.As(err, new(*unknownError))
-		for i := range plans {
-			p := &plans[i]
-			switch {
-			case p.lease == nil:
-			case p.local:
-				a.unreserve(p, reqs[i].Cost)
-			case lostDraw:
-				a.undraw(p, p.grant) // Redis may have charged it
-			default:
-				a.undraw(p, 0)
-			}
-		}
-		if lost(err) {
-			a.forget()
-		}
+		a.failed(reqs, plans, err)
 		return err
 	}
 	a.paused.Store(false)
 	a.commit(reqs, plans, out, subOut, sent)
 	return nil
+}
+
+// planZone plans one zone r of a request with an allowance: decided from
+// its lease when the lease has the cost left (reserved, *out set: true),
+// else drawing a grant with the Redis call while draws are on.
+func (a *allowances) planZone(cfgs map[string]allowanceCfg, r *algorithms.Request, p *plan, out *algorithms.Decision, now time.Time) (local bool) {
+	cfg, ok := cfgs[r.Zone]
+	if !ok || r.ReportOnly || !Drawable(r.Limit.Algorithm) {
+		return false
+	}
+	p.k = leaseKey{zone: r.Zone, key: r.Key, limit: r.Limit}
+	sh := a.shard(&p.k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l := sh.m[p.k]
+	if l == nil {
+		if a.count.Load() >= maxLeases {
+			return false
+		}
+		l = &lease{remaining: -1}
+		sh.m[p.k] = l
+		a.count.Add(1)
+	}
+	p.lease = l
+	l.demand(now, r.Cost, cfg.expiry)
+	if l.left >= r.Cost && now.Before(l.expires) {
+		l.left -= r.Cost
+		p.local = true
+		*out = l.decision(r, now)
+		return true
+	}
+	if !a.paused.Load() && a.watch.armed.Load() {
+		p.grant = l.grantSize(MaxGrant(r.Limit, cfg.max), r.Cost, cfg.expiry)
+		l.pending += p.grant
+	}
+	return false
+}
+
+// failed undoes the plans of a request Redis could not decide (err):
+// the costs reserved from leases go back, the grants drawn are undone
+// (counted unconfirmed when Redis may have charged them), and the draws
+// pause until Redis answers again.
+func (a *allowances) failed(reqs []algorithms.Request, plans []plan, err error) {
+	a.paused.Store(true)
+	lostDraw := errors.As(err, new(*unknownError))
+	for i := range plans {
+		p := &plans[i]
+		switch {
+		case p.lease == nil:
+		case p.local:
+			a.unreserve(p, reqs[i].Cost)
+		case lostDraw:
+			a.undraw(p, p.grant) // Redis may have charged it
+		default:
+			a.undraw(p, 0)
+		}
+	}
+	if lost(err) {
+		a.forget()
+	}
 }
 
 // subTake is the room of the part of a request that takeAllowance passes

@@ -226,8 +226,8 @@ func (r *Redis) Release(ctx context.Context, reqs []algorithms.Request) error {
 }
 
 // inUse reports whether requests still hold slots of s or use it
-// otherwise (Hold, refunds not yet sent).
-func (s *Store) inUse() bool { return s.holds.Load() > 0 || s.HeldSlots() > 0 }
+// otherwise (Pin, refunds not yet sent).
+func (s *Store) inUse() bool { return s.pins.Load() > 0 || s.HeldSlots() > 0 }
 
 // HeldSlots returns the concurrency slots this instance's running requests hold (for
 // tests).

@@ -4,8 +4,9 @@
 // timeout. Every Caddy instance pointed at the same Redis enforces one limit
 // together.
 //
-// It satisfies the store contract of package sluice structurally (it never
-// imports it).
+// It implements the store contract of package stores (Store and the
+// capabilities it asserts at the end of this file); it never imports the
+// handler's package.
 package redisstore
 
 import (
@@ -145,7 +146,7 @@ type Redis struct {
 	DenyCacheSize *int `json:"deny_cache_size,omitempty"`
 
 	// Store is the shared store of this configuration, set at Provision:
-	// its methods (Take, LocalAllowance, Hold, Unhold) are the module's.
+	// its methods (Take, LocalAllowance, Pin, Unpin) are the module's.
 	*Store  `json:"-"`
 	poolKey string
 	logger  *zap.Logger
@@ -369,7 +370,7 @@ func (r *Redis) Validate() error { return r.validate() }
 
 // Cleanup releases this configuration's hold on the shared client. When it
 // is the last hold and requests still hold slots of the store, or use it
-// otherwise (Store.Hold: charges in flight, their refunds) (a reload
+// otherwise (Store.Pin: charges in flight, their refunds) (a reload
 // that changed the store's settings lets the old configuration's requests
 // finish), the store is kept, renewing and then releasing their leases,
 // until they have ended.
@@ -783,14 +784,14 @@ var (
 	_ stores.Store       = (*Store)(nil)
 	_ stores.Refunder    = (*Store)(nil)
 	_ stores.Settler     = (*Store)(nil)
-	_ stores.Holder      = (*Store)(nil)
+	_ stores.Pinner      = (*Store)(nil)
 	_ stores.Releaser    = (*Store)(nil)
 	_ stores.Allowancer  = (*Store)(nil)
 	_ stores.Admin       = (*Store)(nil)
 	_ stores.Store       = (*Redis)(nil)
 	_ stores.Refunder    = (*Redis)(nil)
 	_ stores.Settler     = (*Redis)(nil)
-	_ stores.Holder      = (*Redis)(nil)
+	_ stores.Pinner      = (*Redis)(nil)
 	_ stores.Releaser    = (*Redis)(nil)
 	_ stores.Allowancer  = (*Redis)(nil)
 	_ stores.Admin       = (*Redis)(nil)

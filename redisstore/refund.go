@@ -8,13 +8,14 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 )
 
-// Refunds: a zone that counts only some response statuses (`count`) is
-// given its charge back when the response does not match: the script in
-// refund mode (lua/take.lua; Go twin algorithms.GiveBack), one call per
-// hash slot of the refunded keys, sent by the pipeline workers like a
+// Refunds: a charge given back after its decision (a count zone's
+// uncounted status, a waiter called off, a fail-local give-back) or
+// settled to its actual amount (a settle zone: Settle), and a charge in
+// flight made final (Keep): the script in its refund and settle modes
+// (lua/take.lua; Go twins algorithms.GiveBack and algorithms.Settle), one
+// call per hash slot of the keys, sent by the pipeline workers like a
 // decision. Nobody waits for it. A refund not sent, or failed, is lost
-// (the limiter's favour) and counted (refundsLost). docs/redis.md,
-// "Refunds".
+// (the limiter's favour) and counted (refundsLost). docs/redis.md, "Refunds".
 
 // Refund gives back charges without waiting (see above). It never fails:
 // a lost refund is counted. A concurrency zone has no charge to give back
@@ -57,9 +58,9 @@ func (s *Store) postRefunds(refunds []algorithms.Refund) {
 	c := s.refundCall(refunds)
 	c.onDone = s.refundDone
 	n := s.nodeFor(c.ctx, c.key0())
-	s.holds.Add(1) // until refundCallDone
+	s.pins.Add(1) // until refundCallDone
 	if b := n.breaker; b != nil && b.state.Load() != circuitClosed || !n.batch.post(c) {
-		s.holds.Add(-1)
+		s.pins.Add(-1)
 		s.refundsLost.Add(float64(len(refunds)))
 		putCall(c)
 	}
@@ -83,16 +84,16 @@ func (s *Store) refundCallDone(c *call) {
 	if c.cmd == nil || c.replyErr() != nil {
 		s.refundsLost.Add(float64(c.nkeys))
 	}
-	s.holds.Add(-1)
+	s.pins.Add(-1)
 }
 
-// Hold marks a request that may still call the store (its charges in
-// flight to settle, a wait for others'); Unhold ends it. The store a
-// reload replaces stays open while any is held (Redis.Cleanup).
-func (s *Store) Hold() { s.holds.Add(1) }
+// Pin marks a request that may still call the store (its charges in
+// flight to settle, a wait for others'); Unpin ends it. The store a
+// reload replaces stays open while any pins it (Redis.Cleanup).
+func (s *Store) Pin() { s.pins.Add(1) }
 
-// Unhold ends a Hold.
-func (s *Store) Unhold() { s.holds.Add(-1) }
+// Unpin ends a Pin.
+func (s *Store) Unpin() { s.pins.Add(-1) }
 
 // post queues an asynchronous call (c.onDone set) without waiting; it
 // reports false when the queue is full (c is then the caller's).

@@ -63,10 +63,10 @@ type Store struct {
 	problem atomic.Pointer[string]
 
 	// refundsLost counts the refunds that did not reach Redis (refund.go);
-	// holds counts the requests that may still call the store (Hold) and
+	// pins counts the requests that may still call the store (Pin) and
 	// the refund calls not yet done: a reload that changes the store's
 	// settings keeps it open until there are none (Redis.Cleanup).
-	holds atomic.Int64
+	pins atomic.Int64
 	// refundDone is refundCallDone, bound once.
 	refundsLost prometheus.Counter
 	refundDone  func(*call)
@@ -718,55 +718,11 @@ func (s *Store) takeAcrossHashSlots(ctx context.Context, keys []string, reqs []a
 	// out may hold a previous request's decisions (callers reuse it), and
 	// zones in hash slots that failed must not report them.
 	clear(out[:len(reqs)])
-	groups := map[uint16][]int{}
-	var order []uint16
-	for i := range reqs {
-		sl := hashSlotOf(reqs[i].Key)
-		if _, ok := groups[sl]; !ok {
-			order = append(order, sl)
-		}
-		groups[sl] = append(groups[sl], i)
+	groups := groupByHashSlot(reqs)
+	if err := s.failFastBeforeCharging(ctx, keys, reqs, groups); err != nil {
+		return true, nil, err
 	}
-	// A hash slot whose node's breaker fails it at once, and whose zones are
-	// not all FailApart, fails the request before any hash slot is charged.
-	for _, sl := range order {
-		idx := groups[sl]
-		if !anyNotFailApart(reqs, idx) {
-			continue
-		}
-		if n := s.nodeFor(ctx, keys[idx[0]]); n.breaker.failsFast() {
-			probe, err := n.breaker.allow()
-			if err != nil {
-				s.nodeFailed(n)
-				return true, nil, err
-			}
-			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
-		}
-	}
-	type hashSlotRun struct {
-		idx  []int
-		out  []algorithms.Decision
-		fast bool
-		err  error
-	}
-	runs := make([]hashSlotRun, len(order))
-	var wg sync.WaitGroup
-	for g, sl := range order {
-		r := &runs[g]
-		r.idx = groups[sl]
-		r.out = make([]algorithms.Decision, len(r.idx))
-		gk, gr := subset(keys, reqs, r.idx)
-		if g == len(order)-1 {
-			r.fast, r.err = s.run(ctx, gk, gr, r.out, false) // the last in this goroutine
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.fast, r.err = s.run(ctx, gk, gr, r.out, false)
-		}()
-	}
-	wg.Wait()
+	runs := s.runHashSlots(ctx, keys, reqs, groups)
 	var charged [][]int
 	refused, whole, decided := false, false, false
 	fast = true
@@ -825,6 +781,78 @@ func (s *Store) takeAcrossHashSlots(ctx context.Context, keys []string, reqs []a
 		return fast, nil, err
 	}
 	return false, failed, err
+}
+
+// groupByHashSlot returns the indexes of reqs by their key's hash slot,
+// the hash slots in the order of their first zone.
+func groupByHashSlot(reqs []algorithms.Request) [][]int {
+	at := map[uint16]int{}
+	var groups [][]int
+	for i := range reqs {
+		sl := hashSlotOf(reqs[i].Key)
+		g, ok := at[sl]
+		if !ok {
+			g = len(groups)
+			at[sl] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// failFastBeforeCharging fails the request before any hash slot is charged
+// when a hash slot's node's breaker fails it at once and the slot's zones
+// are not all FailApart.
+func (s *Store) failFastBeforeCharging(ctx context.Context, keys []string, reqs []algorithms.Request, groups [][]int) error {
+	for _, idx := range groups {
+		if !anyNotFailApart(reqs, idx) {
+			continue
+		}
+		if n := s.nodeFor(ctx, keys[idx[0]]); n.breaker.failsFast() {
+			probe, err := n.breaker.allow()
+			if err != nil {
+				s.nodeFailed(n)
+				return err
+			}
+			n.breaker.done(probe, false, true, nil) // the cool-down just ended: the call below probes
+		}
+	}
+	return nil
+}
+
+// hashSlotRun is one hash slot's part of a request across hash slots:
+// its zones (indexes into the request), their decisions and how the call
+// ended.
+type hashSlotRun struct {
+	idx  []int
+	out  []algorithms.Decision
+	fast bool
+	err  error
+}
+
+// runHashSlots decides each hash slot's zones in a call of its own, all
+// at once (the last in this goroutine).
+func (s *Store) runHashSlots(ctx context.Context, keys []string, reqs []algorithms.Request, groups [][]int) []hashSlotRun {
+	runs := make([]hashSlotRun, len(groups))
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		r := &runs[g]
+		r.idx = idx
+		r.out = make([]algorithms.Decision, len(r.idx))
+		gk, gr := subset(keys, reqs, r.idx)
+		if g == len(groups)-1 {
+			r.fast, r.err = s.run(ctx, gk, gr, r.out, false) // the last in this goroutine
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.fast, r.err = s.run(ctx, gk, gr, r.out, false)
+		}()
+	}
+	wg.Wait()
+	return runs
 }
 
 // anyNotFailApart reports whether a zone of reqs at idx is not FailApart.

@@ -81,140 +81,19 @@ const (
 // window-edge.
 func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) {
 	name, rest, _ := strings.Cut(spec, ":")
-	p := &pattern{name: name, params: map[string]string{}, used: map[string]bool{}, host: host}
-	if rest != "" {
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			k = strings.TrimSpace(k)
-			if !ok || k == "" {
-				return nil, fmt.Errorf("pattern %s: parameter %q is not name=value", name, kv)
-			}
-			if _, twice := p.params[k]; twice {
-				return nil, fmt.Errorf("pattern %s: parameter %s is given twice", name, k)
-			}
-			p.params[k] = strings.TrimSpace(v)
-		}
-	}
-	if zone != nil {
-		p.zoneEvents, p.zoneWinM = zone.Events, zone.WindowMs
-	}
-	var err error
-	get := func(k string) (string, bool) {
-		v, ok := p.params[k]
-		p.used[k] = true
-		return v, ok
-	}
-	dur := func(k string, def time.Duration) int64 {
-		if err != nil {
-			return 0
-		}
-		v, ok := get(k)
-		if !ok {
-			return def.Milliseconds()
-		}
-		d, e := time.ParseDuration(v)
-		if e != nil || d <= 0 {
-			err = fmt.Errorf("pattern %s: %s=%q is not a positive duration (such as 30s, 1m)", name, k, v)
-			return 0
-		}
-		if d < minPatternDuration || d > maxPatternDuration {
-			err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", name, k, v, minPatternDuration, maxPatternDuration)
-			return 0
-		}
-		return d.Milliseconds()
-	}
-	// num reads a number within [lo, hi]; whole says it counts things.
-	num := func(k string, def, lo, hi float64, whole bool) float64 {
-		if err != nil {
-			return 0
-		}
-		v, ok := get(k)
-		if !ok {
-			return def
-		}
-		f, e := strconv.ParseFloat(v, 64)
-		switch {
-		case e != nil || math.IsNaN(f) || math.IsInf(f, 0):
-			err = fmt.Errorf("pattern %s: %s=%q is not a number", name, k, v)
-		case f < lo || f > hi:
-			err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", name, k, v,
-				strconv.FormatFloat(lo, 'f', -1, 64), strconv.FormatFloat(hi, 'f', -1, 64))
-		case whole && f != math.Trunc(f):
-			err = fmt.Errorf("pattern %s: %s=%s is not a whole number", name, k, v)
-		}
-		if err != nil {
-			return 0
-		}
-		return f
-	}
-	count := func(k string, def, lo float64) int64 { return int64(num(k, def, lo, maxPatternCount, true)) }
-	rate := func(k string, def float64) float64 { return num(k, def, 0, maxPatternRate, false) }
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if v, ok := get("start"); ok {
-		t, e := time.Parse(time.RFC3339Nano, v)
-		if e != nil {
-			return nil, fmt.Errorf("pattern %s: start=%q is not an RFC 3339 time", name, v)
-		}
-		if t.Year() < 1970 {
-			return nil, fmt.Errorf("pattern %s: start=%s is out of range (1970 or later)", name, v)
-		}
-		start = t
-	}
-	p.start = start.UnixMilli()
-	p.keys = count("keys", 1, 1)
+	params, err := splitParams(name, rest)
 	if err != nil {
 		return nil, err
 	}
-	if v, ok := get("key"); ok {
-		p.keyPrefix = v
+	p := &pattern{name: name, params: params, used: map[string]bool{}, host: host}
+	if zone != nil {
+		p.zoneEvents, p.zoneWinM = zone.Events, zone.WindowMs
 	}
-	p.path, _ = get("path")
-	if p.path == "" {
-		p.path = "/"
+	r := &paramReader{p: p}
+	if err := r.common(); err != nil {
+		return nil, err
 	}
-	if !strings.HasPrefix(p.path, "/") {
-		return nil, fmt.Errorf("pattern %s: path=%q must start with /", name, p.path)
-	}
-	p.method, _ = get("method")
-	if v, ok := get("host"); ok {
-		p.host = v
-	}
-	if v, ok := get("cost"); ok {
-		if n, e := strconv.ParseInt(v, 10, 64); e != nil || n < 1 {
-			return nil, fmt.Errorf("pattern %s: cost=%q is not a positive integer", name, v)
-		}
-		p.cost = v
-	}
-	switch name {
-	case "steady":
-		p.rate = rate("rate", 10)
-		p.duration = dur("duration", time.Minute)
-	case "burst":
-		p.rate = rate("rate", 0)
-		p.size = count("size", 100, 0)
-		p.every = dur("every", time.Minute)
-		p.spread = dur("spread", time.Second)
-		p.duration = dur("duration", 5*time.Minute)
-	case "window-edge":
-		p.events = count("events", float64(max(min(p.zoneEvents, maxPatternCount), 1)), 1)
-		win := time.Duration(max(p.zoneWinM, 1000)) * time.Millisecond
-		p.window = dur("window", win)
-		p.spread = dur("spread", max(time.Millisecond, time.Duration(p.window)*time.Millisecond/100))
-		p.times = count("times", 1, 1)
-		if err == nil && p.spread > p.window {
-			return nil, fmt.Errorf("pattern window-edge: spread must not exceed the window")
-		}
-	case "ramp", "sawtooth":
-		p.from = rate("from", 1)
-		p.to = rate("to", 100)
-		p.duration = dur("duration", time.Minute)
-		if name == "sawtooth" {
-			p.period = dur("period", 10*time.Second)
-		}
-	default:
-		return nil, fmt.Errorf("unknown pattern %q (known: %s)", name, strings.Join(patternNames, ", "))
-	}
-	if err != nil {
+	if err := r.shape(); err != nil {
 		return nil, err
 	}
 	for k := range p.params {
@@ -226,6 +105,173 @@ func parsePattern(spec string, zone *ZoneConfig, host string) (*pattern, error) 
 		return nil, fmt.Errorf("pattern %s: about %.0f requests, more than %d: lower the rate or the duration", name, n, maxPatternRequests)
 	}
 	return p, nil
+}
+
+// splitParams reads a pattern's k=v,... list.
+func splitParams(name, rest string) (map[string]string, error) {
+	params := map[string]string{}
+	if rest == "" {
+		return params, nil
+	}
+	for _, kv := range strings.Split(rest, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("pattern %s: parameter %q is not name=value", name, kv)
+		}
+		if _, twice := params[k]; twice {
+			return nil, fmt.Errorf("pattern %s: parameter %s is given twice", name, k)
+		}
+		params[k] = strings.TrimSpace(v)
+	}
+	return params, nil
+}
+
+// paramReader reads a pattern's parameters, each marked used once read,
+// keeping the first error: a reader with an error reads zeros.
+type paramReader struct {
+	p   *pattern
+	err error
+}
+
+func (r *paramReader) get(k string) (string, bool) {
+	v, ok := r.p.params[k]
+	r.p.used[k] = true
+	return v, ok
+}
+
+// dur reads a duration in milliseconds, within the bounds.
+func (r *paramReader) dur(k string, def time.Duration) int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, ok := r.get(k)
+	if !ok {
+		return def.Milliseconds()
+	}
+	d, e := time.ParseDuration(v)
+	if e != nil || d <= 0 {
+		r.err = fmt.Errorf("pattern %s: %s=%q is not a positive duration (such as 30s, 1m)", r.p.name, k, v)
+		return 0
+	}
+	if d < minPatternDuration || d > maxPatternDuration {
+		r.err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", r.p.name, k, v, minPatternDuration, maxPatternDuration)
+		return 0
+	}
+	return d.Milliseconds()
+}
+
+// num reads a number within [lo, hi]; whole says it counts things.
+func (r *paramReader) num(k string, def, lo, hi float64, whole bool) float64 {
+	if r.err != nil {
+		return 0
+	}
+	v, ok := r.get(k)
+	if !ok {
+		return def
+	}
+	name := r.p.name
+	f, e := strconv.ParseFloat(v, 64)
+	switch {
+	case e != nil || math.IsNaN(f) || math.IsInf(f, 0):
+		r.err = fmt.Errorf("pattern %s: %s=%q is not a number", name, k, v)
+	case f < lo || f > hi:
+		r.err = fmt.Errorf("pattern %s: %s=%s is out of range (%s to %s)", name, k, v,
+			strconv.FormatFloat(lo, 'f', -1, 64), strconv.FormatFloat(hi, 'f', -1, 64))
+	case whole && f != math.Trunc(f):
+		r.err = fmt.Errorf("pattern %s: %s=%s is not a whole number", name, k, v)
+	}
+	if r.err != nil {
+		return 0
+	}
+	return f
+}
+
+func (r *paramReader) count(k string, def, lo float64) int64 {
+	return int64(r.num(k, def, lo, maxPatternCount, true))
+}
+
+func (r *paramReader) rate(k string, def float64) float64 {
+	return r.num(k, def, 0, maxPatternRate, false)
+}
+
+// common reads the parameters every pattern has: start, keys, key, path,
+// method, host and cost.
+func (r *paramReader) common() error {
+	p, name := r.p, r.p.name
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if v, ok := r.get("start"); ok {
+		t, e := time.Parse(time.RFC3339Nano, v)
+		if e != nil {
+			return fmt.Errorf("pattern %s: start=%q is not an RFC 3339 time", name, v)
+		}
+		if t.Year() < 1970 {
+			return fmt.Errorf("pattern %s: start=%s is out of range (1970 or later)", name, v)
+		}
+		start = t
+	}
+	p.start = start.UnixMilli()
+	p.keys = r.count("keys", 1, 1)
+	if r.err != nil {
+		return r.err
+	}
+	if v, ok := r.get("key"); ok {
+		p.keyPrefix = v
+	}
+	p.path, _ = r.get("path")
+	if p.path == "" {
+		p.path = "/"
+	}
+	if !strings.HasPrefix(p.path, "/") {
+		return fmt.Errorf("pattern %s: path=%q must start with /", name, p.path)
+	}
+	p.method, _ = r.get("method")
+	if v, ok := r.get("host"); ok {
+		p.host = v
+	}
+	if v, ok := r.get("cost"); ok {
+		if n, e := strconv.ParseInt(v, 10, 64); e != nil || n < 1 {
+			return fmt.Errorf("pattern %s: cost=%q is not a positive integer", name, v)
+		}
+		p.cost = v
+	}
+	return nil
+}
+
+// shape reads the parameters of the pattern's own shape (rate, burst,
+// window edge, ramp).
+func (r *paramReader) shape() error {
+	p := r.p
+	switch p.name {
+	case "steady":
+		p.rate = r.rate("rate", 10)
+		p.duration = r.dur("duration", time.Minute)
+	case "burst":
+		p.rate = r.rate("rate", 0)
+		p.size = r.count("size", 100, 0)
+		p.every = r.dur("every", time.Minute)
+		p.spread = r.dur("spread", time.Second)
+		p.duration = r.dur("duration", 5*time.Minute)
+	case "window-edge":
+		p.events = r.count("events", float64(max(min(p.zoneEvents, maxPatternCount), 1)), 1)
+		win := time.Duration(max(p.zoneWinM, 1000)) * time.Millisecond
+		p.window = r.dur("window", win)
+		p.spread = r.dur("spread", max(time.Millisecond, time.Duration(p.window)*time.Millisecond/100))
+		p.times = r.count("times", 1, 1)
+		if r.err == nil && p.spread > p.window {
+			return fmt.Errorf("pattern window-edge: spread must not exceed the window")
+		}
+	case "ramp", "sawtooth":
+		p.from = r.rate("from", 1)
+		p.to = r.rate("to", 100)
+		p.duration = r.dur("duration", time.Minute)
+		if p.name == "sawtooth" {
+			p.period = r.dur("period", 10*time.Second)
+		}
+	default:
+		return fmt.Errorf("unknown pattern %q (known: %s)", p.name, strings.Join(patternNames, ", "))
+	}
+	return r.err
 }
 
 // estimate is about how many requests the pattern makes (in floating

@@ -70,26 +70,9 @@ func Run(o Options) (*Report, error) {
 	}
 	rw := probe.rw
 	probe.Close()
-	var zone *ZoneConfig
-	if o.Zone != "" {
-		for _, z := range zones {
-			if z.Name == o.Zone {
-				zone = z
-			}
-		}
-		if zone == nil {
-			return nil, fmt.Errorf("--zone %q: no such zone (zones: %s)", o.Zone, zoneList(zones))
-		}
-	} else if o.Compare {
-		if len(zones) > 1 {
-			return nil, fmt.Errorf("--compare needs --zone: the config has several zones (%s)", zoneList(zones))
-		}
-		zone = zones[0]
-	} else {
-		zone = zones[0]
-	}
-	if o.Compare && zone.Concurrent > 0 {
-		return nil, fmt.Errorf("--compare: zone %q is a concurrency zone (concurrent): it has no rate algorithm to compare; choose a rate zone with --zone", zone.Name)
+	zone, err := pickZone(o, zones)
+	if err != nil {
+		return nil, err
 	}
 	if o.Compare {
 		variants = nil
@@ -111,26 +94,11 @@ func Run(o Options) (*Report, error) {
 	recs, counts, skippedVariants := res.recs, res.counts, res.skipped
 	replayTime := counts.replay
 	if o.Series && counts.Requests > 0 {
-		track := make([]recorderOptions, len(recs))
-		for i, rc := range recs {
-			if rc == nil {
-				continue
-			}
-			track[i] = recorderOptions{origin: rc.origin, width: rc.width, track: map[string][]algorithms.Key{}}
-			for _, zs := range rc.order {
-				track[i].track[zs.cfg.Name] = zs.topKeys(seriesKeys)
-			}
-		}
-		res2, err := pass(o, tr, variants, track, res.served)
+		more, err := seriesPass(o, tr, variants, res)
 		if err != nil {
 			return nil, err
 		}
-		replayTime += res2.counts.replay
-		for i := range recs {
-			if recs[i] != nil {
-				recs[i].merge(res2.recs[i])
-			}
-		}
+		replayTime += more
 	}
 	rep.Counts = counts
 	rep.Stopped = res.stopped
@@ -139,6 +107,71 @@ func Run(o Options) (*Report, error) {
 	for _, v := range skippedVariants {
 		rep.Notes = append(rep.Notes, v)
 	}
+	rep.addZones(o, recs, zone, variants)
+	rep.Elapsed = time.Since(started).Round(time.Millisecond).String()
+	if secs := replayTime.Seconds(); secs > 0 {
+		rep.LinesPerSecond = int64(float64(max(counts.Lines, counts.Requests)) * float64(1+btoi(o.Series)) / secs)
+	}
+	return rep, nil
+}
+
+// pickZone is the zone the run is about: --zone, else the config's first
+// (--compare needs one zone, a rate zone).
+func pickZone(o Options, zones []*ZoneConfig) (*ZoneConfig, error) {
+	var zone *ZoneConfig
+	if o.Zone != "" {
+		for _, z := range zones {
+			if z.Name == o.Zone {
+				zone = z
+			}
+		}
+		if zone == nil {
+			return nil, fmt.Errorf("--zone %q: no such zone (zones: %s)", o.Zone, zoneList(zones))
+		}
+	} else if o.Compare {
+		if len(zones) > 1 {
+			return nil, fmt.Errorf("--compare needs --zone: the config has several zones (%s)", zoneList(zones))
+		}
+		zone = zones[0]
+	} else {
+		zone = zones[0]
+	}
+	if o.Compare && zone.Concurrent > 0 {
+		return nil, fmt.Errorf("--compare: zone %q is a concurrency zone (concurrent): it has no rate algorithm to compare; choose a rate zone with --zone", zone.Name)
+	}
+	return zone, nil
+}
+
+// seriesPass replays the traffic again, tracking the top keys the first
+// pass (res) found, and merges what it records into res's recorders; it
+// returns the time its replay took.
+func seriesPass(o Options, tr *traffic, variants []Overrides, res *passResult) (time.Duration, error) {
+	recs := res.recs
+	track := make([]recorderOptions, len(recs))
+	for i, rc := range recs {
+		if rc == nil {
+			continue
+		}
+		track[i] = recorderOptions{origin: rc.origin, width: rc.width, track: map[string][]algorithms.Key{}}
+		for _, zs := range rc.order {
+			track[i].track[zs.cfg.Name] = zs.topKeys(seriesKeys)
+		}
+	}
+	res2, err := pass(o, tr, variants, track, res.served)
+	if err != nil {
+		return 0, err
+	}
+	for i := range recs {
+		if recs[i] != nil {
+			recs[i].merge(res2.recs[i])
+		}
+	}
+	return res2.counts.replay, nil
+}
+
+// addZones fills in the report's span and its zones from the recorders:
+// each algorithm's run of zone with --compare, else every zone.
+func (rep *Report) addZones(o Options, recs []*recorder, zone *ZoneConfig, variants []Overrides) {
 	first := recs[0]
 	for _, rc := range recs {
 		if rc != nil {
@@ -162,16 +195,11 @@ func Run(o Options) (*Report, error) {
 			zr.Algorithm = variants[i].Algorithm
 			rep.Compare.Algorithms = append(rep.Compare.Algorithms, zr)
 		}
-	} else {
-		for _, zs := range first.order {
-			rep.Zones = append(rep.Zones, first.zoneReport(zs, o.TopKeys, o.Series))
-		}
+		return
 	}
-	rep.Elapsed = time.Since(started).Round(time.Millisecond).String()
-	if secs := replayTime.Seconds(); secs > 0 {
-		rep.LinesPerSecond = int64(float64(max(counts.Lines, counts.Requests)) * float64(1+btoi(o.Series)) / secs)
+	for _, zs := range first.order {
+		rep.Zones = append(rep.Zones, first.zoneReport(zs, o.TopKeys, o.Series))
 	}
-	return rep, nil
 }
 
 func btoi(b bool) int {

@@ -52,13 +52,13 @@ type Settler interface {
 	Settle(ctx context.Context, refunds []algorithms.Refund) error
 }
 
-// Holder is a store that a reload replacing it keeps open while requests
-// hold it: Hold when a request may still call it after the response
-// (charges in flight, their refunds, waiters), Unhold when it no longer
+// Pinner is a store that a reload replacing it keeps open while requests
+// pin it: Pin when a request may still call it after the response
+// (charges in flight, their refunds, waiters), Unpin when it no longer
 // will.
-type Holder interface {
-	Hold()
-	Unhold()
+type Pinner interface {
+	Pin()
+	Unpin()
 }
 
 // Releaser holds concurrency slots: Release gives back the slots Take

@@ -37,7 +37,31 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 
 	p("# Sluice benchmark results\n\n")
 	p("```\n%s```\n\n", r.meta)
+	renderThroughput(p, st)
+	renderRounds(p, st)
+	renderDecide(p, st)
+	p("## Budgets\n\n| budget | measured | verdict |\n|---|---|---|\n")
+	for _, v := range verdicts {
+		p("| %s | %s | %s |\n", v.budget, v.measured, verdictText[v.kind])
+	}
+	renderGoBench(p, r.gobench)
+	if len(r.memKeys) > 0 {
+		p("\n## Memory per tracked key (TestMemoryPerKey, TestRedisMemoryPerKey)\n\n")
+		p("| store | algorithm | bytes/key |\n|---|---|--:|\n")
+		for _, m := range r.memKeys {
+			p("| %s | %s | %.0f |\n", m.store, m.alg, m.bytes)
+		}
+	}
+	if len(r.profiles) > 0 {
+		p("\n## CPU profiles of Caddy under load (top functions, cumulative)\n\n```\n%s```\n", r.profiles)
+	}
+}
 
+// printer writes a formatted piece of the report.
+type printer func(format string, a ...any)
+
+// renderThroughput is the HTTP throughput table and what its columns mean.
+func renderThroughput(p printer, st *stats) {
 	p("## HTTP throughput (medians of the rounds)\n\n")
 	calls := slices.ContainsFunc(st.rows, func(t targetRow) bool { return !math.IsNaN(t.calls) })
 	redisUs := slices.ContainsFunc(st.rows, func(t targetRow) bool { return !math.IsNaN(t.redisUs) })
@@ -83,7 +107,10 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 		p("Redis µs/decision: Redis's time inside the decision scripts per call (INFO commandstats, `usec` over `calls` of FCALL, FCALL_RO, EVALSHA and EVAL, reset by CONFIG RESETSTAT before each run), over the runs the medians use; it counts the time Redis waited for a core inside a call. ")
 	}
 	p("check: the responses were what the target expects (200s, or 429s for the refusing targets) and Sluice's own counters show no store error and no failed-open decision (beyond the requests in flight when wrk stops, whose store calls are cancelled).\n\n")
+}
 
+// renderRounds is each round's req/s and the other load meanwhile.
+func renderRounds(p printer, st *stats) {
 	p("### Per round\n\nreq/s, × bare Caddy of the same round, and in brackets the CPU (cores) that other processes of the machine used meanwhile (not this run's Caddy, Redis or load generator).\n\n| target |")
 	for r := 1; r <= st.rounds; r++ {
 		p(" round %d |", r)
@@ -109,7 +136,11 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 		}
 		p("\n\n")
 	}
+}
 
+// renderDecide is a decision inside Redis against its floor (target
+// decide), if it ran.
+func renderDecide(p printer, st *stats) {
 	if len(st.decide) > 0 {
 		p("## Inside Redis: a decision against its floor (target decide)\n\n")
 		p("| case | rounds | decision µs | floor µs | decision / floor | decision CPU µs | floor CPU µs | CPU decision / floor |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -123,15 +154,13 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 		}
 		p("\nredis-benchmark -P 16 of the production function (FCALL, one zone's or three zones' arguments as Caddy sends them) and of its floor (a Function doing TIME, and per zone GET and SET PX of a constant, on keys of its own, with the same arguments), one after the other in every round. µs: `usec_per_call` of INFO commandstats (reset before each run), which counts the time Redis waited for a core inside a call; CPU µs: Redis's main thread CPU per call (INFO cpu), which a busy machine does not inflate but which includes reading and writing the network. Medians of the rounds; the ratios are each round's decision over the same round's floor, medians. Hot key: 1e9 events a minute; 100,000 keys: 1000 events a day, filled before the rounds, so every visit reads and writes a live state.\n\n")
 	}
+}
 
-	p("## Budgets\n\n| budget | measured | verdict |\n|---|---|---|\n")
-	for _, v := range verdicts {
-		p("| %s | %s | %s |\n", v.budget, v.measured, verdictText[v.kind])
-	}
-
-	if len(r.gobench) > 0 {
+// renderGoBench is the Go benchmarks' table, if any ran.
+func renderGoBench(p printer, gobench []goBench) {
+	if len(gobench) > 0 {
 		p("\n## Go benchmarks (`go test -bench -benchmem`, one run each)\n\n")
-		cpu := slices.ContainsFunc(r.gobench, func(b goBench) bool { return !math.IsNaN(b.cpuUs) })
+		cpu := slices.ContainsFunc(gobench, func(b goBench) bool { return !math.IsNaN(b.cpuUs) })
 		p("| package | benchmark | ns/op |")
 		if cpu {
 			p(" client CPU µs/op |")
@@ -141,7 +170,7 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 			p("--:|")
 		}
 		p("--:|--:|\n")
-		for _, b := range r.gobench {
+		for _, b := range gobench {
 			p("| %s | %s | %.1f |", b.pkg, b.name, b.ns)
 			if cpu {
 				if math.IsNaN(b.cpuUs) {
@@ -159,16 +188,6 @@ func renderReport(w io.Writer, r *results, st *stats, verdicts []verdict) {
 		if cpu {
 			p("\nclient CPU µs/op: the benchmark process's CPU time per operation (getrusage; Redis runs in its own process), steadier than ns/op on a shared machine.\n")
 		}
-	}
-	if len(r.memKeys) > 0 {
-		p("\n## Memory per tracked key (TestMemoryPerKey, TestRedisMemoryPerKey)\n\n")
-		p("| store | algorithm | bytes/key |\n|---|---|--:|\n")
-		for _, m := range r.memKeys {
-			p("| %s | %s | %.0f |\n", m.store, m.alg, m.bytes)
-		}
-	}
-	if len(r.profiles) > 0 {
-		p("\n## CPU profiles of Caddy under load (top functions, cumulative)\n\n```\n%s```\n", r.profiles)
 	}
 }
 
