@@ -194,6 +194,7 @@ func (s *Store) SetOverride(ctx context.Context, zone string, e stores.OverrideE
 	if err := s.client.Do(ctx, "SET", s.overrideKey(zone, e.Key), encodeOverride(e.Override), "PXAT", e.Expires).Err(); err != nil {
 		return err
 	}
+	s.deny.Forget(zone, e.Key) // this instance's refusals of the key end at once
 	return s.tellResets(ctx)
 }
 

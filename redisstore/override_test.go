@@ -65,6 +65,26 @@ func TestOverridesAcrossStores(t *testing.T) {
 		t.Fatalf("after the delete (3 spent of 2): %+v, want refused under the zone's limit", d)
 	}
 
+	// a refusal a's deny cache holds ends when a sets an override
+	k3 := freshKey(t)
+	r3 := algorithms.Request{Zone: "ovdeny", Key: k3, Limit: l, Cost: 1}
+	for i := range 4 {
+		if d := take(t, a, r3)[0]; d.Allowed != (i < 2) {
+			t.Fatalf("take %d of a limit of 2: %+v", i+1, d)
+		}
+	}
+	calls := scriptCalls(t, srv)
+	take(t, a, r3)
+	if scriptCalls(t, srv) != calls {
+		t.Fatal("the refused key was not answered by the deny cache")
+	}
+	if err := setOv(t, a, "ovdeny", k3, algorithms.Override{Events: 10, Window: l.Window, Expires: exp}, 10); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, a, r3)[0]; !d.Allowed || !d.Overridden {
+		t.Fatalf("right after the override, on the instance that cached the refusal: %+v", d)
+	}
+
 	// the bound
 	if err := setOv(t, a, zone, freshKey(t), algorithms.Override{Block: true, Expires: exp}, 1); err != nil {
 		t.Fatal(err)
