@@ -71,6 +71,17 @@ respond "ok"`, zone, r.URL())
 		expectCode(t, res, 200, fmt.Sprintf("instance %d under the raised limit", i))
 		expectRemaining(t, res, 5, 2-i, fmt.Sprintf("instance %d under the raised limit", i))
 	}
+	// Every instance's admin view of the key shows it.
+	for i, p := range procs {
+		code, body := admin(p, "GET", "/rate_limit/zones/"+zone+"/keys/"+user, "")
+		var peek struct {
+			Limit, Remaining int64
+			Overrides        []struct{ Reason string }
+		}
+		if code != 200 || json.Unmarshal([]byte(body), &peek) != nil || peek.Limit != 5 || peek.Remaining != 0 || len(peek.Overrides) != 1 || peek.Overrides[0].Reason != "fleet test" {
+			t.Errorf("instance %d's view of the key: %d %s", i, code, body)
+		}
+	}
 
 	// Deleted through instance 2: 5 spent of the zone's 2, each refuses.
 	if code, body := admin(procs[2], "DELETE", base+user, ""); code != 200 {
