@@ -282,6 +282,13 @@ func putOverride(w http.ResponseWriter, r *http.Request, az *activeZone, st stor
 	if err != nil {
 		return err
 	}
+	if len(toks) > 1 {
+		// A raw key's tokens are set together or not at all (up to a race
+		// with another instance's set, which the store's bound still holds).
+		if err := roomFor(r.Context(), az, st, toks); err != nil {
+			return err
+		}
+	}
 	list := OverrideList{Zone: az.Name, Max: az.maxOverrides(), Overrides: []OverrideView{}}
 	for _, tok := range toks {
 		e := stores.OverrideEntry{Key: tok, Override: o, Reason: reason, By: r.RemoteAddr, At: now.UnixMilli()}
@@ -299,6 +306,31 @@ func putOverride(w http.ResponseWriter, r *http.Request, az *activeZone, st stor
 	}
 	_, _ = collect(r.Context(), az, st)
 	return writeJSON(w, list)
+}
+
+// roomFor checks that the zone has room for the overrides of toks not set
+// yet.
+func roomFor(ctx context.Context, az *activeZone, st stores.Overrider, toks []identity.Token) error {
+	n, expired, err := st.ExpireOverrides(ctx, az.Name)
+	for i := range expired {
+		logOverride("override expired", az.Name, &expired[i], "")
+	}
+	if err != nil {
+		return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.Name, err)
+	}
+	have := make([]*stores.OverrideEntry, len(toks))
+	if err := st.PeekOverrides(ctx, az.Name, toks, have); err != nil {
+		return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.Name, err)
+	}
+	for _, h := range have {
+		if h == nil {
+			n++
+		}
+	}
+	if n > az.maxOverrides() {
+		return apiErr(http.StatusConflict, "zone %q holds its most overrides (max_overrides %d), and this key needs %d (one per key candidate): delete some, or wait for them to expire", az.Name, az.maxOverrides(), len(toks))
+	}
+	return nil
 }
 
 // deleteOverride answers DELETE .../overrides/<key|token>.

@@ -146,3 +146,30 @@ func TestOverridesRedis(t *testing.T) {
 	load(t, tc, cfg)
 	exerciseOverrides(t, reloader{func(t *testing.T) { load(t, tc, cfg) }}, z)
 }
+
+// A raw key of two candidates takes two overrides: set both or neither
+// (max_overrides 1: a 409, and nothing set).
+func TestOverridesKeyAllOrNothing(t *testing.T) {
+	tc := newTester(t)
+	z := zoneName("ov_two")
+	load(t, tc, config("", `
+http://localhost:@A@ {
+	rate_limit {
+		zone @ZONE@ {
+			key {http.request.header.X-Api-Key} {client_ip}
+			events 3
+			window 1h
+			max_overrides 1
+		}
+	}
+	respond "ok"
+}`, "ZONE", z))
+	base := "/rate_limit/zones/" + z + "/overrides"
+	code, body := adminSend(t, "PUT", base+"/203.0.113.9", `{"block": true}`)
+	if msg, _ := body["error"].(string); code != http.StatusConflict || !strings.Contains(msg, "needs 2") {
+		t.Errorf("two tokens into a bound of 1: %d %v, want 409", code, body)
+	}
+	if code, list := adminAPI(t, "GET", base); code != 200 || len(list["overrides"].([]any)) != 0 {
+		t.Errorf("after the refusal: %d %v, want no override", code, list)
+	}
+}
