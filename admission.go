@@ -37,9 +37,12 @@ type admission struct {
 	// (enterRoom), nil for none.
 	seat *atomic.Int64
 
-	// decide: the outcome, and the store that decided.
-	out   outcome
-	store Store
+	// decide: the outcome, and the store that decided; the store call's
+	// time, and the error it failed with (the fail policy decided).
+	out      outcome
+	store    Store
+	took     time.Duration
+	storeErr error
 
 	// verdict: what ServeHTTP answers with.
 	v   verdict

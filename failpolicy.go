@@ -50,8 +50,9 @@ func (c storeCall) decide(a *admission) error {
 	a.store = c.store
 	start := time.Now()
 	err := c.store.Take(a.r.Context(), a.reqs, a.decs)
+	a.took = time.Since(start)
 	if c.stats != nil {
-		c.stats.Observe(start)
+		c.stats.Observe(a.took)
 	}
 	if err == nil && len(c.hooks) == 0 {
 		a.now = start // the decision's instant, for its headers: one clock reading less
@@ -100,6 +101,7 @@ func (p *failPolicy) decide(a *admission) error {
 	if p.stats != nil {
 		p.stats.Failed(err)
 	}
+	a.storeErr = err
 	p.failover(a, err)
 	return nil
 }

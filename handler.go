@@ -34,6 +34,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	a.verdict()
+	a.traceVerdict() // on the request's span, when tracing records it
 	switch a.out {
 	case refuse, failClosed:
 		return h.refuse(w, r, &a.v, a.out == failClosed, a.now)

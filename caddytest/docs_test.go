@@ -538,9 +538,9 @@ func consoleMatch(want, got []string) bool {
 	return len(got) > 0 && consoleLine(want[0], got[0]) && consoleMatch(want[1:], got[1:])
 }
 
-// consoleRetryAfter is a Retry-After in seconds, as a header or in the
-// refusal's JSON body.
-var consoleRetryAfter = regexp.MustCompile(`(Retry-After: |"retry_after":)(\d+)`)
+// consoleRetryAfter is a Retry-After in seconds, as a header, in the
+// refusal's JSON body or in an access log field (operating.md's log_append).
+var consoleRetryAfter = regexp.MustCompile(`(Retry-After: |"retry_after":|"rate_limit_retry_after":)(\d+)`)
 
 // consoleLine compares one line. A Retry-After may be up to 5 s shorter
 // than the page's: it counts down from the refused key's last charge, and
@@ -833,6 +833,8 @@ func TestDocsConsoleLine(t *testing.T) {
 		{"Retry-After: 180", "Retry-After: 170", false},
 		{`{"zone":"login","retry_after":12} 429`, `{"zone":"login","retry_after":11} 429`, true},
 		{`{"zone":"login","retry_after":12} 429`, `{"zone":"api","retry_after":12} 429`, false},
+		{`{"status":429,"rate_limit_retry_after":30}`, `{"status":429,"rate_limit_retry_after":28}`, true},
+		{`{"status":429,"rate_limit_retry_after":30}`, `{"status":200,"rate_limit_retry_after":28}`, false},
 		{"X-Ratelimit-Remaining: 19", "X-Ratelimit-Remaining: 18", false},
 	} {
 		if got := consoleLine(tc.want, tc.got); got != tc.ok {

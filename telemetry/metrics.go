@@ -145,21 +145,22 @@ func NewStoreMetrics(name string) *StoreMetrics {
 	return &StoreMetrics{name: name, duration: Metrics.StoreDuration.WithLabelValues(name)}
 }
 
-// Observe observes a store call begun at start.
-func (m *StoreMetrics) Observe(start time.Time) {
-	m.duration.Observe(time.Since(start).Seconds())
+// Observe observes the time a store call took.
+func (m *StoreMetrics) Observe(took time.Duration) {
+	m.duration.Observe(took.Seconds())
 }
 
 // Failed counts a failed store call by its error's kind.
 func (m *StoreMetrics) Failed(err error) {
-	Metrics.StoreErrors.WithLabelValues(m.name, errorKind(err)).Inc()
+	Metrics.StoreErrors.WithLabelValues(m.name, ErrorKind(err)).Inc()
 }
 
-// errorKind is a store error's kind label: the kind the error names itself
+// ErrorKind is a store error's kind (its label, and a span's
+// rate_limit.store.error.type): the kind the error names itself
 // (StoreErrorKind; redisstore's: timeout, connection, tls, readonly,
 // noreplicas, oom, noscript, noperm, circuit_open, other), else timeout for
 // a deadline, else other.
-func errorKind(err error) string {
+func ErrorKind(err error) string {
 	var k interface{ StoreErrorKind() string }
 	switch {
 	case errors.As(err, &k):
