@@ -23,9 +23,9 @@ CADDYFILE ?= Caddyfile.example
 test: vet test-deps go-test alloc-test xcaddy-check
 
 # test-deps prepares what the tests need outside Go (scripts/test-deps.sh:
-# redis-server, redis-cli and redis-sentinel, and chromium for the browser
-# tests, installed with apt-get when missing and root; the tests start their
-# own servers on free ports).
+# redis-server, redis-cli and redis-sentinel, chromium for the browser
+# tests, prometheus and promtool for observability/, installed with apt-get
+# when missing and root; the tests start their own servers on free ports).
 test-deps:
 	bash scripts/test-deps.sh
 

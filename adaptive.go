@@ -172,6 +172,8 @@ func provisionAdaptive(h *Handler) (stages, error) {
 			s.limitGauge = telemetry.Metrics.AdaptiveLimit.WithLabelValues(z.name)
 			s.baselineGauge = telemetry.Metrics.AdaptiveBaseline.WithLabelValues(z.name)
 			s.latencyGauge = telemetry.Metrics.AdaptiveLatency.WithLabelValues(z.name)
+			telemetry.Metrics.AdaptiveMinimum.WithLabelValues(z.name).Set(float64(z.adapt.settings.Minimum))
+			telemetry.Metrics.AdaptiveMaximum.WithLabelValues(z.name).Set(float64(z.adapt.settings.Maximum))
 		}
 	}
 	if !used {

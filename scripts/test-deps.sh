@@ -10,6 +10,9 @@
 # - Chromium: the browser tests (caddytest/browser_test.go) open the
 #   simulator's HTML report and the admin API's live page in headless
 #   Chromium; ensure-chromium.sh installs Debian's package the same way.
+# - Prometheus: observability/ runs promtool on the alert rules and
+#   caddytest/prometheus_test.go starts a real Prometheus scraping Caddy;
+#   ensure-prometheus.sh installs Debian's package (it ships promtool).
 # - curl and jq: caddytest/docs_test.go runs the manual's console blocks,
 #   which use them; installed the same way.
 set -euo pipefail
@@ -18,6 +21,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 bash "$here/ensure-redis.sh" </dev/null
 bash "$here/ensure-chromium.sh" </dev/null
+bash "$here/ensure-prometheus.sh" </dev/null
 
 for b in curl jq; do
 	command -v "$b" >/dev/null 2>&1 && continue

@@ -30,6 +30,9 @@ var Metrics = struct {
 	Settled, SettleMissing *prometheus.CounterVec
 	// AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency: see the root's adaptive.go.
 	AdaptiveLimit, AdaptiveBaseline, AdaptiveLatency *prometheus.GaugeVec
+	// AdaptiveMinimum, AdaptiveMaximum: an adaptive zone's bounds, so an
+	// alert can tell a limit pinned at its minimum.
+	AdaptiveMinimum, AdaptiveMaximum *prometheus.GaugeVec
 	// Overrides: see the root's overrides.go.
 	Overrides *prometheus.GaugeVec
 }{}
@@ -120,13 +123,21 @@ func Register(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "adaptive_latency_seconds",
 			Help: "An adaptive concurrency zone's sample latency: the mean time to the first byte of the last window's responses, by zone.",
 		}, []string{"zone"})
+		Metrics.AdaptiveMinimum = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_minimum",
+			Help: "An adaptive concurrency zone's minimum setting, the least its limit falls to, by zone.",
+		}, []string{"zone"})
+		Metrics.AdaptiveMaximum = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "adaptive_maximum",
+			Help: "An adaptive concurrency zone's maximum setting, the most its limit grows to, by zone.",
+		}, []string{"zone"})
 		Metrics.Overrides = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "overrides",
 			Help: "Overrides in force in a zone (set through the admin API), as last read from its store (every 5s, and at each set, delete or listing), by zone.",
 		}, []string{"zone"})
 	})
 	for _, c := range []prometheus.Collector{Metrics.Overrides, Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
-		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency} {
+		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency, Metrics.AdaptiveMinimum, Metrics.AdaptiveMaximum} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
