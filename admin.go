@@ -33,7 +33,8 @@ func adminUnregister(h *Handler) { admin.Unregister(h) }
 // adminZone is zone z of h as the admin API reads it.
 func adminZone(h *Handler, z *zone, inFlight bool) admin.Zone {
 	az := admin.Zone{Name: z.name, Deriver: z.deriver, Limit: z.limit, Store: h.store, Local: h.local,
-		InFlight: inFlight, Info: func() admin.ZoneInfo { return adminInfo(z) }}
+		InFlight: inFlight, Info: func() admin.ZoneInfo { return adminInfo(z) },
+		MaxOverrides: z.maxOverrides, OverridesInForce: overridesInForce(z.name), Sync: z.sync.cfg != nil}
 	if z.conc != nil || z.settle != nil {
 		az.Peek = func(p *admin.Peek) {
 			if z.conc != nil {

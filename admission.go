@@ -237,6 +237,9 @@ func (a *admission) verdict() {
 			h.reportWouldRefuse(a)
 		}
 		a.v = verdict{zone: a.zones[best], shown: a.shown[best], key: a.reqs[best].Key, Decision: a.decs[best], cost: a.reqs[best].Cost}
+		if a.v.Overridden {
+			a.v.shown = overriddenShown(a.v.shown, &a.v.Decision) // overrides.go
+		}
 		if !refused {
 			a.out = allow
 			for _, c := range h.on[atVerdict] {

@@ -224,6 +224,8 @@ func TestValueErrorsNameTheLine(t *testing.T) {
 		{"delay 1ns", rate("\t\t\tdelay 1ns #here"), []string{`zone "z1"`, "delay must be at least 1ms"}},
 		{"delay on a window algorithm", rate("\t\t\talgorithm sliding_window\n\t\t\tdelay 1s #here"), []string{`zone "z1"`, "delay"}},
 		{"delay_after without delay", rate("\t\t\tdelay_after 2 #here"), []string{`zone "z1"`, "delay_after needs delay"}},
+		{"max_overrides 100001", rate("\t\t\tmax_overrides 100001 #here"), []string{`zone "z1"`, "max_overrides must be between 1 and 100000"}},
+		{"max_overrides on a concurrency zone", conc("\t\t\tmax_overrides 10 #here"), []string{`zone "z1"`, "max_overrides does not apply to a concurrency zone"}},
 		{"local_allowance with count", rate("\t\t\tcount 401\n\t\t\tlocal_allowance #here"), []string{`zone "z1"`, "local_allowance", "count"}},
 		{"events placeholder, burst_from on sliding_window", zone("\t\t\tevents 5\n\t\t\twindow 1m\n\t\t\talgorithm sliding_window\n\t\t\tburst {plan_burst} 3 #here"), []string{`zone "z1"`, "burst"}},
 		// The rules of a concurrency zone.

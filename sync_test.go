@@ -68,6 +68,7 @@ func TestSyncRefusedAtLoad(t *testing.T) {
 		{"events 100\nwindow 1m\nalgorithm fixed_window\npenalty 1m", "sync: not with penalty"},
 		{"events 100\nwindow 1m\nalgorithm fixed_window\nlocal_allowance", "local_allowance"},
 		{"concurrent 10", "sync: not with concurrent"},
+		{"events 100\nwindow 1m\nalgorithm fixed_window\nmax_overrides 10", "sync: not with max_overrides"},
 		{"events {http.request.header.X-N} 60\nwindow 1m\nalgorithm fixed_window", "sync: not with a limit chosen per request"},
 	} {
 		h := new(Handler)

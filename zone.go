@@ -62,6 +62,8 @@ type zone struct {
 	allowance *LocalAllowance
 	// sync is the zone's asynchronous mode (sync.go).
 	sync syncZone
+	// maxOverrides bounds the zone's overrides (admin.Zone.MaxOverrides).
+	maxOverrides int
 	// The name as each sink carries it (see setNames): JSON-escaped (without
 	// the quotes), the policy identifier of the IETF RateLimit fields, that
 	// identifier as a serialised sf-string and as a JSON string (both with
@@ -86,7 +88,7 @@ func compileZone(cfg *Zone, name string) (*zone, error) {
 		return nil, err
 	}
 	zn := &zone{name: name, limit: m.Limit, cost: m.Cost, costExpr: m.CostFrom, deriver: m.Deriver, fail: m.Fail,
-		reportOnly: m.ReportOnly, allowance: m.Allowance}
+		reportOnly: m.ReportOnly, allowance: m.Allowance, maxOverrides: m.MaxOverrides}
 	zn.setNames()
 	zn.shown = zn.showLimit(m.Limit)
 	if m.Dynamic() {

@@ -38,6 +38,7 @@ func init() {
 //	GET    /rate_limit/zones/<zone>/tokens/<token>      the same, by the token logs show
 //	DELETE /rate_limit/zones/<zone>/tokens/<token>
 //	GET    /rate_limit/activity                         decision counters and recent refusals (ui.go)
+//	GET, PUT, DELETE /rate_limit/zones/<zone>/overrides[/<key|token>]   overrides.go
 //
 // The live page is served by a site, not here: the rate_limit_ui directive
 // (uihandler.go), which answers the same JSON under its own path.
@@ -213,6 +214,9 @@ type Peek struct {
 	Found bool   `json:"found"`
 	State
 	Keys []KeyState `json:"keys"`
+	// Overrides: the key's tokens' overrides in force (overrides.go); its
+	// limit and remaining above are theirs.
+	Overrides []OverrideView `json:"overrides,omitempty"`
 }
 
 // Reset answers a reset.
@@ -235,7 +239,7 @@ func methodNotAllowed(w http.ResponseWriter, allowed ...string) error {
 	return apiErr(http.StatusMethodNotAllowed, "method not allowed (allowed: %s)", strings.Join(allowed, ", "))
 }
 
-const adminUsage = "expected /rate_limit/zones, /rate_limit/zones/<zone>, /rate_limit/zones/<zone>/keys/<url-escaped key> or /rate_limit/zones/<zone>/tokens/<token>"
+const adminUsage = "expected /rate_limit/zones, /rate_limit/zones/<zone>, /rate_limit/zones/<zone>/keys/<url-escaped key>, /rate_limit/zones/<zone>/tokens/<token> or /rate_limit/zones/<zone>/overrides[/<url-escaped key or token>]"
 
 // serveAdmin routes an admin API request.
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
@@ -263,7 +267,8 @@ func serveRateLimit(w http.ResponseWriter, r *http.Request, rest string) error {
 		return listZones(w)
 	}
 	parts := strings.Split(rest[1:], "/")
-	if rest[0] != '/' || !(len(parts) == 1 || len(parts) == 3 && (parts[1] == "keys" || parts[1] == "tokens")) {
+	overrides := len(parts) >= 2 && len(parts) <= 3 && parts[1] == "overrides"
+	if rest[0] != '/' || !(len(parts) == 1 || overrides || len(parts) == 3 && (parts[1] == "keys" || parts[1] == "tokens")) {
 		return apiErr(http.StatusBadRequest, "malformed path: %s", adminUsage)
 	}
 	for i, p := range parts {
@@ -277,7 +282,7 @@ func serveRateLimit(w http.ResponseWriter, r *http.Request, rest string) error {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(w, http.MethodGet)
 		}
-	} else if r.Method != http.MethodGet && r.Method != http.MethodDelete {
+	} else if !overrides && r.Method != http.MethodGet && r.Method != http.MethodDelete {
 		return methodNotAllowed(w, http.MethodGet, http.MethodDelete)
 	}
 	name := parts[0]
@@ -290,6 +295,13 @@ func serveRateLimit(w http.ResponseWriter, r *http.Request, rest string) error {
 	}
 	if len(parts) == 1 {
 		return writeJSON(w, az.info())
+	}
+	if overrides {
+		val := ""
+		if len(parts) == 3 {
+			val = parts[2]
+		}
+		return serveOverrides(w, r, az, val) // overrides.go
 	}
 	toks, cands, err := adminTokens(&az.Zone, parts[1], parts[2])
 	if err != nil {
@@ -395,6 +407,17 @@ func peekKey(ctx context.Context, w http.ResponseWriter, az *activeZone, toks []
 	}
 	if inFlight != nil {
 		out.showInFlight(inFlight)
+	}
+	if ov, ok := az.Store.(stores.Overrider); ok && az.Limit.Algorithm != algorithms.Concurrency {
+		es := make([]*stores.OverrideEntry, len(keys))
+		if err := ov.PeekOverrides(ctx, az.Name, keys, es); err != nil {
+			return apiErr(http.StatusServiceUnavailable, "zone %q: the store did not answer: %v", az.Name, err)
+		}
+		for _, e := range es {
+			if e != nil {
+				out.Overrides = append(out.Overrides, viewOf(e))
+			}
+		}
 	}
 	return writeJSON(w, out)
 }

@@ -27,6 +27,14 @@ type Zone struct {
 	// Peek adds the zone's own fields to a peek (slots in use, debt); nil
 	// when it has none.
 	Peek func(p *Peek)
+	// MaxOverrides bounds the zone's overrides (0: zonemodel.DefaultMaxOverrides);
+	// OverridesInForce is told their count whenever it is read (nil:
+	// nobody listens). overrides.go.
+	MaxOverrides     int
+	OverridesInForce func(n int)
+	// Sync: the zone decides asynchronously (its zone's sync), from counts
+	// its store's script never overrides, so it takes no override.
+	Sync bool
 }
 
 // The registry: every registered handler, by configuration. The active
@@ -70,6 +78,7 @@ func Register(config, handler any, enabled bool, zones []Zone) {
 		r.gens[config] = gen
 	}
 	r.handlers[handler] = entry{config: config, gen: gen, order: r.next, enabled: enabled, zones: zones}
+	startSweep()
 }
 
 // Unregister forgets a handler (a no-op if it was never registered).

@@ -73,7 +73,7 @@ func (UI) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler)
 	rest, ok := uiResource(r.URL.EscapedPath())
 	switch {
 	case uiOrigin.Check(r) != nil:
-		err = apiErr(http.StatusForbidden, "refused: not a same-origin request (Sec-Fetch-Site or Origin); reset keys from the live page itself, or with curl")
+		err = apiErr(http.StatusForbidden, "refused: not a same-origin request (Sec-Fetch-Site or Origin); reset keys and set overrides from the live page itself, or with curl on the admin API")
 	case !ok:
 		err = apiErr(http.StatusNotFound, "not a page of the live page: it is at a path ending in / (for rate_limit_ui /sluice/*: /sluice/)")
 	case rest == "ui":
@@ -102,8 +102,10 @@ func uiResource(p string) (string, bool) {
 	s := strings.Split(p, "/")
 	n := len(s)
 	switch {
-	case n >= 5 && s[n-4] == "zones" && (s[n-2] == "keys" || s[n-2] == "tokens"):
+	case n >= 5 && s[n-4] == "zones" && (s[n-2] == "keys" || s[n-2] == "tokens" || s[n-2] == "overrides"):
 		return strings.Join(s[n-4:], "/"), true
+	case n >= 4 && s[n-3] == "zones" && s[n-1] == "overrides":
+		return strings.Join(s[n-3:], "/"), true
 	case n >= 3 && s[n-2] == "zones":
 		return "zones/" + s[n-1], true
 	}

@@ -306,6 +306,9 @@ type Decision struct {
 	// charges in flight, given back, would admit it (inflight.go): it
 	// started no penalty, and the same request may pass once they settle.
 	InFlight bool
+	// Overridden: the key's Override decided, and Limit is its capacity
+	// (override.go).
+	Overridden bool
 }
 
 // State is one key's stored state. Alg says which algorithm wrote it; a

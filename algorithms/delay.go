@@ -32,11 +32,12 @@ func admit(l Limit, mayWait bool, x, need, full, tok, rate, lag int64) (wait, re
 }
 
 // threshold is how much of a bucket of full units (a token: tok units)
-// may be spent at once: with a Delay and DelayAfter, DelayAfter tokens;
-// else all of it.
+// may be spent at once: with a Delay and DelayAfter, DelayAfter tokens (at
+// most the bucket: an override may lower the capacity below it); else all
+// of it.
 func threshold(l Limit, full, tok int64) int64 {
 	if l.Delay > 0 && l.DelayAfter > 0 {
-		return l.DelayAfter * tok
+		return min(l.DelayAfter*tok, full)
 	}
 	return full
 }

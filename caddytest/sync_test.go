@@ -1,6 +1,7 @@
 package caddytest_test
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -197,5 +198,19 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 			t.Fatalf("waited %s for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSyncZoneTakesNoOverride: a zone in the asynchronous mode decides from
+// counts no script call overrides, so the admin API refuses an override
+// for it (a 400 saying why) rather than storing one nothing would obey.
+func TestSyncZoneTakesNoOverride(t *testing.T) {
+	srv := redistest.Start(t)
+	tc := newTester(t)
+	z := zoneName("sync_override")
+	load(t, tc, config("", syncSite, "ZONE", z, "SYNC", "20ms", "EXACT", "3", "URL", srv.URL(), "BODY", "ok"))
+	code, body := adminSend(t, "PUT", "/rate_limit/zones/"+z+"/overrides/127.0.0.24", `{"block": true, "expires_in": "1h"}`)
+	if msg, _ := body["error"].(string); code != http.StatusBadRequest || !strings.Contains(msg, "asynchronously") {
+		t.Errorf("an override on a sync zone: %d %v, want 400 naming the mode", code, body)
 	}
 }

@@ -26,7 +26,12 @@ func (s *Store) Peek(zone string, key algorithms.Key, l algorithms.Limit) (d alg
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	st, ok := sh.get(k)
-	d = algorithms.Peek(st, !ok, l, s.now())
+	now := s.now()
+	if o, on := sh.overrideOf(k, now); on && l.Algorithm != algorithms.Concurrency {
+		d = algorithms.PeekOverride(&o, st, !ok, l, now)
+		return d, ok && d.ResetAfter > 0 || o.Block
+	}
+	d = algorithms.Peek(st, !ok, l, now)
 	if l.Algorithm == algorithms.Concurrency {
 		return d, ok && st.Alg == algorithms.Concurrency && st.Debt > 0 // slots in use
 	}

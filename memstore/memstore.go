@@ -65,6 +65,9 @@ type Store struct {
 	// nil: none. Replaced whole under heirsMu.
 	heirs   atomic.Pointer[[]heir]
 	heirsMu sync.Mutex
+	// ovs indexes the overrides by zone, with their audit (override.go).
+	ovMu sync.Mutex
+	ovs  ovIndex
 }
 
 type shard struct {
@@ -86,7 +89,10 @@ type shard struct {
 	// algorithms/inflight.go) until their Refund settles them; kept apart
 	// from the key's state, which a sweep or a reset may drop meanwhile;
 	// nil until the shard's first.
-	pending   map[mapKey]int64
+	pending map[mapKey]int64
+	// overrides holds the keys' overrides (override.go); nil until the
+	// shard's first.
+	overrides map[mapKey]algorithms.Override
 	lastSweep int64   // Unix ms of the last sweep done to make room
 	_         [8]byte // keep neighbouring shards' locks off one cache line
 }
@@ -292,8 +298,10 @@ func (s *Store) takeOne(r *algorithms.Request, out *algorithms.Decision) {
 	sh.mu.Lock()
 	now := s.now()
 	st, ok := sh.get(k)
-	d, next, fullAt := algorithms.StepPending(st, !ok, r, now, sh.pending[k])
-	if d.Allowed || algorithms.StartsPenalty(st, !ok, next) {
+	d, next, fullAt, write := sh.decide(k, st, ok, r, now)
+	if d.Allowed && !write {
+		sh.took(k, r)
+	} else if write && (d.Allowed || algorithms.StartsPenalty(st, !ok, next)) {
 		s.put(sh, k, ok, &next, fullAt, now, nil)
 		sh.took(k, r)
 	}
@@ -314,8 +322,8 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	var pendBuf [8]algorithms.State
 	var fullBuf [8]int64
 	var lockBuf [8]uint8
-	var presentBuf [8]bool
-	idx, keys, pend, fullAt, present := idxBuf[:0], keyBuf[:0], pendBuf[:0], fullBuf[:0], presentBuf[:0]
+	var presentBuf, writeBuf [8]bool
+	idx, keys, pend, fullAt, present, writes := idxBuf[:0], keyBuf[:0], pendBuf[:0], fullBuf[:0], presentBuf[:0], writeBuf[:0]
 	for i := range reqs {
 		k := mapKey{zone: s.zones.id(reqs[i].Zone), key: reqs[i].Key}
 		keys = append(keys, k)
@@ -330,19 +338,24 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 	for i := range reqs {
 		sh := &s.shards[idx[i]]
 		st, ok := sh.get(keys[i])
-		d, next, full := algorithms.StepPending(st, !ok, &reqs[i], now, sh.pending[keys[i]])
+		d, next, full, write := sh.decide(keys[i], st, ok, &reqs[i], now)
 		d.At = now
 		out[i] = d
 		pend = append(pend, next)
 		fullAt = append(fullAt, full)
 		present = append(present, ok)
+		writes = append(writes, write)
 		allowed = allowed && (d.Allowed || reqs[i].ReportOnly) // report-only zones never veto
 	}
 	for i := range reqs {
 		switch {
 		case allowed && out[i].Allowed:
-			s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
+			if writes[i] {
+				s.put(&s.shards[idx[i]], keys[i], present[i], &pend[i], fullAt[i], now, keys)
+			}
 			s.shards[idx[i]].took(keys[i], &reqs[i])
+		case !writes[i]:
+			// an override that blocks or lifts the limit writes nothing
 		case !out[i].Allowed:
 			// A refusal (or a report-only zone's would-be refusal) charges
 			// nothing, but may start the zone's penalty, whatever the
@@ -352,8 +365,9 @@ func (s *Store) takeMany(reqs []algorithms.Request, out []algorithms.Decision) e
 			}
 		case !allowed:
 			// Vetoed by another zone: report this zone's uncharged state.
-			st, _ := s.shards[idx[i]].get(keys[i])
-			out[i], _, _ = algorithms.Step(st, !present[i], reqs[i].Limit, now, 0)
+			sh := &s.shards[idx[i]]
+			st, _ := sh.get(keys[i])
+			out[i] = sh.view(keys[i], st, present[i], reqs[i].Limit, now)
 			out[i].At = now
 		}
 	}

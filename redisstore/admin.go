@@ -63,8 +63,10 @@ func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.L
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
 	gets := make([]*redis.StringCmd, len(names))
+	ovs := make([]*redis.StringCmd, len(names))
 	for i, n := range names {
 		gets[i] = pipe.Get(ctx, n)
+		ovs[i] = pipe.Get(ctx, n+":o") // its override (override.go)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return err
@@ -84,6 +86,11 @@ func peekOn(ctx context.Context, c redis.Cmdable, names []string, l algorithms.L
 			return err
 		}
 		st, ok := DecodeState(raw)
+		if o, on := decodeOverride(ovs[i].Val()); on && o.Expires > ms {
+			out[i] = algorithms.PeekOverride(&o, st, !ok, l, ms)
+			found[i] = ok && out[i].ResetAfter > 0 || o.Block
+			continue
+		}
 		out[i] = algorithms.Peek(st, !ok, l, ms)
 		found[i] = ok && out[i].ResetAfter > 0
 	}

@@ -32,6 +32,8 @@ func TestLuaLayoutMatchesGo(t *testing.T) {
 		"MODE_REFUND_INFLIGHT": str(modeRefundInFlight), "MODE_SETTLE_INFLIGHT": str(modeSettleInFlight),
 		"MODE_SETTLE": str(modeSettle), "UNKNOWN_INSTANT": str(unknownInstant),
 		"ALG_CONCURRENCY": strconv.Itoa(int(algorithms.Concurrency)),
+		"MAXOCAP":         strconv.FormatInt(algorithms.MaxOverrideCapacity, 10),
+		"OVFMT":           "'>c1I7I7I7I7'", "OVLEN": num(overrideLen),
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Z][A-Z0-9_]*(?:, [A-Z][A-Z0-9_]*)*) = (.+)$`)
 	files, err := filepath.Glob("lua/*.lua")

@@ -275,9 +275,21 @@ func zoneOptions(l algorithms.Limit) string {
 // lua/take.lua packed into one integer (a zone allowed with no wait whose
 // remaining and reset-after fit): (remaining x 2^k + reset-after) x 4 +
 // s, where k is 16, 24 or 32 for s 0, 1 or 2.
+//
+// One zone allowed under an override (lua/take.lua) comes negative:
+// -((capacity × 2^16 + remaining) × 2^20 + reset-after) - 1, the allowed
+// number then carrying the capacity as zoneDecision reads it.
 func packedAdmission(v int64) ([replyPerZone]int64, bool) {
+	if v < 0 {
+		w := -(v + 1)
+		capacity, rem, reset := w>>36, w>>20&(1<<16-1), w&(1<<20-1)
+		if capacity < 1 || capacity >= 1<<16 || rem > capacity {
+			return [replyPerZone]int64{}, false
+		}
+		return [replyPerZone]int64{1 + 4*(capacity+1), rem, 0, reset}, true
+	}
 	s := v & 3
-	if v < 0 || s == 3 {
+	if s == 3 {
 		return [replyPerZone]int64{}, false
 	}
 	k := 16 + 8*s

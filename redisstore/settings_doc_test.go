@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
+	"github.com/sluicehq/caddy-sluice/stores"
 )
 
 // settingsSection returns docs/redis.md's "Redis settings Sluice needs".
@@ -35,6 +37,9 @@ func settingsSection(t *testing.T) string {
 // problem, take that path, decide (admit, then refuse), arm its watch,
 // read the eviction policy, and serve the admin API, without a warning;
 // and the section names what the store logs and counts.
+// overrideRules finds the rules the section adds for overrides.
+var overrideRules = regexp.MustCompile("(?s)overrides through the admin API.*?takes, besides: `([^`]+)`")
+
 func TestRedisSettingsDoc(t *testing.T) {
 	sec := settingsSection(t)
 	for _, s := range []string{
@@ -96,6 +101,28 @@ func TestRedisSettingsDoc(t *testing.T) {
 			}
 			if !take(t, s, req)[0].Allowed {
 				t.Fatal("refused after the reset")
+			}
+			// The overrides' rules, as the section gives them, added.
+			ovArgs := []any{"ACL", "SETUSER", user}
+			for _, f := range strings.Fields(overrideRules.FindStringSubmatch(sec)[1]) {
+				ovArgs = append(ovArgs, f)
+			}
+			srv.Do(t, ovArgs...)
+			e := stores.OverrideEntry{Key: req.Key, Override: algorithms.Override{Block: true, Expires: time.Now().Add(time.Hour).UnixMilli()}, At: time.Now().UnixMilli()}
+			if err := s.SetOverride(ctx, req.Zone, e, 10); err != nil {
+				t.Fatalf("SetOverride: %v", err)
+			}
+			if d := take(t, s, req)[0]; d.Allowed || !d.Overridden {
+				t.Fatalf("under a block: %+v", d)
+			}
+			if live, _, err := s.Overrides(ctx, req.Zone); err != nil || len(live) != 1 {
+				t.Fatalf("Overrides: %v %v", live, err)
+			}
+			if err := s.PeekOverrides(ctx, req.Zone, []algorithms.Key{req.Key}, make([]*stores.OverrideEntry, 1)); err != nil {
+				t.Fatalf("PeekOverrides: %v", err)
+			}
+			if _, ok, err := s.DeleteOverride(ctx, req.Zone, req.Key); !ok || err != nil {
+				t.Fatalf("DeleteOverride: %v %v", ok, err)
 			}
 			s.watch.once()
 			for _, e := range logs.All() {

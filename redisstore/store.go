@@ -622,11 +622,19 @@ func decodeReply(cmd *redis.Cmd, buf *replyBuf, reqs []algorithms.Request, out [
 // script's reply: allowed (1/0; 2: refused, resting on charges in flight),
 // remaining, retry-after and reset-after
 // in ms. An admission's retry-after is its wait (lua/take.lua: delay).
+// An override's decision adds 4 × (its capacity + 1) to allowed
+// (lua/take.lua, override.go).
 func zoneDecision(r *algorithms.Request, n [replyPerZone]int64) algorithms.Decision {
+	limit, overridden := r.Limit.Capacity(), false
+	if n[0] >= 4 {
+		limit, overridden = n[0]/4-1, true
+		n[0] %= 4
+	}
 	d := algorithms.Decision{
 		Allowed:    n[0] == 1,
 		InFlight:   n[0] == 2, // refused, resting on charges in flight
-		Limit:      r.Limit.Capacity(),
+		Overridden: overridden,
+		Limit:      limit,
 		Remaining:  n[1],
 		ResetAfter: time.Duration(n[3]) * time.Millisecond,
 	}

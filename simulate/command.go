@@ -61,6 +61,7 @@ rate_limit store by the simulator's (see docs/simulate.md).
 	f.String("server", "", "The http server (apps.http.servers name) for every request; default: by the request's port")
 	f.String("host", "", "Host of every request (replacing an access log's); default: a CSV row's or a log line's own, else the first host a site matches")
 	f.Int("top", 10, "How many keys refused most to list per zone")
+	f.String("overrides", "", "A JSON file of keys' overrides in force during the replay (docs/simulate.md, Overrides)")
 	f.Int64("max-keys", defaultMaxKeys, "Stop the replay when the keys held (the sum of the zones' keys) pass this; 0 for no bound")
 	return c
 }
@@ -77,6 +78,14 @@ func runSimulate(cmd *cobra.Command, _ []string) error {
 	server, _ := f.GetString("server")
 	host, _ := f.GetString("host")
 	top, _ := f.GetInt("top")
+	ovFile, _ := f.GetString("overrides")
+	var ovs []KeyOverride
+	if ovFile != "" {
+		var err error
+		if ovs, err = LoadKeyOverrides(ovFile); err != nil {
+			return err
+		}
+	}
 	maxKeys, _ := f.GetInt64("max-keys")
 	if maxKeys < 0 {
 		return fmt.Errorf("--max-keys %d: 0 (no bound) or more", maxKeys)
@@ -103,6 +112,7 @@ func runSimulate(cmd *cobra.Command, _ []string) error {
 	rep, err := Run(Options{
 		Config: cfg, ConfigName: filepath.Base(name), Traffic: traffic, Zone: zone, Compare: compare,
 		Server: server, Host: host, Series: html != "", TopKeys: top, MaxKeys: maxKeys, Progress: os.Stderr,
+		KeyOverrides: ovs,
 	})
 	if err != nil {
 		return err

@@ -111,6 +111,9 @@ type EngineOptions struct {
 	Server string
 	// Overrides change a zone before loading (--compare).
 	Overrides Overrides
+	// KeyOverrides are keys' overrides in force during the replay
+	// (--overrides: overrides.go).
+	KeyOverrides []KeyOverride
 	// Recorder options.
 	rec recorderOptions
 }
@@ -192,6 +195,10 @@ func NewEngine(cfgJSON []byte, opts EngineOptions) (*Engine, error) {
 	}
 	if len(e.servers) == 1 {
 		e.fixed = e.servers[0]
+	}
+	if err := e.applyOverrides(opts.KeyOverrides); err != nil {
+		e.Close()
+		return nil, err
 	}
 	return e, nil
 }

@@ -46,6 +46,9 @@ type Options struct {
 	// Progress shows the replay's progress on this file when it is a
 	// terminal (nil: never).
 	Progress *os.File
+	// KeyOverrides are keys' overrides in force during the replay
+	// (--overrides <file>: LoadKeyOverrides).
+	KeyOverrides []KeyOverride
 }
 
 // Run runs a simulation and returns its report.
@@ -245,7 +248,7 @@ func pass(o Options, tr *traffic, variants []Overrides, track []recorderOptions,
 		}
 	}()
 	for i, v := range variants {
-		eo := EngineOptions{Server: o.Server, Overrides: v}
+		eo := EngineOptions{Server: o.Server, Overrides: v, KeyOverrides: o.KeyOverrides}
 		if track != nil {
 			eo.rec = track[i]
 		}

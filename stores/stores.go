@@ -11,6 +11,7 @@ package stores
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -144,3 +145,40 @@ type SyncStatus struct {
 	// Error is the last failed sync's error ("" after a success).
 	Error string
 }
+
+// Overrider keeps overrides: a key's limit set at runtime through the admin
+// API (algorithms.Override), applied by the store's own Take (Redis: read
+// by the decision's script call; memory: this instance's). Each zone holds
+// at most a given number; an override ends at its expiry, by the store.
+type Overrider interface {
+	// SetOverride stores e (replacing the key's override, if any). It
+	// fails with ErrTooManyOverrides when the zone holds max others.
+	SetOverride(ctx context.Context, zone string, e OverrideEntry, max int) error
+	// DeleteOverride removes the key's override and returns it (false:
+	// there was none).
+	DeleteOverride(ctx context.Context, zone string, key algorithms.Key) (OverrideEntry, bool, error)
+	// Overrides returns the zone's overrides in force, and removes those
+	// that ended since the last call and returns them (expired): each is
+	// returned as expired to one caller only, which logs it.
+	Overrides(ctx context.Context, zone string) (live, expired []OverrideEntry, err error)
+	// ExpireOverrides is Overrides without the listing: the count in
+	// force, and those that ended, handed out as Overrides does.
+	ExpireOverrides(ctx context.Context, zone string) (inForce int, expired []OverrideEntry, err error)
+	// PeekOverrides writes each key's override in force to out (nil:
+	// none), for the admin view of a key.
+	PeekOverrides(ctx context.Context, zone string, keys []algorithms.Key, out []*OverrideEntry) error
+}
+
+// OverrideEntry is one key's override and its audit: the key's token (and
+// the raw key, when the admin request named one), the reason given, who
+// set it (the admin request's remote address) and when (Unix ms).
+type OverrideEntry struct {
+	Key algorithms.Key `json:"-"`
+	algorithms.Override
+	Reason string `json:"reason"`
+	By     string `json:"by"`
+	At     int64  `json:"at"`
+}
+
+// ErrTooManyOverrides: a zone holds its most overrides.
+var ErrTooManyOverrides = errors.New("the zone holds its most overrides (max_overrides)")

@@ -33,6 +33,8 @@ var Metrics = struct {
 	// AdaptiveMinimum, AdaptiveMaximum: an adaptive zone's bounds, so an
 	// alert can tell a limit pinned at its minimum.
 	AdaptiveMinimum, AdaptiveMaximum *prometheus.GaugeVec
+	// Overrides: see the root's overrides.go.
+	Overrides *prometheus.GaugeVec
 }{}
 
 // Decision outcomes, the values of the outcome label.
@@ -129,8 +131,12 @@ func Register(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "adaptive_maximum",
 			Help: "An adaptive concurrency zone's maximum setting, the most its limit grows to, by zone.",
 		}, []string{"zone"})
+		Metrics.Overrides = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "overrides",
+			Help: "Overrides in force in a zone (set through the admin API), as last read from its store (every 5s, and at each set, delete or listing), by zone.",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
+	for _, c := range []prometheus.Collector{Metrics.Overrides, Metrics.Decisions, Metrics.StoreDuration, Metrics.StoreErrors, Metrics.Fallbacks, Metrics.Refunds, Metrics.Delays, Metrics.Abandoned, Metrics.Waiting, Metrics.ConcurrentSlots,
 		Metrics.Settled, Metrics.SettleMissing, Metrics.AdaptiveLimit, Metrics.AdaptiveBaseline, Metrics.AdaptiveLatency, Metrics.AdaptiveMinimum, Metrics.AdaptiveMaximum} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err

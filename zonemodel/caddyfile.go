@@ -88,6 +88,12 @@ func ParseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 			if v, err = p.arg(field); err == nil {
 				z.DelayAfter, err = p.count(field, v)
 			}
+		case "max_overrides":
+			if v, err = p.arg(field); err == nil {
+				var n int64
+				n, err = p.count(field, v)
+				z.MaxOverrides = int(n)
+			}
 		case "concurrent":
 			err = p.concurrent(z)
 		case "lease":
@@ -95,7 +101,7 @@ func ParseZone(d *caddyfile.Dispenser, name string, at map[string]caddyfile.Toke
 				z.Lease, err = p.duration(field, v)
 			}
 		default:
-			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance, sync)", field)
+			return nil, p.errf("unknown subdirective %q (known: key, events, window, burst, algorithm, cost, match, ipv4_prefix, ipv6_prefix, fail, report_only, enabled, count, settle, on_exceed, penalty, delay, delay_after, concurrent, lease, local_allowance, sync, max_overrides)", field)
 		}
 		if err != nil {
 			return nil, err

@@ -49,7 +49,15 @@ type Compiled struct {
 	// a request over the limit may wait for a place (0: refused at once).
 	Adaptive     *adaptive.Settings
 	AdaptiveWait time.Duration
+	// MaxOverrides bounds the zone's overrides (0: DefaultMaxOverrides).
+	MaxOverrides int
 }
+
+// The bound of a zone's overrides: its default and the most it may be.
+const (
+	DefaultMaxOverrides = 1000
+	MaxMaxOverrides     = 100_000
+)
 
 // Dynamic reports whether the zone's limit is chosen per request.
 func (c *Compiled) Dynamic() bool {
@@ -115,7 +123,13 @@ func (z *Zone) Compile(name string) (*Compiled, error) {
 	if err := z.checkSync(l.Algorithm); err != nil {
 		return nil, err
 	}
-	c := &Compiled{Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
+	if z.MaxOverrides < 0 || z.MaxOverrides > MaxMaxOverrides {
+		return nil, fmt.Errorf("max_overrides must be between 1 and %d (0: the default, %d), got %d", MaxMaxOverrides, DefaultMaxOverrides, z.MaxOverrides)
+	}
+	if z.MaxOverrides > 0 && z.IsConcurrency() {
+		return nil, errors.New("max_overrides does not apply to a concurrency zone: overrides change a rate zone's limit")
+	}
+	c := &Compiled{MaxOverrides: z.MaxOverrides, Name: name, Limit: l, Cost: 1, Deriver: der, Fail: z.Fail, ReportOnly: z.ReportOnly,
 		Enabled: z.IsEnabled(), Allowance: z.LocalAllowance, Settle: z.Settle, Sync: z.Sync}
 	if err := c.compileCost(z); err != nil {
 		return nil, err

@@ -60,7 +60,7 @@ func (z *Zone) checkSync(alg algorithms.Algorithm) error {
 		set  bool
 		name string
 	}{{z.IsConcurrency(), "concurrent"}, {len(z.Count) > 0, "count"}, {z.Settle != nil, "settle"}, {z.Penalty > 0, "penalty"},
-		{z.Delay > 0, "delay"}, {z.LocalAllowance != nil, "local_allowance"}} {
+		{z.Delay > 0, "delay"}, {z.LocalAllowance != nil, "local_allowance"}, {z.MaxOverrides > 0, "max_overrides"}} {
 		if c.set {
 			return fmt.Errorf("sync: not with %s (it needs every request of the key decided, given back or settled by the store itself; keep the zone exact)", c.name)
 		}

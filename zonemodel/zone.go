@@ -178,6 +178,11 @@ type Zone struct {
 	// store redis. Default: off (exact).
 	Sync *Sync `json:"sync,omitempty"`
 
+	// MaxOverrides bounds the overrides the zone holds at once (set
+	// through the admin API: docs/operating.md, "Overrides"), 1 to
+	// 100000. Rate zones only. Default: 1000.
+	MaxOverrides int `json:"max_overrides,omitempty"`
+
 	// concurrentZero: the JSON wrote "concurrent": 0, which reads as not
 	// set (UnmarshalJSON).
 	concurrentZero bool

@@ -50,6 +50,8 @@ func TestCompileErrorsNameTheField(t *testing.T) {
 		`{"max_events":5,"window":"1m","algorithm":"fixed_window","delay":"1s"}`: "delay: fixed_window: " + algorithms.ErrDelayNotAllowed.Error(),
 		`{"max_events":5,"window":"1m","cost":"9"}`:                              "cost 9 exceeds the zone's capacity 5: no request could ever pass",
 		`{"max_events":5,"window":"1m","fail":"maybe"}`:                          `fail: unknown policy "maybe" (known: open, closed, local)`,
+		`{"max_events":5,"window":"1m","max_overrides":100001}`:                  "max_overrides must be between 1 and 100000 (0: the default, 1000), got 100001",
+		`{"concurrent":3,"max_overrides":10}`:                                    "max_overrides does not apply to a concurrency zone: overrides change a rate zone's limit",
 	} {
 		if _, err := compile(t, js); err == nil || err.Error() != want {
 			t.Errorf("%s: error %v, want %q", js, err, want)

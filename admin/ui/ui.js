@@ -165,10 +165,75 @@
     d.showModal();
   }
 
+  // Overrides: the form sets one (PUT, same origin) and the table lists
+  // every rate zone's, each with a delete button.
+  const ovPath = (zone, key) => "zones/" + encodeURIComponent(zone) + "/overrides" + (key ? "/" + encodeURIComponent(key) : "");
+
+  function overrideText(o) {
+    if (o.kind !== "limit") return o.kind;
+    return o.events + " / " + o.window + (o.burst ? ", burst " + o.burst : "");
+  }
+
+  async function renderOverrides(zones) {
+    const rate = zones.zones.filter((z) => z.algorithm !== "concurrency" && z.algorithm !== "adaptive");
+    const sel = $("#ov-zone");
+    const names = rate.map((z) => z.name);
+    if ([...sel.options].map((o) => o.value).join() !== names.join()) {
+      const keep = sel.value;
+      sel.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+      if (names.includes(keep)) sel.value = keep;
+    }
+    const lists = await Promise.all(rate.map((z) => getJSON(ovPath(z.name)).catch(() => ({ zone: z.name, overrides: [] }))));
+    const tb = el("tbody");
+    for (const l of lists) {
+      for (const o of l.overrides) {
+        tb.append(el("tr", { "data-zone": l.zone, "data-token": o.token },
+          el("td", {}, l.zone), el("td", { class: "token" }, o.token), el("td", { class: "override" }, overrideText(o)),
+          el("td", { title: o.expires }, new Date(o.expires_ms).toLocaleString()), el("td", {}, o.reason), el("td", { class: "token" }, o.by),
+          el("td", {}, el("button", { class: "ov-delete danger", onclick: () => deleteOverride(l.zone, o.token) }, "delete"))));
+      }
+    }
+    if (!tb.children.length) tb.append(el("tr", {}, el("td", { colspan: 7, class: "empty" }, "none")));
+    $("#overrides tbody").replaceWith(tb);
+  }
+
+  async function deleteOverride(zone, token) {
+    try {
+      const r = await getJSON(ovPath(zone, token), { method: "DELETE" });
+      $("#detail").textContent = "DELETE override " + zone + " " + token + "\n" + JSON.stringify(r, null, 2);
+    } catch (e) {
+      $("#detail").textContent = "delete failed: " + e.message;
+    }
+    poll();
+  }
+
+  $("#override-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    const body = { reason: f.get("reason") || "" };
+    if (f.get("expires_in")) body.expires_in = f.get("expires_in");
+    const kind = f.get("kind");
+    if (kind === "block") body.block = true;
+    else if (kind === "unlimited") body.unlimited = true;
+    else {
+      body.events = Number(f.get("events"));
+      body.window = f.get("window");
+      if (f.get("burst")) body.burst = Number(f.get("burst"));
+    }
+    try {
+      const r = await getJSON(ovPath(f.get("zone"), f.get("key")), { method: "PUT", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
+      $("#detail").textContent = "PUT override " + f.get("zone") + "\n" + JSON.stringify(r, null, 2);
+    } catch (e) {
+      $("#detail").textContent = "override refused: " + e.message;
+    }
+    poll();
+  });
+
   async function poll() {
     try {
       const [zones, act] = await Promise.all([getJSON("zones"), getJSON("activity")]);
       render(zones, act);
+      await renderOverrides(zones);
       const s = $("#status");
       s.className = "";
       s.textContent = "updated " + new Date(act.now_ms).toLocaleTimeString() + ", every " + pollMs / 1000 + "s";

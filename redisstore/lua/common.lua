@@ -309,7 +309,7 @@ end
 -- nil for none).
 local function threshold(o, full, tok)
   if o and o.d > 0 and o.a > 0 then
-    return o.a * tok
+    return min(o.a * tok, full)
   end
   return full
 end

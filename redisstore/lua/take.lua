@@ -186,6 +186,19 @@ local leases = {}
 
 local inflightTTL = '300000' -- ms
 
+-- Overrides (redisstore/override.go): KEYS[i] .. ':o' holds zone i's key's
+-- override, 29 bytes (OVFMT): its kind, l (another limit: the algorithm,
+-- penalty and delay kept), b (block) or u (unlimited), then its expiry
+-- (Unix ms), events, window (ms) and capacity; its TTL, set by the admin API, ends it, and so does its
+-- expiry read here. A take reads it with the key's state; a refund does
+-- not. A zone it decided has 4 x (capacity + 1) added to its allowed
+-- number in the reply (MAXOCAP keeps the sum exact; block: capacity 0) and
+-- sends no value for the deny cache (0). ovf[i] is that number (0: none);
+-- oes, ows, ocs the limit a zone was decided under, for a veto's view.
+local MAXOCAP = 1125899906842623
+local OVFMT, OVLEN = '>c1I7I7I7I7', 29
+local ovf, oes, ows, ocs = {}, {}, {}, {}
+
 -- settle takes cost off the units of key charged in flight.
 local function settle(key, cost)
   local fk = key .. ':f'
@@ -201,6 +214,7 @@ local function take(keys, argv, base)
   local lastraw, lastfull -- the last zone's values, as raws and fulls
   local conc = false -- a concurrency zone takes a slot
   local flying = false -- a zone takes a charge in flight
+  local anyov = false -- an override decided a zone
   for i = 1, n do
     local s = argv[base + i]
     local z = zargs[s]
@@ -214,6 +228,7 @@ local function take(keys, argv, base)
       end
     end
     zs[i] = z
+    ovf[i] = 0
     local alg, events, w, capacity, ot = z[1], z[2], z[3], z[4], z[5]
     local step = steps[alg]
     local full, raw, pen = nil, nil, 0
@@ -273,7 +288,30 @@ local function take(keys, argv, base)
       if ot then p = ot.p end
       local pending = 0
       if inflight then pending = tonum(call('GET', keys[i] .. ':f')) or 0 end
-      if p > 0 and pen ~= 0 and now < pen + p then
+      local okind, oexp = nil, 0
+      if alg ~= ALG_CONCURRENCY then
+        local ov = call('GET', keys[i] .. ':o')
+        if ov and #ov == OVLEN then
+          local k, e, oe, ow, oc = sunpk(OVFMT, ov)
+          if now < e and (k == 'b' or k == 'u' or k == 'l' and oe > 0 and ow > 0 and oc > 0) then
+            okind, oexp, anyov = k, e, true
+            if k == 'l' then events, w, capacity = oe, ow, oc end
+          end
+        end
+      end
+      if okind == 'l' then
+        oes[i], ows[i], ocs[i] = events, w, capacity
+        ovf[i] = 4 * (capacity + 1)
+      end
+      if okind == 'b' then
+        -- blocked until the override ends: nothing written
+        allowed, rem, retry, reset = 0, 0, oexp - now, oexp - now
+        ovf[i] = 4
+      elseif okind == 'u' then
+        -- unlimited: allowed, nothing charged
+        rem = min(capacity, MAXOCAP)
+        ovf[i] = 4 * (rem + 1)
+      elseif p > 0 and pen ~= 0 and now < pen + p then
         -- in its penalty: refused, nothing written
         local e = pen + p
         local _
@@ -300,11 +338,12 @@ local function take(keys, argv, base)
       end
       -- a report-only zone never vetoes
       if allowed ~= 1 and mode ~= MODE_REPORT_ONLY and mode ~= MODE_REPORT_ONLY_REFUNDABLE and mode ~= MODE_REPORT_ONLY_INFLIGHT then all = false end
+      local nowrite = okind == 'b' or okind == 'u' -- nothing to write
       if i < n then
-        vals[i], resets[i], raws[i], fulls[i] = val, reset, raw, full
+        vals[i], resets[i], raws[i], fulls[i] = val, not nowrite and reset, raw, full
       else
         lastraw, lastfull = raw, full
-        if allowed == 1 then
+        if allowed == 1 and not nowrite then
           if all then
             lastval, lastreset = val, reset
           else
@@ -329,8 +368,13 @@ local function take(keys, argv, base)
       else
         -- vetoed, as above
         local z = zs[i]
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
-          steps[z[1]](raws[i], z[2], z[3], z[4], 0, z[5])
+        if ovf[i] == 0 then
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
+            steps[z[1]](raws[i], z[2], z[3], z[4], 0, z[5])
+        else
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] =
+            steps[z[1]](raws[i], oes[i], ows[i], ocs[i], 0, z[5])
+        end
       end
     end
   end
@@ -356,6 +400,12 @@ local function take(keys, argv, base)
       end
     end
   end
+  if anyov then
+    for i = 1, n do
+      local o = REPLY * (i - 1) + 1
+      out[o] = out[o] + ovf[i]
+    end
+  end
   if not all then
     local o = REPLY * n + 1
     out[o] = now
@@ -363,8 +413,8 @@ local function take(keys, argv, base)
     for i = 1, n do
       local r = fulls[i]
       if i == n then r = lastfull end
-      if zs[i][1] == ALG_CONCURRENCY then
-        r = 0 -- a concurrency zone's key: the deny cache keeps no entry
+      if zs[i][1] == ALG_CONCURRENCY or ovf[i] ~= 0 then
+        r = 0 -- a concurrency zone's key, an overridden one: the deny cache keeps no entry
       elseif not r then
         r = ''
       elseif #r > 1024 then
@@ -374,7 +424,16 @@ local function take(keys, argv, base)
     end
     return out
   end
-  if n == 1 and not wantnow and out[1] == 1 and out[3] == 0 then
+  if n == 1 and not wantnow and anyov and out[1] % 4 == 1 and out[3] == 0 then
+    -- one zone allowed under an override, with no wait: one negative
+    -- integer, -((capacity x 2^16 + remaining) x 2^20 + reset-after) - 1,
+    -- when they fit (script.go's packedAdmission reads it)
+    local cap, rem, reset = (out[1] - 1) / 4 - 1, out[2], out[4]
+    if cap < 65536 and rem >= 0 and rem < 65536 and reset >= 0 and reset < 1048576 then
+      return -((cap * 65536 + rem) * 1048576 + reset) - 1
+    end
+  end
+  if n == 1 and not wantnow and not anyov and out[1] == 1 and out[3] == 0 then
     -- one zone allowed with no wait: one packed integer (see atop)
     local rem, reset = out[2], out[4]
     if rem >= 0 and reset >= 0 then
