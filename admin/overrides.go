@@ -402,7 +402,7 @@ func startSweep() {
 func sweepOverrides() {
 	for _, az := range activeZones() {
 		st, ok := az.Store.(stores.Overrider)
-		if !ok || az.Limit.Algorithm == algorithms.Concurrency {
+		if !ok || az.Limit.Algorithm == algorithms.Concurrency || az.Sync {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

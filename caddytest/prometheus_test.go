@@ -222,6 +222,19 @@ const promSites = `http://localhost:@A@ {
 		rewrite * /slow
 		reverse_proxy @UP@
 	}
+	handle /rsync {
+		rate_limit {
+			zone @RSYNC@ {
+				key {http.request.header.X-User}
+				events 1000000
+				window 1h
+				algorithm fixed_window
+				sync 100ms
+			}
+			@STORE@
+		}
+		respond "ok"
+	}
 	handle /rconc {
 		rate_limit {
 			zone @RCONC@ {
@@ -239,7 +252,7 @@ const promSites = `http://localhost:@A@ {
 `
 
 // promZones are the scenario's zones, by their variable in promSites.
-var promZones = []string{"MEM", "DYN", "DELAY", "CONC", "ADAPT", "SETTLE", "RDENY", "RLOCAL", "RCOUNT", "RCONC"}
+var promZones = []string{"MEM", "DYN", "DELAY", "CONC", "ADAPT", "SETTLE", "RDENY", "RLOCAL", "RCOUNT", "RCONC", "RSYNC"}
 
 // promScenario is TestPrometheusDashboardAndAlerts's world: Redis, the
 // upstream, the loaded config, Prometheus scraping this process's Caddy,
@@ -272,6 +285,11 @@ func newPromScenario(t *testing.T) *promScenario {
 		vars = append(vars, z, s.zones[z])
 	}
 	load(t, tc, config("", strings.ReplaceAll(promSites, "@STORE@", promStore), vars...))
+	// An override in force, for the overrides panel (read by the sweep).
+	if code, body := adminSend(t, "PUT", "/rate_limit/zones/"+s.zones["RDENY"]+"/overrides/vip-"+nonce,
+		`{"events": 100, "window": "1h", "expires_in": "1h", "reason": "prometheus test"}`); code != http.StatusOK {
+		t.Fatalf("setting an override: %d %v", code, body)
+	}
 	dir := t.TempDir()
 	alerts, rulesPath := alertRules(t, dir)
 	s.alerts = alerts
@@ -347,7 +365,7 @@ func (s *promScenario) ours(l map[string]string) bool {
 func (s *promScenario) startLoad() (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	paths := []string{"/mem", "/dyn", "/delay", "/conc", "/settle", "/rdeny", "/rlocal", "/rcount", "/rconc"}
+	paths := []string{"/mem", "/dyn", "/delay", "/conc", "/settle", "/rdeny", "/rlocal", "/rcount", "/rconc", "/rsync"}
 	end := time.Now().Add(60 * time.Second)
 	for w := range 4 {
 		wg.Add(1)
@@ -595,6 +613,7 @@ var promNotProduced = map[string]string{
 	"Unknown, late and unsent decisions B": "a late reply needs Redis to answer between timeout and the grace (it may)",
 	"Unknown, late and unsent decisions C": "an unsent timeout needs the pipelines busy past the timeout",
 	"Waiting now A":                        "a gauge that is 0 between bursts",
+	"Asynchronous mode syncs B":            "units dropped unsent need more keys than the zone's max_keys during an outage",
 }
 
 // pending returns the panel queries that have not shown a positive value
