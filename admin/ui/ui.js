@@ -175,7 +175,8 @@
   }
 
   async function renderOverrides(zones) {
-    const rate = zones.zones.filter((z) => z.algorithm !== "concurrency" && z.algorithm !== "adaptive");
+    // A zone in the asynchronous mode (sync) takes no override.
+    const rate = zones.zones.filter((z) => z.algorithm !== "concurrency" && z.algorithm !== "adaptive" && !z.sync);
     const sel = $("#ov-zone");
     const names = rate.map((z) => z.name);
     if ([...sel.options].map((o) => o.value).join() !== names.join()) {
