@@ -47,8 +47,7 @@ func init() {
 // the client (an IP address, an API key). It is derived exactly as a
 // request's key is (an IP canonicalised and masked, anything else hashed),
 // once per key candidate the value could have come from; a read reports
-// each, a reset deletes them all. Like Caddy's other admin.api modules, it
-// is always loaded.
+// each, a reset deletes them all. Always loaded, like Caddy's admin.api's.
 type API struct{}
 
 // CaddyModule returns the Caddy module information.
