@@ -500,7 +500,7 @@ func (s *promScenario) healthy() {
 		}
 	}
 	firing := s.evaluate()
-	for _, quiet := range []string{"SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost", "SluiceStoreDataLost", "SluiceStoreEvictions", "SluiceAdaptiveAtMinimum"} {
+	for _, quiet := range []string{"SluiceStoreFailing", "SluiceBreakerOpen", "SluiceUnknownDecisions", "SluiceRefundsLost", "SluiceStoreDataLost", "SluiceStoreEvictions", "SluiceAdaptiveAtMinimum", "SluiceSyncFailing"} {
 		if firing[quiet] {
 			t.Errorf("healthy: the expression of %s holds while all is well", quiet)
 		}
