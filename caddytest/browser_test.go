@@ -427,25 +427,7 @@ for (const [name, opts] of [["delete", { method: "DELETE" }], ["post_nocors", { 
 }
 Promise.all(waits).then(() => { document.body.dataset.done = JSON.stringify(out); });
 </script>`
-	load(t, tc, config("", `
-:@A@ {
-	rate_limit {
-`+uiLoginZone+`	}
-	handle /attack {
-		header Content-Type "text/html; charset=utf-8"
-		respond `+"`"+attack+"`"+`
-	}
-	respond "ok"
-}
-:@B@ {
-	header Access-Control-Allow-Origin *
-	header Access-Control-Allow-Methods *
-	@preflight method OPTIONS
-	handle @preflight {
-		respond 204
-	}
-	rate_limit_ui /sluice/*
-}`, "ZL", zl))
+	load(t, tc, config("", crossSiteSites(attack), "ZL", zl))
 	c := loopbackClient(1)
 	for range 4 {
 		get(t, c, siteA+"/login", "X-User: alice")
@@ -534,4 +516,31 @@ func TestLiveUISiteWideZoneInBrowser(t *testing.T) {
 		t.Errorf("the site after the page's polls: %d, want 429 (the zone still holds)", r.code)
 	}
 	ce.check(t)
+}
+
+// crossSiteSites is the cross-site tests' config: site A (the login zone)
+// serves the attacker's page at /attack; site B serves the live page
+// behind the widest CORS a careless operator could add, so only the
+// page's own same-origin rule stands between the attack and the page.
+func crossSiteSites(attack string) string {
+	return `
+:@A@ {
+	rate_limit {
+` + uiLoginZone + `	}
+	handle /attack {
+		header Content-Type "text/html; charset=utf-8"
+		respond ` + "`" + attack + "`" + `
+	}
+	respond "ok"
+}
+:@B@ {
+	header Access-Control-Allow-Origin *
+	header Access-Control-Allow-Methods *
+	header Access-Control-Allow-Headers *
+	@preflight method OPTIONS
+	handle @preflight {
+		respond 204
+	}
+	rate_limit_ui /sluice/*
+}`
 }

@@ -89,26 +89,7 @@ Promise.all([
   fetch(target, { method: "POST", mode: "no-cors", body }).then((r) => { out.post_nocors = r.type; }, (e) => { out.post_nocors = "failed: " + e.message; }),
 ]).then(() => { document.body.dataset.done = JSON.stringify(out); });
 </script>`
-	load(t, tc, config("", `
-:@A@ {
-	rate_limit {
-`+uiLoginZone+`	}
-	handle /attack {
-		header Content-Type "text/html; charset=utf-8"
-		respond `+"`"+attack+"`"+`
-	}
-	respond "ok"
-}
-:@B@ {
-	header Access-Control-Allow-Origin *
-	header Access-Control-Allow-Methods *
-	header Access-Control-Allow-Headers *
-	@preflight method OPTIONS
-	handle @preflight {
-		respond 204
-	}
-	rate_limit_ui /sluice/*
-}`, "ZL", zl))
+	load(t, tc, config("", crossSiteSites(attack), "ZL", zl))
 	ctx, ce := browser(t)
 	wctx, cancelW := context.WithTimeout(ctx, 20*time.Second)
 	defer cancelW()
