@@ -48,21 +48,7 @@ func TestExactFleetLocalAllowance(t *testing.T) {
 	const lowest = exactCapacity - exactProcs*exactCapacity/10
 	for round := range exactRounds {
 		out := burst(t, client, procs, "/", exactWorkers, fmt.Sprintf("allow-%s-%d", nonce, round))
-		allowed, refused := 0, 0
-		for i, res := range out {
-			switch {
-			case res.err != nil:
-				t.Errorf("round %d: request %d: %v", round, i, res.err)
-			case res.code == http.StatusOK && !res.decided():
-				t.Errorf("round %d: request %d let through undecided: %s", round, i, res)
-			case res.code == http.StatusOK:
-				allowed++
-			case res.code == http.StatusTooManyRequests:
-				refused++
-			default:
-				t.Errorf("round %d: request %d: %s", round, i, res)
-			}
-		}
+		allowed, refused := countRound(t, round, out)
 		t.Logf("round %2d: %d allowed, %d refused", round, allowed, refused)
 		if allowed > exactCapacity {
 			t.Errorf("round %d: %d allowed, the limit is %d", round, allowed, exactCapacity)

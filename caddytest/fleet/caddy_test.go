@@ -560,6 +560,27 @@ func tally(rs []result) map[string]int {
 	return m
 }
 
+// countRound counts a burst's decided answers, allowed (200) and refused (429);
+// anything else, or a 200 no store decided, is an error of round.
+func countRound(t *testing.T, round int, out []result) (allowed, refused int) {
+	t.Helper()
+	for i, res := range out {
+		switch {
+		case res.err != nil:
+			t.Errorf("round %d: request %d: %v", round, i, res.err)
+		case res.code == http.StatusOK && !res.decided():
+			t.Errorf("round %d: request %d let through undecided: %s", round, i, res)
+		case res.code == http.StatusOK:
+			allowed++
+		case res.code == http.StatusTooManyRequests:
+			refused++
+		default:
+			t.Errorf("round %d: request %d: %s", round, i, res)
+		}
+	}
+	return allowed, refused
+}
+
 // percentile returns the p-th percentile (0..100) of ds.
 func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {

@@ -106,21 +106,8 @@ func TestFleetSyncBound(t *testing.T) {
 		synced(t, client, procs, "sync_bound")
 		before := admitted
 		out := burst(t, client, procs, "/", 60, user)
-		refused := 0
-		for i, res := range out {
-			switch {
-			case res.err != nil:
-				t.Errorf("round %d: request %d: %v", round, i, res.err)
-			case res.code == http.StatusOK && !res.decided():
-				t.Errorf("round %d: request %d let through undecided: %s", round, i, res)
-			case res.code == http.StatusOK:
-				admitted++
-			case res.code == http.StatusTooManyRequests:
-				refused++
-			default:
-				t.Errorf("round %d: request %d: %s", round, i, res)
-			}
-		}
+		allowed, refused := countRound(t, round, out)
+		admitted += allowed
 		bound := before + exactProcs*(n-20)
 		t.Logf("round %d: %d admitted before the burst, %d in all (bound %d), %d refused", round, before, admitted, bound, refused)
 		if admitted > bound {
