@@ -36,9 +36,13 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 		names[i] = s.zoneKey(zone, k, l.Algorithm)
 	}
 	defer s.peekSynced(zone, keys, l, out, found)
+	peek := peekOn
+	if _, ok := s.syncCfg(zone); ok && algorithms.Syncable(l.Algorithm) {
+		peek = peekCounts // the mode keeps counts per window (async.go)
+	}
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
-		return peekOn(ctx, s.client, names, l, out, found)
+		return peek(ctx, s.client, names, l, out, found)
 	}
 	// Each key's hash tag is its token, so the keys of one client's
 	// candidates live in different hash slots: ask each key's master, with its
@@ -48,7 +52,7 @@ func (s *Store) PeekKeys(ctx context.Context, zone string, keys []algorithms.Key
 		if err != nil {
 			return err
 		}
-		if err := peekOn(ctx, node, names[i:i+1], l, out[i:i+1], found[i:i+1]); err != nil {
+		if err := peek(ctx, node, names[i:i+1], l, out[i:i+1], found[i:i+1]); err != nil {
 			return err
 		}
 	}
@@ -108,14 +112,21 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	ctx, cancel := context.WithTimeout(ctx, max(s.timeout, minAdminTimeout))
 	defer cancel()
 	pipe := s.client.Pipeline()
-	dels := make([]*redis.IntCmd, len(keys), 2*len(keys))
+	dels := make([][]*redis.IntCmd, len(keys))
+	cfg, synced := s.syncCfg(zone)
 	for i, k := range keys {
-		dels[i] = pipe.Del(ctx, s.Key(zone, k))
-	}
-	for _, k := range keys {
+		name := s.Key(zone, k)
 		// A concurrency zone's slots (concurrency.go): the admin API does
 		// not say which kind the zone is, and a key holds one or the other.
-		dels = append(dels, pipe.Del(ctx, s.SlotsKey(zone, k)))
+		dels[i] = append(dels[i], pipe.Del(ctx, name), pipe.Del(ctx, s.SlotsKey(zone, k)))
+		if synced {
+			// The mode's counts (async.go): the windows around this
+			// instance's clock.
+			ws := algorithms.WindowStart(time.Now().UnixMilli(), cfg.window)
+			for _, start := range []int64{ws - cfg.window, ws, ws + cfg.window} {
+				dels[i] = append(dels[i], pipe.Del(ctx, countKey(name, start)))
+			}
+		}
 	}
 	if !s.cluster {
 		pipe.Incr(ctx, s.resetsKey())
@@ -133,8 +144,13 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 	}
 	s.forgetSynced(zone, keys) // and its view in the asynchronous mode
 	n := 0
-	for _, d := range dels {
-		n += int(d.Val())
+	for _, ds := range dels {
+		for _, d := range ds {
+			if d.Val() > 0 {
+				n++
+				break
+			}
+		}
 	}
 	return n, nil
 }

@@ -2,10 +2,9 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
-	"encoding/binary"
+	"errors"
 	"fmt"
-	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,28 +26,21 @@ import (
 // and sent in a sync not yet answered), each tagged with its window's
 // start (algorithms.AddCharges); the request path calls no Redis. The sync
 // loop sends, every interval, the charges of every key requested since the
-// last sync, all zones together, in one pipeline: one script call
-// (lua/sync.lua) per hash slot and up to syncChunk keys. Its reply replaces
-// the keys' states and ends their sent charges; a failed sync puts its
+// last sync, all zones together, pipelined (syncwire.go: a count per key
+// and window in Redis, one INCRBY per key in the common case). Its reply
+// replaces the keys' counts and ends their sent charges; a failed sync puts its
 // charges back to be sent again (a reply lost after Redis applied them
 // counts them twice: it errs toward refusing). A zone keeps at most its
 // max_keys keys: past it, the least recently requested of a sample is
 // dropped, its unsent units counted dropped. A sync looks only at the keys
 // requested since the last (each shard's dirty list).
 
-//go:embed lua/sync.lua
-var luaSync string
-
-// syncScript is the sync call: the helpers and algorithms of the decision
-// script, lua/sync.lua, and the clock read from Redis.
-var syncScript = redis.NewScript(luaClock + luaDefs + luaSync + "\nreturn sync(KEYS, ARGV, 0)\n")
-
 const (
 	syncShards = 64
-	// syncChunk bounds the keys of one script call (a call blocks Redis
-	// while it runs), syncPipeline the calls of one pipeline (send).
-	syncChunk    = 250
-	syncPipeline = 4
+	// syncChunk bounds the keys of one pipeline (one round trip per
+	// node): a pipeline's replies must all come within the client's read
+	// timeout.
+	syncChunk = 1000
 	// minSyncTimeout is the least time a sync waits for its reply, and
 	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
 	// a while: a bound that did not grow with them could fail every sync).
@@ -57,6 +49,10 @@ const (
 	// sweepEvery is how often the loop looks at every key kept, to forget
 	// those back to full.
 	sweepEvery = 5 * time.Second
+	// finalAfter, with 4 intervals, is how long into a window a sliding
+	// window's previous count is read again: by then every instance's late
+	// charges for it (sent within an interval and a sync's time) landed.
+	finalAfter = 250 * time.Millisecond
 	// maxSyncZones bounds the zone names a store numbers for the mode
 	// (syncKey.zone), over its life.
 	maxSyncZones = 4096
@@ -67,6 +63,7 @@ type syncCfg struct {
 	interval time.Duration
 	maxKeys  int
 	id       uint16 // the zone's number (syncs.ids)
+	window   int64  // the limit's window (ms): a reset deletes its counts
 }
 
 type syncReg struct {
@@ -92,11 +89,21 @@ type syncEntry struct {
 	// The key's state as Redis last returned it (algorithms.State's
 	// fields: At, Scale, Prev, Debt); read: returned once at least.
 	at, scale, prev, debt int64
-	read                  bool
-	live                  bool // in use (else on the slab's free list)
-	unsent                [2]algorithms.WindowCharge
-	sent                  [2]algorithms.WindowCharge // in the sync running
-	used                  int64                      // Unix ms of the last request
+	// final: the window start whose previous count (prev) no instance
+	// adds to any more (a sync asks Redis for it unless it is the
+	// current one; 0: none).
+	final int64
+	// made: the window start whose count in Redis this instance gave its
+	// TTL (its syncs need no PEXPIRE then; 0: none).
+	made int64
+	// bare: the window start of a count this instance made without a TTL
+	// (syncwire.go's expireLost failed): the next sync sets it.
+	bare   int64
+	read   bool
+	live   bool // in use (else on the slab's free list)
+	unsent [2]algorithms.WindowCharge
+	sent   [2]algorithms.WindowCharge // in the sync running
+	used   int64                      // Unix ms of the last request
 	// touched: requested since the last sync took the key (listed in
 	// its shard's dirty).
 	touched bool
@@ -157,6 +164,8 @@ type syncs struct {
 	kick chan chan struct{}
 
 	swept    time.Time    // the last sweep (the loop's own)
+	items    []syncItem   // the last sync's, kept for their room (the loop's own)
+	wire     syncWire     // the exchange's buffers (the loop's own)
 	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
 	failures atomic.Int64 // syncs failed since
 	lastErr  atomic.Pointer[string]
@@ -210,7 +219,7 @@ func (s *Store) SyncZone(zone string, l algorithms.Limit, interval time.Duration
 	}
 	y.next++
 	id := y.next
-	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, id: zid}})
+	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, id: zid, window: l.Window}})
 	y.publish()
 	y.regMu.Unlock()
 	y.startOnce.Do(func() { go y.run() })
@@ -325,6 +334,63 @@ func (s *Store) peekSynced(zone string, keys []algorithms.Key, l algorithms.Limi
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// syncCfg returns zone's mode on this instance (false: not in it).
+func (s *Store) syncCfg(zone string) (syncCfg, bool) {
+	if y := s.async.Load(); y != nil {
+		if m := y.zones.Load(); m != nil {
+			cfg, ok := (*m)[zone]
+			return cfg, ok
+		}
+	}
+	return syncCfg{}, false
+}
+
+// countKey is the key of name's count in the window starting at start, as
+// lua/sync.lua names it.
+func countKey(name string, start int64) string {
+	return string(appendCountKey([]byte(name), start))
+}
+
+// appendCountKey appends countKey's suffix to a key's name.
+func appendCountKey(b []byte, start int64) []byte {
+	return strconv.AppendInt(append(b, ':'), start, 10)
+}
+
+// peekCounts is peekOn for a zone in the asynchronous mode: the counts of
+// the current and the previous window at Redis's clock, viewed as the
+// algorithm's state.
+func peekCounts(ctx context.Context, c redis.Cmdable, names []string, l algorithms.Limit, out []algorithms.Decision, found []bool) error {
+	t, err := c.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	ms := t.UnixMilli()
+	w := l.Window
+	start := algorithms.WindowStart(ms, w)
+	pipe := c.Pipeline()
+	curs := make([]*redis.StringCmd, len(names))
+	prevs := make([]*redis.StringCmd, len(names))
+	for i, n := range names {
+		curs[i] = pipe.Get(ctx, countKey(n, start))
+		prevs[i] = pipe.Get(ctx, countKey(n, start-w))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	for i := range names {
+		cur, _ := strconv.ParseInt(curs[i].Val(), 10, 64)
+		prev, _ := strconv.ParseInt(prevs[i].Val(), 10, 64)
+		if l.Algorithm == algorithms.FixedWindow {
+			prev = 0
+		}
+		st := algorithms.State{Alg: l.Algorithm, At: start, Scale: w, Debt: min(cur, l.Events), Prev: min(prev, l.Events)}
+		fresh := cur <= 0 && prev <= 0
+		out[i] = algorithms.Peek(st, fresh, l, ms)
+		found[i] = !fresh && out[i].ResetAfter > 0
+	}
+	return nil
 }
 
 // forgetSynced drops this instance's view of the keys of zone (the admin
@@ -702,14 +768,24 @@ type syncItem struct {
 	j     uint32 // its entry
 	sent  [2]algorithms.WindowCharge
 	limit algorithms.Limit
-	name  string // its Redis key
-	slot  uint16
-	state algorithms.State
-	err   error
+	l     int64 // the current window's start, by this instance's clock
+	// known: the entry holds the previous window's count final for l;
+	// made: l's count exists in Redis with its TTL, as far as the entry
+	// knows (else the sync sets the TTL with its first charge).
+	known, made bool
+	// The reply: the counts of the current and the previous window (-1:
+	// not read, the entry's final one stands); created: l's count got its
+	// TTL; lost: it had not been made after all (a reset, a Redis
+	// restarted empty) and could not be given its TTL: the next sync sets
+	// it (the entry's bare, sent as the item's).
+	cur, prev     int64
+	created, lost bool
+	bare          int64
+	err           error
 }
 
 // syncOnce sends the charges of every key requested since the last sync
-// and reads their states back; now and then (sweepEvery) it forgets the
+// and reads their counts back; now and then (sweepEvery) it forgets the
 // keys back to full and not requested since.
 func (y *syncs) syncOnce() {
 	start := time.Now()
@@ -718,7 +794,7 @@ func (y *syncs) syncOnce() {
 		y.sweep(now)
 		y.swept = start
 	}
-	var items []syncItem
+	items := y.items[:0]
 	for i := range y.shards {
 		sh := &y.shards[i]
 		sh.mu.Lock()
@@ -730,41 +806,41 @@ func (y *syncs) syncOnce() {
 				continue // dropped for max_keys meanwhile
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
-			items = append(items, syncItem{k: e.k, j: j, sent: e.sent, limit: e.limit})
+			it := syncItem{k: e.k, j: j, sent: e.sent, limit: e.limit, l: algorithms.WindowStart(now, e.limit.Window)}
+			it.known = e.final != 0 && e.final == it.l
+			it.made = e.made != 0 && e.made == it.l
+			it.bare = e.bare
+			items = append(items, it)
 		}
 		clear(dirty)
 		sh.spare = dirty[:0]
 		sh.mu.Unlock()
 	}
+	defer func() { y.items = items[:0] }()
 	if len(items) == 0 {
 		y.succeeded(start)
 		return
 	}
-	names := *y.names.Load()
-	for i := range items {
-		it := &items[i]
-		it.name = y.s.Key(names[it.k.zone], it.k.key)
-		if y.s.cluster {
-			it.slot = hashSlotOf(it.k.key)
-		}
-	}
-	err := y.send(items)
+	err := y.exchange(items, now) // syncwire.go
+	finalAfter := (4*y.period() + finalAfter).Milliseconds()
 	for i := range items {
 		it := &items[i]
 		sh := y.shard(&it.k)
 		sh.mu.Lock()
-		j, kept := sh.entry(it.k)
-		kept = kept && j == it.j
+		// Its entry, unless dropped (for max_keys, or a reset) meanwhile.
+		e := &sh.slab[it.j]
+		kept := e.live && e.k == it.k
 		switch {
 		case kept && it.err == nil:
-			e := &sh.slab[j]
-			e.at, e.scale, e.prev, e.debt, e.read = it.state.At, it.state.Scale, it.state.Prev, it.state.Debt, true
-			e.sent = [2]algorithms.WindowCharge{}
+			e.adopt(it, now, finalAfter)
+			if it.lost {
+				sh.touch(it.j) // its TTL set by the next sync
+			}
 		case kept:
-			sh.slab[j].unsend()
-			sh.touch(j) // sent again by the next sync
+			e.unsend()
+			sh.touch(it.j) // sent again by the next sync
 		case it.err != nil:
-			// Dropped for max_keys while its sync failed.
+			// Dropped while its sync failed.
 			if n := it.sent[0].Units + it.sent[1].Units; n > 0 {
 				y.dropped.Add(n)
 				y.droppedUnits.Add(float64(n))
@@ -789,6 +865,33 @@ func (y *syncs) syncOnce() {
 		y.succeeded(start)
 	}
 	y.runs.Add(1)
+}
+
+// adopt makes the counts a sync returned at now the key's state, its sent
+// charges counted in them. A previous count read finalAfter (ms) or more
+// into its window is final. Called with the shard's lock held.
+func (e *syncEntry) adopt(it *syncItem, now, finalAfter int64) {
+	w, n := it.limit.Window, it.limit.Events
+	prev := it.prev
+	switch {
+	case it.limit.Algorithm == algorithms.FixedWindow:
+		prev = 0
+	case prev < 0:
+		prev = e.prev // final, for this window (the sync read it only otherwise)
+	case now-it.l >= finalAfter:
+		e.final = it.l
+	default:
+		e.final = 0
+	}
+	e.bare = 0
+	switch {
+	case it.created:
+		e.made = it.l
+	case it.lost:
+		e.made, e.bare = 0, it.l
+	}
+	e.at, e.scale, e.prev, e.debt, e.read = it.l, w, min(prev, n), min(it.cur, n), true
+	e.sent = [2]algorithms.WindowCharge{}
 }
 
 // sweep forgets the keys that hold nothing to send and are back to full
@@ -824,128 +927,4 @@ func (y *syncs) succeeded(start time.Time) {
 	y.lastErr.Store(nil)
 	y.syncsOK.Inc()
 	y.lastSync.Set(float64(start.UnixNano()) / 1e9)
-}
-
-// syncArgSize is the bytes of one key's part of lua/sync.lua's argument.
-const syncArgSize = 49
-
-// appendSyncArg appends a key's part of lua/sync.lua's argument to b.
-func appendSyncArg(b []byte, l algorithms.Limit, c [2]algorithms.WindowCharge) []byte {
-	b = append(b, byte(l.Algorithm))
-	for _, v := range [6]int64{l.Events, l.Window, c[0].Start, max(c[0].Units, 0), c[1].Start, max(c[1].Units, 0)} {
-		b = binary.BigEndian.AppendUint64(b, math.Float64bits(float64(v)))
-	}
-	return b
-}
-
-// send runs the sync's script calls (items sorted into calls by hash slot
-// in a Cluster, which go-redis sends to each slot's master), in pipelines
-// of at most syncPipeline calls, and sets each item's state or error. A
-// pipeline's replies must all come within the client's read timeout (the
-// decisions', a fraction of a second): a bounded pipeline keeps a backlog
-// of keys (after an outage) from failing every sync. After a failed
-// pipeline the rest is not sent. It returns the first error.
-func (y *syncs) send(items []syncItem) error {
-	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(len(items))*syncKeyTimeout
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	// The calls: runs of items of one slot, at most syncChunk each.
-	var calls [][]int
-	bySlot := map[uint16][]int{}
-	for i := range items {
-		bySlot[items[i].slot] = append(bySlot[items[i].slot], i)
-	}
-	for _, idx := range bySlot {
-		for len(idx) > 0 {
-			n := min(len(idx), syncChunk)
-			calls = append(calls, idx[:n])
-			idx = idx[n:]
-		}
-	}
-	var first error
-	for len(calls) > 0 {
-		batch := calls[:min(len(calls), syncPipeline)]
-		calls = calls[len(batch):]
-		if first != nil {
-			for _, idx := range batch {
-				for _, i := range idx {
-					items[i].err = first // not sent
-				}
-			}
-			continue
-		}
-		err := y.exec(ctx, items, batch)
-		if err != nil && isNoScript(err) {
-			if err = y.load(ctx); err == nil {
-				err = y.exec(ctx, items, batch)
-			} else {
-				for _, idx := range batch {
-					for _, i := range idx {
-						items[i].err = err
-					}
-				}
-			}
-		}
-		first = err
-	}
-	return first
-}
-
-// load loads the sync script (on every master of a Cluster).
-func (y *syncs) load(ctx context.Context) error {
-	if cc, ok := y.s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return syncScript.Load(ctx, c).Err()
-		})
-	}
-	return syncScript.Load(ctx, y.s.client).Err()
-}
-
-// exec sends calls in one pipeline and decodes their replies.
-func (y *syncs) exec(ctx context.Context, items []syncItem, calls [][]int) error {
-	pipe := y.s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(calls))
-	var arg []byte
-	for c, idx := range calls {
-		keys := make([]string, len(idx))
-		arg = arg[:0]
-		for j, i := range idx {
-			keys[j] = items[i].name
-			arg = appendSyncArg(arg, items[i].limit, items[i].sent)
-		}
-		cmds[c] = syncScript.EvalSha(ctx, pipe, keys, string(arg))
-	}
-	_, _ = pipe.Exec(ctx)
-	var first error
-	for c, idx := range calls {
-		err := decodeSync(cmds[c], items, idx)
-		for _, i := range idx {
-			items[i].err = err
-		}
-		if err != nil && (first == nil || isNoScript(err)) {
-			first = err
-		}
-	}
-	return first
-}
-
-// decodeSync reads a sync call's reply into its items' states.
-func decodeSync(cmd *redis.Cmd, items []syncItem, idx []int) error {
-	v, err := cmd.Text()
-	if err != nil {
-		return err
-	}
-	if len(v) != 32*len(idx) {
-		return fmt.Errorf("redis: the sync script returned %d bytes for %d keys", len(v), len(idx))
-	}
-	for j, i := range idx {
-		var f [4]int64
-		for x := range f {
-			o := 32*j + 8*x
-			f[x] = int64(math.Float64frombits(binary.BigEndian.Uint64([]byte(v[o : o+8]))))
-		}
-		l := items[i].limit
-		items[i].state = algorithms.State{Alg: l.Algorithm, At: f[0], Scale: f[1], Prev: f[2], Debt: f[3]}
-	}
-	return nil
 }

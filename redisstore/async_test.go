@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,10 +14,6 @@ import (
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
 )
-
-// syncTestScript is the sync call's test entry point: its code, with the
-// time in ARGV[1].
-var syncTestScript = redis.NewScript(luaTestTime + luaDefs + luaSync + "\nreturn sync(KEYS, ARGV, 1)\n")
 
 // syncStore is a store with zone in the asynchronous mode (limit l); the
 // loop's own interval is an hour, so a test syncs when it says (syncNow).
@@ -54,94 +51,151 @@ func takeOne(t *testing.T, s *Store, zone string, k algorithms.Key, l algorithms
 	return out[0]
 }
 
-// redisCount is what Redis holds for the key: the window's count
+// redisCount is what Redis holds for the key at this instant, each count
+// capped at the limit as a decision reads it: the window's count
 // (fixed_window) or the current plus the previous window's (sliding).
-func redisCount(t *testing.T, srv *redistest.Server, s *Store, zone string, k algorithms.Key) int64 {
+func redisCount(t *testing.T, srv *redistest.Server, s *Store, zone string, k algorithms.Key, l algorithms.Limit) int64 {
 	t.Helper()
-	raw, err := srv.Client().Get(context.Background(), s.Key(zone, k)).Result()
-	if err == redis.Nil {
-		return 0
+	ctx := context.Background()
+	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
+	count := func(start int64) int64 {
+		v, err := srv.Client().Get(ctx, countKey(s.Key(zone, k), start)).Int64()
+		if err == redis.Nil {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return min(v, l.Events)
 	}
-	if err != nil {
-		t.Fatal(err)
+	n := count(start)
+	if l.Algorithm == algorithms.SlidingWindow {
+		n += count(start - l.Window)
 	}
-	st, ok := DecodeState(raw)
-	if !ok {
-		t.Fatalf("undecodable state %q", raw)
-	}
-	return st.Debt + st.Prev
+	return n
 }
 
-// TestSyncTwinMatchesGo: lua/sync.lua and algorithms.AddCharges add the
-// same charges to the same states, on random sequences against a real
-// Redis: the state each stores and the one each returns.
-func TestSyncTwinMatchesGo(t *testing.T) {
+// TestSyncExchangeCounts: a sync keeps one count per key and window in
+// Redis, against a model of them in Go, on random sequences against a real
+// Redis: a charge counts in its own window while that window still counts,
+// the reply is the counts of the sync's windows (the previous one read
+// unless the entry holds it final), and each count lives for as long as it
+// can decide: its TTL set by the instance's first charge to it, and again
+// after a count it believed made turned out gone.
+func TestSyncExchangeCounts(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
 	ctx := testCtx(t)
+	s := newTestStore(t, srv.URL(), "", testTimeout, 0)
 	rng := rand.New(rand.NewPCG(twinSeed, 38))
-	steps := 0
+	counted, lost, bare := 0, 0, 0
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingWindow} {
 		for round := range 60 {
 			w := []int64{1000, 60000, 7}[round%3]
 			l := algorithms.Limit{Algorithm: alg, Events: 1 + rng.Int64N(50), Window: w}
-			key := "synctwin:" + alg.String() + ":" + time.Duration(round).String()
-			c.Del(ctx, key)
-			now := int64(1_700_000_000_000) + rng.Int64N(w)
+			zone := "twin-" + alg.String() + "-" + strconv.Itoa(round)
+			release, err := s.SyncZone(zone, l, time.Hour, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y := s.async.Load()
+			id := (*y.zones.Load())[zone].id
+			keys := []algorithms.Key{testKey(1), testKey(2)}
+			model := [2]map[int64]int64{{}, {}}
+			var made [2]int64 // the window whose count the instance gave its TTL
+			now := time.Now().UnixMilli()
 			for range 20 {
 				now += rng.Int64N(w)
-				if rng.IntN(3) == 0 {
-					// A decision, through the decision script's twin.
-					r := algorithms.Request{Zone: "z", Limit: l, Cost: 1 + rng.Int64N(3)}
-					if _, err := runTwin(ctx, c, []string{key}, luaArgs([]any{now}, false, r)...); err != nil {
-						t.Fatal(err)
-					}
-					continue
-				}
-				before, err := c.Get(ctx, key).Result()
-				fresh := err == redis.Nil
-				if err != nil && !fresh {
-					t.Fatal(err)
-				}
-				var st algorithms.State
-				if !fresh {
-					var ok bool
-					if st, ok = DecodeState(before); !ok {
-						t.Fatalf("undecodable %q", before)
-					}
-				}
 				ws := algorithms.WindowStart(now, w)
-				charges := [2]algorithms.WindowCharge{
-					{Start: ws - w*rng.Int64N(3), Units: rng.Int64N(4)},
-					{Start: ws + w*(rng.Int64N(3)-1), Units: rng.Int64N(4)},
+				items := make([]syncItem, len(keys))
+				for i := range items {
+					items[i] = syncItem{k: syncKey{zone: id, key: keys[i]}, limit: l, l: ws,
+						sent: [2]algorithms.WindowCharge{
+							{Start: ws - w*rng.Int64N(3), Units: rng.Int64N(4)},
+							{Start: ws + w*(rng.Int64N(2)-1), Units: rng.Int64N(4)},
+						},
+						known: rng.IntN(2) == 0, made: made[i] == ws}
+					if rng.IntN(8) == 0 && made[i] == ws {
+						// Gone from Redis (a reset, a restart without persistence).
+						c.Del(ctx, countKey(s.Key(zone, keys[i]), ws))
+						delete(model[i], ws)
+					}
+					if _, ok := model[i][ws-w]; ok && rng.IntN(8) == 0 {
+						// A count left without its TTL by a sync that failed
+						// to set it (the entry's bare).
+						c.Persist(ctx, countKey(s.Key(zone, keys[i]), ws-w))
+						items[i].bare = ws - w
+						bare++
+					}
 				}
-				want, _, counted := algorithms.AddCharges(st, fresh, l, now, charges[:])
-				cmd := syncTestScript.Run(ctx, c, []string{key}, now, string(appendSyncArg(nil, l, charges)))
-				items := []syncItem{{limit: l}}
-				if err := decodeSync(cmd, items, []int{0}); err != nil {
+				if err := y.exchange(items, now); err != nil {
 					t.Fatal(err)
 				}
-				got := items[0].state
-				if got != want {
-					t.Fatalf("%s %+v at %d, state %+v (fresh %v) + %+v: Lua returned %+v, Go %+v", alg, l, now, st, fresh, charges, got, want)
+				from := ws
+				if alg == algorithms.SlidingWindow {
+					from = ws - w
 				}
-				after, err := c.Get(ctx, key).Result()
-				if !counted {
-					if after != before {
-						t.Fatalf("%s: nothing counted, yet the key changed from %q to %q", alg, before, after)
+				for i, it := range items {
+					_, existed := model[i][ws]
+					charged := [2]bool{}
+					for _, ch := range it.sent {
+						if ch.Units > 0 && ch.Start >= from && ch.Start <= ws {
+							model[i][ch.Start] += ch.Units
+							charged[(ws-ch.Start)/w] = true
+							counted++
+						}
 					}
-					continue
+					wantPrev := int64(-1)
+					if alg == algorithms.SlidingWindow && (!it.known || charged[1]) {
+						wantPrev = model[i][ws-w]
+					}
+					if it.err != nil || it.cur != model[i][ws] || it.prev != wantPrev {
+						t.Fatalf("%s %+v at %d, key %d, charges %+v, known %v: reply cur %d prev %d (%v), want %d and %d",
+							alg, l, now, i, it.sent, it.known, it.cur, it.prev, it.err, model[i][ws], wantPrev)
+					}
+					// A count believed made but gone is made again by the
+					// INCRBY, and given its TTL at once.
+					wantLost := it.made && charged[0] && !existed
+					if it.lost || it.created != (!it.made || wantLost) {
+						t.Fatalf("%s: made %v, charged %v, existed %v: lost %v created %v", alg, it.made, charged[0], existed, it.lost, it.created)
+					}
+					if wantLost {
+						lost++
+					}
+					if it.created {
+						made[i] = ws
+					}
+					// Every count in Redis is the model's, with its TTL (but
+					// the one just lost: the next sync sets it).
+					for start, n := range model[i] {
+						ck := countKey(s.Key(zone, keys[i]), start)
+						keep := keepFor(l)
+						got, err := c.Get(ctx, ck).Int64()
+						if err == redis.Nil && start+keep <= now {
+							delete(model[i], start) // expired: it could decide no more
+							continue
+						}
+						if err != nil || got != n {
+							t.Fatalf("%s: %s holds %d (%v), want %d", alg, ck, got, err, n)
+						}
+						ttl, err := c.PTTL(ctx, ck).Result()
+						switch {
+						case err != nil:
+							t.Fatal(err)
+						case ttl == -2 && start+keep <= now:
+							delete(model[i], start) // expired meanwhile
+						// Set at an earlier step (this clock runs faster than Redis's).
+						case ttl < 0 || ttl.Milliseconds() > keep || ttl.Milliseconds() < start+keep-now-5000:
+							t.Fatalf("%s: %s has a TTL of %v, want at least %d ms, at most %d", alg, ck, ttl, start+keep-now, keep)
+						}
+					}
 				}
-				stored, ok := DecodeState(after)
-				if err != nil || !ok || stored != want {
-					t.Fatalf("%s: stored %+v (%v), want %+v", alg, stored, err, want)
-				}
-				steps++
 			}
+			release()
 		}
 	}
-	if steps < 200 {
-		t.Fatalf("only %d steps added a charge: the sequences test too little", steps)
+	if counted < 500 || lost < 5 || bare < 5 {
+		t.Fatalf("only %d charges counted, %d counts lost, %d bare: the sequences test too little", counted, lost, bare)
 	}
 }
 
@@ -178,7 +232,7 @@ func TestSyncOneInstanceExact(t *testing.T) {
 				t.Fatalf("admitted %d of %d requests, want exactly %d", got, c*per, n)
 			}
 			s.async.Load().syncNow()
-			if got := redisCount(t, srv, s, zone, testKey(1)); got != n {
+			if got := redisCount(t, srv, s, zone, testKey(1), l); got != n {
 				t.Fatalf("Redis counts %d, want %d", got, n)
 			}
 			// The calls: the syncs only (5 interleaved + 1, one sent again
@@ -232,7 +286,7 @@ func TestSyncThreeInstancesBound(t *testing.T) {
 	}
 	fleet[0].async.Load().syncNow()
 	before := admitted.Load()
-	if got := redisCount(t, srv, fleet[0], zone, k); got != before {
+	if got := redisCount(t, srv, fleet[0], zone, k, l); got != before {
 		t.Fatalf("Redis counts %d, want the %d admitted", got, before)
 	}
 	// What each instance read: at most what was admitted.
@@ -267,7 +321,7 @@ func TestSyncThreeInstancesBound(t *testing.T) {
 	for _, s := range fleet {
 		s.async.Load().syncNow()
 	}
-	if got := redisCount(t, srv, fleet[0], zone, k); got != n {
+	if got := redisCount(t, srv, fleet[0], zone, k, l); got != n {
 		t.Fatalf("Redis counts %d once synced, want the limit %d (capped)", got, n)
 	}
 }
@@ -329,10 +383,10 @@ func TestSyncRedisStoppedAndStarted(t *testing.T) {
 	}
 	// A restart without persistence lost the 10 synced before; the 30 and
 	// 30 held are in.
-	if got := redisCount(t, srv, s, "outage", testKey(1)); got != 30 && got != 40 {
+	if got := redisCount(t, srv, s, "outage", testKey(1), l); got != 30 && got != 40 {
 		t.Fatalf("Redis counts %d for key 1, want the 30 held (or 40 if the restart kept its data)", got)
 	}
-	if got := redisCount(t, srv, s, "outage", testKey(2)); got != 30 {
+	if got := redisCount(t, srv, s, "outage", testKey(2), l); got != 30 {
 		t.Fatalf("Redis counts %d for key 2, want the 30 held", got)
 	}
 	if st, _ := s.SyncStatus("outage"); st.Held != 0 || st.Dropped != 0 {
@@ -388,7 +442,7 @@ func TestSyncBesideExactZone(t *testing.T) {
 	if st, _ := s.SyncStatus("async"); st.Error != "" {
 		t.Fatalf("the sync failed: %s", st.Error)
 	}
-	if got := redisCount(t, srv, s, "async", k); got != 3 {
+	if got := redisCount(t, srv, s, "async", k, la); got != 3 {
 		t.Fatalf("the async zone counts %d, want 3: the refused requests' charges taken back", got)
 	}
 }
@@ -403,7 +457,7 @@ func TestSyncBacklog(t *testing.T) {
 	for i := range n {
 		takeOne(t, s, "backlog", algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i)}, l)
 	}
-	calls := srv.CommandCount(t, "evalsha")
+	incr, expire := srv.CommandCount(t, "incrby"), srv.CommandCount(t, "pexpire")
 	s.async.Load().syncNow()
 	st, _ := s.SyncStatus("backlog")
 	if st.Error != "" || st.Held != 0 {
@@ -412,9 +466,26 @@ func TestSyncBacklog(t *testing.T) {
 	if got := srv.Do(t, "DBSIZE").(int64); got < n {
 		t.Fatalf("Redis holds %d keys, want the %d synced", got, n)
 	}
-	// 250 keys per call (the first call's NOSCRIPT sent again after the load).
-	if got := srv.CommandCount(t, "evalsha") - calls; got < n/syncChunk || got > n/syncChunk+syncPipeline {
-		t.Fatalf("%d script calls for %d keys, want about %d", got, n, n/syncChunk)
+	// One INCRBY per key, and its count's TTL (the instance's first charge
+	// to it); no script.
+	if got := srv.CommandCount(t, "incrby") - incr; got != n {
+		t.Fatalf("%d INCRBY for %d keys", got, n)
+	}
+	if got := srv.CommandCount(t, "pexpire") - expire; got != n {
+		t.Fatalf("%d PEXPIRE for %d new counts", got, n)
+	}
+	// The next charges of the same keys: an INCRBY each, nothing else.
+	for i := range n {
+		takeOne(t, s, "backlog", algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i)}, l)
+	}
+	incr, expire = srv.CommandCount(t, "incrby"), srv.CommandCount(t, "pexpire")
+	gets := srv.CommandCount(t, "get")
+	s.async.Load().syncNow()
+	if got := srv.CommandCount(t, "incrby") - incr; got != n {
+		t.Fatalf("%d INCRBY for %d keys", got, n)
+	}
+	if e, g := srv.CommandCount(t, "pexpire")-expire, srv.CommandCount(t, "get")-gets; e != 0 || g != 0 {
+		t.Fatalf("%d PEXPIRE and %d GET for %d keys whose counts exist: want none", e, g, n)
 	}
 }
 
@@ -465,12 +536,9 @@ func TestSyncCluster(t *testing.T) {
 	}
 	cc := c.Client()
 	for i := range n {
-		raw, err := cc.Get(context.Background(), s.Key("cl", testKey(i))).Result()
-		if err != nil {
-			t.Fatalf("key %d: %v", i, err)
-		}
-		if st, ok := DecodeState(raw); !ok || st.Debt != 3 {
-			t.Fatalf("key %d: state %+v (%v), want a count of 3", i, st, ok)
+		ck := countKey(s.Key("cl", testKey(i)), algorithms.WindowStart(time.Now().UnixMilli(), l.Window))
+		if got, err := cc.Get(context.Background(), ck).Int64(); err != nil || got != 3 {
+			t.Fatalf("key %d: %s holds %d (%v), want a count of 3", i, ck, got, err)
 		}
 	}
 }
@@ -504,5 +572,60 @@ func TestSyncAdminPeekAndReset(t *testing.T) {
 	}
 	if takeOne(t, s, "adm", k, l).Allowed {
 		t.Fatal("a sixth request after the reset allowed")
+	}
+}
+
+// TestSyncPreviousCountReadUntilFinal: a sliding_window key's previous
+// count is read with each sync until a sync well into the window (4
+// intervals and 250 ms) has read it: from then on no instance adds to it,
+// and the syncs of the key cost one INCRBY, no GET.
+func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.SlidingWindow, 100, time.Minute)
+	s := newTestStore(t, srv.URL(), "", testTimeout, 0)
+	release, err := s.SyncZone("final", l, 10*time.Millisecond, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	// Well into a window, and far from its end.
+	for {
+		now := time.Now().UnixMilli()
+		if into := now - algorithms.WindowStart(now, l.Window); into >= 400 && into < 50_000 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	k := testKey(5)
+	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
+	// The previous window's count, as the other instances left it.
+	if err := srv.Client().Set(context.Background(), countKey(s.Key("final", k), start-l.Window), 40, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	y := s.async.Load()
+	gets := srv.CommandCount(t, "get")
+	takeOne(t, s, "final", k, l)
+	y.syncNow()
+	if got := srv.CommandCount(t, "get") - gets; got != 1 {
+		t.Fatalf("the first sync read %d counts, want the previous window's", got)
+	}
+	out, found := make([]algorithms.Decision, 1), make([]bool, 1)
+	if err := s.PeekKeys(context.Background(), "final", []algorithms.Key{k}, l, out, found); err != nil {
+		t.Fatal(err)
+	}
+	// 100 − 1 − ⌈40 × (the part of the previous window still in view)⌉
+	if !found[0] || out[0].Remaining >= 99 || out[0].Remaining < 99-40 {
+		t.Fatalf("the view %+v does not count the previous window's 40", out[0])
+	}
+	for i := range 3 {
+		gets = srv.CommandCount(t, "get")
+		takeOne(t, s, "final", k, l)
+		y.syncNow()
+		if got := srv.CommandCount(t, "get") - gets; got != 0 {
+			t.Fatalf("sync %d read %d counts, want none: the previous count is final", i+2, got)
+		}
+	}
+	if got := redisCount(t, srv, s, "final", k, l); got != 44 {
+		t.Fatalf("Redis counts %d, want 40 + 4", got)
 	}
 }

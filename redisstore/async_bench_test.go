@@ -1,0 +1,87 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// BenchmarkSyncManyKeys is the asynchronous mode under bench/run.sh's
+// redis1ka and redis3ka load, in one process: 100,000 keys requested in
+// turn, one request per key between two syncs (each key cold: the mode's
+// worst case), a sync per 2,500 requests (50 ms at 50,000 req/s). An op
+// is one request of every zone; redis-µs/req is Redis's main thread CPU
+// per op (INFO cpu), the sync's share of it.
+func BenchmarkSyncManyKeys(b *testing.B) {
+	for _, zones := range []int{1, 3} {
+		b.Run(strconv.Itoa(zones)+"zone", func(b *testing.B) {
+			srv := redistest.Start(b)
+			s := newTestStore(b, srv.URL(), "", testTimeout, 0)
+			l := limit(b, 1000, 24*time.Hour, 0)
+			l.Algorithm = algorithms.SlidingWindow
+			reqs := make([]algorithms.Request, zones)
+			for z := range reqs {
+				name := "many" + strconv.Itoa(z)
+				release, err := s.SyncZone(name, l, time.Hour, 100_000)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(release)
+				reqs[z] = algorithms.Request{Zone: name, Limit: l, Cost: 1}
+			}
+			const keys, perSync = 100_000, 2_500
+			key := func(i int) algorithms.Key {
+				i = i * 7919 % keys
+				return algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i), 0x5a}
+			}
+			y := s.async.Load()
+			out := make([]algorithms.Decision, zones)
+			ctx := context.Background()
+			run := func(from, n int) {
+				for i := from; i < from+n; i++ {
+					for z := range reqs {
+						reqs[z].Key = key(i)
+					}
+					if err := s.Take(ctx, reqs, out); err != nil || !out[0].Allowed {
+						b.Fatalf("take: %v %+v", err, out[0])
+					}
+					if i%perSync == perSync-1 {
+						y.syncNow()
+					}
+				}
+			}
+			run(0, keys) // every key read once: the steady state
+			y.syncNow()
+			cpu0 := redisMainCPU(b, srv)
+			b.ResetTimer()
+			run(keys, b.N)
+			y.syncNow()
+			b.StopTimer()
+			b.ReportMetric((redisMainCPU(b, srv)-cpu0)*1e6/float64(b.N), "redis-µs/req")
+			if st, _ := s.SyncStatus(reqs[0].Zone); st.Error != "" {
+				b.Fatalf("sync failed: %s", st.Error)
+			}
+		})
+	}
+}
+
+// redisMainCPU is the CPU seconds srv's main thread has used.
+func redisMainCPU(b *testing.B, srv *redistest.Server) float64 {
+	info, err := srv.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	for _, line := range strings.Split(info, "\r\n") {
+		if name, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(name, "_main_thread") {
+			f, _ := strconv.ParseFloat(v, 64)
+			sum += f
+		}
+	}
+	return sum
+}

@@ -1,0 +1,240 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+)
+
+// The asynchronous mode's exchange with Redis. A key of a zone in the mode
+// keeps one integer per window, at <key>:<window start, Unix ms>
+// (countKey): the units the fleet charged in it, living for as long as it
+// can decide (fixed_window: its window; sliding_window: two) plus a
+// second. A sync adds each key's charges with INCRBY, whose reply is the
+// count, and reads what it did not add to with GET: plain commands,
+// pipelined (go-redis routes each to its node in a Cluster), no script,
+// so that Redis does one command per key and sync in the common case (the
+// previous window's count is read until it is final, a count's TTL set
+// with its first charge from this instance). Windows are named by this
+// instance's clock, which decides the keys anyway.
+
+// syncOp is one command of a sync.
+type syncOp struct {
+	item  int   // its key's item
+	kind  uint8 // opAdd, opExpire, opCur, opPrev
+	start int64 // its window's start
+	units int64 // opAdd: the units added; opExpire: the TTL (ms)
+	end   int   // its key's end in the names buffer (its start: the previous op's end)
+}
+
+const (
+	opAdd    = iota // INCRBY <count> <units>
+	opExpire        // PEXPIRE <count> <ttl>: after the INCRBY that may have made it
+	opCur           // GET the current window's count
+	opPrev          // GET the previous window's count (sliding_window)
+)
+
+// syncWire is the exchange's memory, kept from sync to sync.
+type syncWire struct {
+	ops   []syncOp
+	names []byte
+	cmds  []redis.Cmder
+}
+
+// exchange sends items' charges and reads their counts (it sets each
+// item's reply or error), in pipelines of at most syncChunk items; after a
+// failed pipeline the rest is not sent. It returns the first error.
+func (y *syncs) exchange(items []syncItem, now int64) error {
+	x := &y.wire
+	x.plan(y, items, now)
+	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(min(len(items), syncChunk))*syncKeyTimeout
+	var first error
+	for from, op := 0, 0; from < len(items); from += syncChunk {
+		to := min(from+syncChunk, len(items))
+		end := op
+		for end < len(x.ops) && x.ops[end].item < to {
+			end++
+		}
+		if first == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			first = x.run(ctx, y.s.client, items, op, end)
+			cancel()
+		}
+		if first != nil {
+			for i := from; i < to; i++ {
+				items[i].err = first
+			}
+		}
+		op = end
+	}
+	clear(x.cmds)
+	x.ops, x.cmds = x.ops[:0], x.cmds[:0]
+	if first == nil {
+		y.expireLost(items, now, timeout)
+	}
+	return first
+}
+
+// expireLost sets the TTL of the counts an INCRBY made where the entry
+// believed them made (gone meanwhile: a reset, Redis restarted empty), at
+// once: a count without a TTL would outlive its window for good. What
+// this fails to set, the next sync of the key sets (syncItem.lost).
+func (y *syncs) expireLost(items []syncItem, now int64, timeout time.Duration) {
+	var pipe redis.Pipeliner
+	for i := range items {
+		if it := &items[i]; it.lost {
+			if pipe == nil {
+				pipe = y.s.client.Pipeline()
+			}
+			pipe.PExpire(context.Background(), countKey(y.s.Key((*y.names.Load())[it.k.zone], it.k.key), it.l),
+				time.Duration(max(it.l+keepFor(it.limit)-now, 1))*time.Millisecond)
+		}
+	}
+	if pipe == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if _, err := pipe.Exec(ctx); err != nil {
+		return
+	}
+	for i := range items {
+		if it := &items[i]; it.lost {
+			it.lost, it.created = false, true
+		}
+	}
+}
+
+// keepFor is how long past its window's start a count of l lives: as long
+// as it can decide, and a second.
+func keepFor(l algorithms.Limit) int64 {
+	if l.Algorithm == algorithms.SlidingWindow {
+		return 2*l.Window + 1000
+	}
+	return l.Window + 1000
+}
+
+// plan lists the commands of every item in order.
+func (x *syncWire) plan(y *syncs, items []syncItem, now int64) {
+	zones := *y.names.Load()
+	x.names, x.ops = x.names[:0], x.ops[:0]
+	var kb [128]byte
+	for i := range items {
+		it := &items[i]
+		it.cur, it.prev = -1, -1
+		key := y.s.appendKey(kb[:0], zones[it.k.zone], it.k.key)
+		w, l := it.limit.Window, it.l
+		sliding := it.limit.Algorithm == algorithms.SlidingWindow
+		from := l
+		if sliding {
+			from = l - w
+		}
+		keep := keepFor(it.limit)
+		var added [2]int64 // the windows charged
+		for c, ch := range it.sent {
+			// A charge counts in its own window; one that has ended counts
+			// nowhere (nor one past the current: a clock gone back).
+			if ch.Units <= 0 || ch.Start < from || ch.Start > l || (ch.Start-l)%w != 0 {
+				continue
+			}
+			added[c] = ch.Start
+			x.add(i, opAdd, key, ch.Start, ch.Units)
+			if ch.Start != l {
+				x.add(i, opExpire, key, ch.Start, max(ch.Start+keep-now, 1))
+			}
+		}
+		if added[0] != l && added[1] != l {
+			x.add(i, opCur, key, l, 0)
+		}
+		if !it.made {
+			// (A count that does not exist stays so: the instance that
+			// makes it sets its TTL.)
+			x.add(i, opExpire, key, l, max(l+keep-now, 1))
+		}
+		if it.bare != 0 && it.bare != l {
+			x.add(i, opExpire, key, it.bare, max(it.bare+keep-now, 1))
+		}
+		if sliding && !it.known && added[0] != l-w && added[1] != l-w {
+			x.add(i, opPrev, key, l-w, 0)
+		}
+	}
+}
+
+// add lists a command of item i on key's count in the window at start.
+func (x *syncWire) add(i int, kind uint8, key []byte, start, units int64) {
+	x.names = appendCountKey(append(x.names, key...), start)
+	x.ops = append(x.ops, syncOp{item: i, kind: kind, start: start, units: units, end: len(x.names)})
+}
+
+// run sends ops[from:to] in one pipeline and sets their items' replies.
+func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem, from, to int) error {
+	pipe := c.Pipeline()
+	x.cmds = x.cmds[:0]
+	o := 0
+	if from > 0 {
+		o = x.ops[from-1].end
+	}
+	for _, op := range x.ops[from:to] {
+		// (The names buffer is whole: plan is done.)
+		name := unsafe.String(&x.names[o], op.end-o)
+		o = op.end
+		var cmd redis.Cmder
+		switch op.kind {
+		case opAdd:
+			cmd = pipe.IncrBy(ctx, name, op.units)
+		case opExpire:
+			cmd = pipe.PExpire(ctx, name, time.Duration(op.units)*time.Millisecond)
+		default:
+			cmd = pipe.Get(ctx, name)
+		}
+		x.cmds = append(x.cmds, cmd)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	for n, op := range x.ops[from:to] {
+		it := &items[op.item]
+		switch cmd := x.cmds[n].(type) {
+		case *redis.IntCmd:
+			v, err := cmd.Result()
+			if err != nil {
+				return err
+			}
+			if op.start == it.l {
+				it.cur = v
+				if it.made && v == op.units {
+					it.lost = true // made by this INCRBY: no TTL
+				}
+			} else {
+				it.prev = v
+			}
+		case *redis.BoolCmd:
+			if err := cmd.Err(); err != nil {
+				return err
+			}
+			if op.start == it.l {
+				it.created = true
+			}
+		case *redis.StringCmd:
+			v, err := cmd.Int64()
+			if errors.Is(err, redis.Nil) {
+				v, err = 0, nil
+			}
+			if err != nil {
+				return fmt.Errorf("redis: the count %v: %w", cmd.Args()[1], err)
+			}
+			if op.kind == opCur {
+				it.cur = v
+			} else {
+				it.prev = v
+			}
+		}
+	}
+	return nil
+}
