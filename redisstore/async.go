@@ -348,7 +348,7 @@ func (s *Store) syncCfg(zone string) (syncCfg, bool) {
 }
 
 // countKey is the key of name's count in the window starting at start, as
-// lua/sync.lua names it.
+// the asynchronous mode names it (syncwire.go).
 func countKey(name string, start int64) string {
 	return string(appendCountKey([]byte(name), start))
 }
@@ -910,6 +910,9 @@ func (y *syncs) sweep(now int64) {
 			e := &sh.slab[j]
 			if !e.live || e.touched || e.unsent[0].Units+e.unsent[1].Units+e.sent[0].Units+e.sent[1].Units > 0 {
 				continue
+			}
+			if live[e.k.zone] && now-e.used < e.limit.Window {
+				continue // requested within a window: not full, or hardly (the next sweep)
 			}
 			if _, fullAt := e.view(e.limit, now); fullAt <= now || !live[e.k.zone] {
 				zone := e.k.zone
