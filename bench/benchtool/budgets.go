@@ -36,6 +36,9 @@ const (
 	// redisUsAtMost: the target decide's decision of a case spends at most
 	// bound µs inside Redis (usec_per_call; issue 29).
 	redisUsAtMost
+	// redisCPUAtMost: Redis's CPU per request of an HTTP target is at most
+	// bound µs (issue 38).
+	redisCPUAtMost
 )
 
 // budget is one budget: what it measures and its bound.
@@ -77,6 +80,8 @@ var budgets = []budget{
 	{kind: cpuDelta, what: "Redis, 3 zones, many keys, `sync`", target: "redis3ka", bound: 4},
 	{kind: callsAtMost, what: "many keys with `sync`", target: "redis1ka", bound: 0.05},
 	{kind: callsAtMost, what: "3 zones, many keys with `sync`", target: "redis3ka", bound: 0.05},
+	{kind: redisCPUAtMost, what: "Redis, 1 zone, many keys, `sync`", target: "redis1ka", bound: 2},
+	{kind: redisCPUAtMost, what: "Redis, 3 zones, many keys, `sync`", target: "redis3ka", bound: 2},
 	{kind: redisUsAtMost, what: "1 zone token bucket", kase: "tb1", bound: 5},
 	{kind: redisUsAtMost, what: "1 zone GCRA", kase: "gcra1", bound: 5},
 	{kind: redisUsAtMost, what: "3 zones", kase: "z3", bound: 10},
@@ -101,6 +106,8 @@ func (b budget) name() string {
 		return fmt.Sprintf("Redis calls per request, %s ≤ %.2f", b.what, b.bound)
 	case redisUsAtMost:
 		return fmt.Sprintf("Redis µs per decision, %s, 100,000 keys ≤ %.0f µs", b.what, b.bound)
+	case redisCPUAtMost:
+		return fmt.Sprintf("Redis CPU per request, %s ≤ %.0f µs", b.what, b.bound)
 	default: // bytesPerKey
 		return fmt.Sprintf("memory per key ≤ %.0f B (%s, token bucket)", b.bound, b.store)
 	}
@@ -177,6 +184,12 @@ func (b budget) judge(st *stats, gb []goBench, mk []memKey) []verdict {
 			return none
 		}
 		return []verdict{judged(b, fmt.Sprintf("%s calls per request", fmtCalls(r.calls)), r.calls <= b.bound)}
+	case redisCPUAtMost:
+		r := st.row(b.target)
+		if r == nil || math.IsNaN(r.redisReq) {
+			return none
+		}
+		return []verdict{judged(b, fmt.Sprintf("%.2f µs per request", r.redisReq), r.redisReq <= b.bound)}
 	case redisUsAtMost:
 		d := st.decideRow(b.kase, "many")
 		if d == nil || math.IsNaN(d.take) {

@@ -46,7 +46,10 @@ type targetRow struct {
 	// redisUs is Redis's time per decision script (over the runs the
 	// medians use), µs; NaN when not measured.
 	redisUs float64
-	check   string
+	// redisReq is Redis's CPU per request (its main thread's, median over
+	// the runs), µs, for the targets with Redis; NaN for the others.
+	redisReq float64
+	check    string
 }
 
 // decideRow is one case of the target decide: the decision's and its
@@ -105,7 +108,7 @@ func computeStats(r *results) *stats {
 			caddyCPU: median(field(ss, func(s sample) float64 { return s.caddyCPU })),
 			redisCPU: median(field(ss, func(s sample) float64 { return s.redisCPU })),
 			genCPU:   median(field(ss, func(s sample) float64 { return s.genCPU })),
-			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(), calls: math.NaN(), redisUs: math.NaN(),
+			usPerReq: math.NaN(), usBase: math.NaN(), allocs: math.NaN(), allocsBase: math.NaN(), calls: math.NaN(), redisUs: math.NaN(), redisReq: math.NaN(),
 			check: check(t, ss, r.conns)}
 		if t.expect != "" { // an HTTP target
 			row.calls = callsPerRequest(ss)
@@ -116,6 +119,9 @@ func computeStats(r *results) *stats {
 			}
 		}
 		row.redisUs = usPerCall(ss)
+		if t.expect != "" && strings.HasPrefix(t.name, "redis") {
+			row.redisReq = median(field(ss, func(s sample) float64 { return s.redisCPU * 1e6 / s.rps }))
+		}
 		st.rows = append(st.rows, row)
 	}
 
