@@ -122,8 +122,9 @@ func (s *Store) ResetKeys(ctx context.Context, zone string, keys []algorithms.Ke
 		if synced {
 			// The mode's counts (async.go): the windows around this
 			// instance's clock.
-			ws := algorithms.WindowStart(time.Now().UnixMilli(), cfg.window)
-			for _, start := range []int64{ws - cfg.window, ws, ws + cfg.window} {
+			w := cfg.limit.Window
+			ws := algorithms.WindowStart(time.Now().UnixMilli(), w)
+			for _, start := range []int64{ws - w, ws, ws + w} {
 				dels[i] = append(dels[i], pipe.Del(ctx, countKey(name, start)))
 			}
 		}

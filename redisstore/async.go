@@ -62,8 +62,8 @@ const (
 type syncCfg struct {
 	interval time.Duration
 	maxKeys  int
-	id       uint16 // the zone's number (syncs.ids)
-	window   int64  // the limit's window (ms): a reset deletes its counts
+	id       uint16           // the zone's number (syncs.ids)
+	limit    algorithms.Limit // the zone's (sync refuses a limit chosen per request)
 }
 
 type syncReg struct {
@@ -80,34 +80,32 @@ type syncKey struct {
 }
 
 // syncEntry is one key of a zone in the mode, in its shard's slab. It holds
-// no pointer, nor does the shard's map, so that the garbage collector
-// never scans the keys kept (hundreds of thousands). Guarded by its
-// shard's mutex.
+// no pointer, nor does the shard's index, so that the garbage collector
+// never scans the keys kept (hundreds of thousands). Its 128 bytes are two
+// cache lines: what a request reads and writes, in the order it does; the
+// limit is its zone's (syncs.lims). Guarded by its shard's mutex.
 type syncEntry struct {
-	k     syncKey
-	limit algorithms.Limit // the zone's, at the last request
+	k syncKey
+	// read: Redis returned the key's counts once at least; touched:
+	// requested since the last sync took the key (listed in its shard's
+	// dirty); live: in use (else on the slab's free list); prevFinal: no
+	// instance adds to prev any more (a sync does not read it again in
+	// the window at); made: at's count in Redis has its TTL from this
+	// instance (its syncs need no PEXPIRE then).
+	read, touched, live, prevFinal, made bool
+	used                                 usedSec // the last request
 	// The key's state as Redis last returned it (algorithms.State's
-	// fields: At, Scale, Prev, Debt); read: returned once at least.
+	// fields: At, Scale, Prev, Debt).
 	at, scale, prev, debt int64
-	// final: the window start whose previous count (prev) no instance
-	// adds to any more (a sync asks Redis for it unless it is the
-	// current one; 0: none).
-	final int64
-	// made: the window start whose count in Redis this instance gave its
-	// TTL (its syncs need no PEXPIRE then; 0: none).
-	made int64
-	// bare: the window start of a count this instance made without a TTL
-	// (syncwire.go's expireLost failed): the next sync sets it.
-	bare   int64
-	read   bool
-	live   bool // in use (else on the slab's free list)
-	unsent [2]algorithms.WindowCharge
-	sent   [2]algorithms.WindowCharge // in the sync running
-	used   int64                      // Unix ms of the last request
-	// touched: requested since the last sync took the key (listed in
-	// its shard's dirty).
-	touched bool
+	unsent                [2]algorithms.WindowCharge
+	sent                  [2]algorithms.WindowCharge // in the sync running
 }
+
+// usedSec is an instant in seconds since 2020-01-01 (4 bytes, until 2156).
+type usedSec uint32
+
+// secondOf is the usedSec of now (Unix ms).
+func secondOf(now int64) usedSec { return usedSec(max(now/1000-1_577_836_800, 0)) }
 
 type syncShard struct {
 	mu   sync.Mutex
@@ -118,6 +116,10 @@ type syncShard struct {
 	// sync reads these, not every key kept; spare is the list a sync
 	// emptied, kept for its room.
 	dirty, spare []uint32
+	// bare: the entries whose count of a window (the value) this instance
+	// made without a TTL (syncwire.go's expireLost failed): the next sync
+	// sets it. Rare: nil but then.
+	bare map[uint32]int64
 }
 
 // touch lists entry i for the next sync. Called with sh's lock held.
@@ -137,6 +139,7 @@ func (sh *syncShard) entry(k syncKey) (uint32, bool) {
 // drop forgets entry i. Called with sh's lock held.
 func (sh *syncShard) drop(i uint32) {
 	delete(sh.m, sh.slab[i].k)
+	delete(sh.bare, i)
 	sh.slab[i] = syncEntry{}
 	sh.free = append(sh.free, i)
 }
@@ -154,6 +157,8 @@ type syncs struct {
 	// them), keys each zone's keys kept.
 	names atomic.Pointer[[]string]
 	keys  [maxSyncZones]atomic.Int64
+	// lims are the zones' limits by number, the newest registration's.
+	lims [maxSyncZones]atomic.Pointer[algorithms.Limit]
 
 	shards [syncShards]syncShard
 
@@ -219,7 +224,7 @@ func (s *Store) SyncZone(zone string, l algorithms.Limit, interval time.Duration
 	}
 	y.next++
 	id := y.next
-	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, id: zid, window: l.Window}})
+	y.regs[zone] = append(y.regs[zone], syncReg{id: id, cfg: syncCfg{interval: interval, maxKeys: maxKeys, id: zid, limit: l}})
 	y.publish()
 	y.regMu.Unlock()
 	y.startOnce.Do(func() { go y.run() })
@@ -266,7 +271,9 @@ func (y *syncs) publish() {
 	}
 	m := make(map[string]syncCfg, len(y.regs))
 	for z, rs := range y.regs {
-		m[z] = rs[len(rs)-1].cfg
+		cfg := rs[len(rs)-1].cfg
+		m[z] = cfg
+		y.lims[cfg.id].Store(&cfg.limit)
 	}
 	y.zones.Store(&m)
 }
@@ -648,7 +655,6 @@ func (e *syncEntry) view(l algorithms.Limit, now int64) (algorithms.State, int64
 // decide decides r at now on the key's view, charging it when allowed and
 // charge is set. Called with the shard's lock held.
 func (e *syncEntry) decide(r *algorithms.Request, now int64, charge bool) algorithms.Decision {
-	e.limit = r.Limit
 	st, _ := e.view(r.Limit, now)
 	cost := r.Cost
 	if !charge {
@@ -659,7 +665,7 @@ func (e *syncEntry) decide(r *algorithms.Request, now int64, charge bool) algori
 		if d.Allowed && cost > 0 {
 			e.charge(algorithms.WindowStart(now, r.Limit.Window), cost)
 		}
-		e.used = now
+		e.used = secondOf(now)
 	}
 	if r.Refundable {
 		d.At = now
@@ -806,10 +812,13 @@ func (y *syncs) syncOnce() {
 				continue // dropped for max_keys meanwhile
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
-			it := syncItem{k: e.k, j: j, sent: e.sent, limit: e.limit, l: algorithms.WindowStart(now, e.limit.Window)}
-			it.known = e.final != 0 && e.final == it.l
-			it.made = e.made != 0 && e.made == it.l
-			it.bare = e.bare
+			l := *y.lims[e.k.zone].Load()
+			it := syncItem{k: e.k, j: j, sent: e.sent, limit: l, l: algorithms.WindowStart(now, l.Window)}
+			cur := e.read && e.at == it.l
+			it.known, it.made = cur && e.prevFinal, cur && e.made
+			if sh.bare != nil {
+				it.bare = sh.bare[j]
+			}
 			items = append(items, it)
 		}
 		clear(dirty)
@@ -833,8 +842,15 @@ func (y *syncs) syncOnce() {
 		switch {
 		case kept && it.err == nil:
 			e.adopt(it, now, finalAfter)
-			if it.lost {
+			switch {
+			case it.lost:
+				if sh.bare == nil {
+					sh.bare = map[uint32]int64{}
+				}
+				sh.bare[it.j] = it.l
 				sh.touch(it.j) // its TTL set by the next sync
+			case it.bare != 0:
+				delete(sh.bare, it.j)
 			}
 		case kept:
 			e.unsend()
@@ -878,18 +894,10 @@ func (e *syncEntry) adopt(it *syncItem, now, finalAfter int64) {
 		prev = 0
 	case prev < 0:
 		prev = e.prev // final, for this window (the sync read it only otherwise)
-	case now-it.l >= finalAfter:
-		e.final = it.l
 	default:
-		e.final = 0
+		e.prevFinal = now-it.l >= finalAfter
 	}
-	e.bare = 0
-	switch {
-	case it.created:
-		e.made = it.l
-	case it.lost:
-		e.made, e.bare = 0, it.l
-	}
+	e.made = it.created || it.made && !it.lost
 	e.at, e.scale, e.prev, e.debt, e.read = it.l, w, min(prev, n), min(it.cur, n), true
 	e.sent = [2]algorithms.WindowCharge{}
 }
@@ -911,14 +919,18 @@ func (y *syncs) sweep(now int64) {
 			if !e.live || e.touched || e.unsent[0].Units+e.unsent[1].Units+e.sent[0].Units+e.sent[1].Units > 0 {
 				continue
 			}
-			if live[e.k.zone] && now-e.used < e.limit.Window {
-				continue // requested within a window: not full, or hardly (the next sweep)
+			zone := e.k.zone
+			if live[zone] {
+				l := y.lims[zone].Load()
+				if secondOf(now)-e.used <= usedSec(l.Window/1000) {
+					continue // requested within a window: not full, or hardly (the next sweep)
+				}
+				if _, fullAt := e.view(*l, now); fullAt > now {
+					continue
+				}
 			}
-			if _, fullAt := e.view(e.limit, now); fullAt <= now || !live[e.k.zone] {
-				zone := e.k.zone
-				sh.drop(uint32(j))
-				y.keys[zone].Add(-1)
-			}
+			sh.drop(uint32(j))
+			y.keys[zone].Add(-1)
 		}
 		sh.mu.Unlock()
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -627,5 +628,14 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 	}
 	if got := redisCount(t, srv, s, "final", k, l); got != 44 {
 		t.Fatalf("Redis counts %d, want 40 + 4", got)
+	}
+}
+
+// TestSyncEntryTwoCacheLines: a key's entry is what a request touches of
+// it besides its index slot; at 128 bytes in a slab it spans two cache
+// lines (a key is cold in the mode's load: each line is a miss).
+func TestSyncEntryTwoCacheLines(t *testing.T) {
+	if n := unsafe.Sizeof(syncEntry{}); n != 128 {
+		t.Fatalf("syncEntry is %d bytes, want 128", n)
 	}
 }
