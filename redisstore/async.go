@@ -41,6 +41,8 @@ const (
 	// node): a pipeline's replies must all come within the client's read
 	// timeout.
 	syncChunk = 1000
+	// maxKeptItems bounds the items a sync keeps for the next one.
+	maxKeptItems = 16 * syncChunk
 	// minSyncTimeout is the least time a sync waits for its reply, and
 	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
 	// a while: a bound that did not grow with them could fail every sync).
@@ -825,7 +827,15 @@ func (y *syncs) syncOnce() {
 		sh.spare = dirty[:0]
 		sh.mu.Unlock()
 	}
-	defer func() { y.items = items[:0] }()
+	defer func() {
+		// The room of a backlog's sync (after an outage, a reload) is let
+		// go: the usual sync is a few thousand keys.
+		if cap(items) <= maxKeptItems {
+			y.items = items[:0]
+		} else {
+			y.items = nil
+		}
+	}()
 	if len(items) == 0 {
 		y.succeeded(start)
 		return

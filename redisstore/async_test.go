@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -637,5 +638,49 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 func TestSyncEntryTwoCacheLines(t *testing.T) {
 	if n := unsafe.Sizeof(syncEntry{}); n != 128 {
 		t.Fatalf("syncEntry is %d bytes, want 128", n)
+	}
+}
+
+// TestSyncMemoryPerKey: the local state of a zone in the mode, per key
+// kept, measured with the Go heap (runtime.MemStats after a collection),
+// 100,000 keys of a sliding_window zone and as many again past its
+// max_keys (they replace others: the memory stays bounded by it).
+func TestSyncMemoryPerKey(t *testing.T) {
+	if raceBuild {
+		t.Skip("under -race, the heap is not the program's")
+	}
+	srv := redistest.Start(t)
+	const n = 100_000
+	l := syncLimit(t, algorithms.SlidingWindow, 1000, time.Hour)
+	s := syncStore(t, srv.URL(), "mem", l, n)
+	key := func(i int) algorithms.Key {
+		return algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i), 0x33}
+	}
+	y := s.async.Load()
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	for i := range n {
+		takeOne(t, s, "mem", key(i), l)
+	}
+	y.syncNow() // the sync's own buffers counted too
+	full := heap()
+	perKey := float64(full-before) / n
+	t.Logf("%.0f bytes per key kept (%d keys)", perKey, n)
+	for i := n; i < 2*n; i++ {
+		takeOne(t, s, "mem", key(i), l)
+	}
+	y.syncNow()
+	if st, _ := s.SyncStatus("mem"); st.Keys > n {
+		t.Fatalf("%d keys kept, over max_keys %d", st.Keys, n)
+	}
+	again := heap()
+	t.Logf("%.0f bytes per key after as many keys again past max_keys", float64(again-before)/n)
+	if perKey > 400 || float64(again-before)/n > 1.5*perKey {
+		t.Fatalf("%.0f bytes per key, then %.0f: want at most 400, bounded by max_keys", perKey, float64(again-before)/n)
 	}
 }

@@ -48,33 +48,28 @@ type syncWire struct {
 }
 
 // exchange sends items' charges and reads their counts (it sets each
-// item's reply or error), in pipelines of at most syncChunk items; after a
-// failed pipeline the rest is not sent. It returns the first error.
+// item's reply or error), in pipelines of at most syncChunk items (so its
+// buffers stay that size); after a failed pipeline the rest is not sent.
+// It returns the first error.
 func (y *syncs) exchange(items []syncItem, now int64) error {
 	x := &y.wire
-	x.plan(y, items, now)
 	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(min(len(items), syncChunk))*syncKeyTimeout
 	var first error
-	for from, op := 0, 0; from < len(items); from += syncChunk {
-		to := min(from+syncChunk, len(items))
-		end := op
-		for end < len(x.ops) && x.ops[end].item < to {
-			end++
-		}
+	for from := 0; from < len(items); from += syncChunk {
+		chunk := items[from:min(from+syncChunk, len(items))]
 		if first == nil {
+			x.plan(y, chunk, now)
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			first = x.run(ctx, y.s.client, items, op, end)
+			first = x.run(ctx, y.s.client, chunk)
 			cancel()
+			clear(x.cmds)
 		}
 		if first != nil {
-			for i := from; i < to; i++ {
-				items[i].err = first
+			for i := range chunk {
+				chunk[i].err = first
 			}
 		}
-		op = end
 	}
-	clear(x.cmds)
-	x.ops, x.cmds = x.ops[:0], x.cmds[:0]
 	if first == nil {
 		y.expireLost(items, now, timeout)
 	}
@@ -172,15 +167,12 @@ func (x *syncWire) add(i int, kind uint8, key []byte, start, units int64) {
 	x.ops = append(x.ops, syncOp{item: i, kind: kind, start: start, units: units, end: len(x.names)})
 }
 
-// run sends ops[from:to] in one pipeline and sets their items' replies.
-func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem, from, to int) error {
+// run sends the planned ops in one pipeline and sets their items' replies.
+func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem) error {
 	pipe := c.Pipeline()
 	x.cmds = x.cmds[:0]
 	o := 0
-	if from > 0 {
-		o = x.ops[from-1].end
-	}
-	for _, op := range x.ops[from:to] {
+	for _, op := range x.ops {
 		// (The names buffer is whole: plan is done.)
 		name := unsafe.String(&x.names[o], op.end-o)
 		o = op.end
@@ -198,7 +190,7 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
-	for n, op := range x.ops[from:to] {
+	for n, op := range x.ops {
 		it := &items[op.item]
 		switch cmd := x.cmds[n].(type) {
 		case *redis.IntCmd:
