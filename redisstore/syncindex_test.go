@@ -320,16 +320,19 @@ func TestSyncIndexReset(t *testing.T) {
 
 // BenchmarkSyncIndexCold looks keys up in syncIndex and in the Go map it
 // replaces, side by side. Each lookup's key depends on the previous
-// lookup's value (as requests come one after another, not overlapped).
-// cold: the keys in a random order, and each lookup writes one cache line
-// of a 64 MB buffer (Caddy's own work between two requests: a key is out
-// of L1/L2 when it comes again; "flush" is that write alone, to subtract);
+// lookup's value (requests come one after another, not overlapped).
+// cold: the keys in a random order, and before each lookup a write to one
+// cache line of a 64 MB buffer, seven pages on from the last (Caddy's own
+// work between two requests: a key's lines and page are out of L1, L2 and
+// the TLB when it comes again); "flush" is that write alone, to subtract.
+// entry: cold, then the key's slab entry read, as the request path does.
 // hot: 1,024 of the keys over and over.
 func BenchmarkSyncIndexCold(b *testing.B) {
 	flush := make([]byte, 64<<20)
 	for _, n := range []int{100_000, 1_000_000} {
 		r := rand.New(rand.NewPCG(7, uint64(n)))
 		keys := make([]syncKey, n)
+		slab := make([]syncEntry, n)
 		m := make(map[syncKey]uint32)
 		var x syncIndex
 		for i := range keys {
@@ -342,13 +345,13 @@ func BenchmarkSyncIndexCold(b *testing.B) {
 			"map":   func(k syncKey) uint32 { return m[k] },
 			"index": func(k syncKey) uint32 { v, _ := x.get(k); return v },
 		}
-		for _, mode := range []string{"cold", "hot"} {
+		for _, mode := range []string{"cold", "entry", "hot"} {
 			span := n
 			if mode == "hot" {
 				span = 1024
 			}
 			for _, impl := range []string{"flush", "map", "index"} {
-				if impl == "flush" && mode == "hot" {
+				if impl == "flush" && mode != "cold" {
 					continue
 				}
 				get := gets[impl]
@@ -359,14 +362,18 @@ func BenchmarkSyncIndexCold(b *testing.B) {
 						if i += 1 + int(v>>31); i >= span {
 							i = 0
 						}
-						if mode == "cold" {
+						if mode != "hot" {
 							flush[f]++
-							if f += 64; f >= len(flush) {
-								f = 0
+							if f += 7*4096 + 64; f >= len(flush) {
+								f -= len(flush)
 							}
 						}
-						if get != nil {
-							v = get(keys[i])
+						if get == nil {
+							continue
+						}
+						v = get(keys[i])
+						if mode == "entry" {
+							v += uint32(slab[v].used)
 						}
 					}
 				})
