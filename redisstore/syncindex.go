@@ -6,25 +6,25 @@ import (
 	"math/rand/v2"
 )
 
-// syncIndex maps a syncKey to a uint32 (an index in its shard's slab): an
-// open-addressing table with linear probing, whose slot holds the key
-// inline, so that a present key costs one cache line in the common case
-// (a Go map reads its control word, then the slot, then the value). It
-// holds no pointer (the garbage collector never scans it), grows past a
-// load of 3/4 and deletes by shifting back the keys after the removed one
-// (no tombstones: churn never lengthens the probes). The hash is seeded
-// per process, as keys are chosen by clients. Not safe for concurrent use;
-// the zero value is an empty index.
+// syncIndex maps a key to its entry's index in its shard's slab: an
+// open-addressing table with linear probing of 8-byte slots (a hash tag
+// and the index), whose key check reads the slab entry that the request
+// reads next anyway. A cold lookup costs one line of a table a third the
+// size of one holding the keys (a Go map: its control word's line, then
+// its slot's). It holds no pointer (the garbage collector never scans
+// it), grows past a load of 3/4 and deletes by shifting back the keys after
+// the removed one (no tombstones: churn never lengthens the probes). The
+// hash is seeded per process, as clients choose the keys. Not safe for
+// concurrent use; the zero value is an empty index.
 type syncIndex struct {
 	slots []indexSlot // len a power of two, or 0
 	n     int         // keys held
 }
 
-// indexSlot is a key in the form the hash reads (syncKey's 20 bytes as
-// three words) and its value plus one: v == 0 is an empty slot.
+// indexSlot is a key's hash tag, whose low bits are its home slot, and
+// its slab index plus one: v == 0 is an empty slot.
 type indexSlot struct {
-	v, c uint32
-	a, b uint64
+	tag, v uint32
 }
 
 const (
@@ -36,88 +36,76 @@ const (
 // indexSeed keys the hash, per process.
 var indexSeed = [4]uint64{rand.Uint64(), rand.Uint64(), rand.Uint64(), rand.Uint64()}
 
-// indexWords returns k as the words a slot holds.
-func indexWords(k *syncKey) (a, b uint64, c uint32) {
-	return binary.LittleEndian.Uint64(k.key[0:8]), binary.LittleEndian.Uint64(k.key[8:16]),
-		uint32(binary.LittleEndian.Uint16(k.key[16:18])) | uint32(k.zone)<<16
+// indexTag hashes k's 20 bytes (three loads; wyhash's folded product).
+func indexTag(k *syncKey) uint32 {
+	a := binary.LittleEndian.Uint64(k.key[0:8])
+	b := binary.LittleEndian.Uint64(k.key[8:16])
+	c := uint64(binary.LittleEndian.Uint16(k.key[16:18])) | uint64(k.zone)<<16
+	hi, lo := bits.Mul64(a^indexSeed[0], b^indexSeed[1])
+	hi, lo = bits.Mul64(hi^lo^indexSeed[2], c^indexSeed[3])
+	return uint32(hi ^ lo)
 }
 
-// indexMix is the 128-bit product of x and y, folded (wyhash's mum).
-func indexMix(x, y uint64) uint64 {
-	hi, lo := bits.Mul64(x, y)
-	return hi ^ lo
-}
-
-func indexHash(a, b uint64, c uint32) uint64 {
-	h := indexMix(a^indexSeed[0], b^indexSeed[1])
-	return indexMix(h^indexSeed[2], uint64(c)^indexSeed[3])
-}
-
-// get returns k's value, if held.
-func (x *syncIndex) get(k syncKey) (uint32, bool) {
+// get returns the index of k's entry in slab, if held.
+func (x *syncIndex) get(k syncKey, slab []syncEntry) (uint32, bool) {
 	if x.n == 0 {
 		return 0, false
 	}
-	a, b, c := indexWords(&k)
-	mask := uint64(len(x.slots) - 1)
-	for i := indexHash(a, b, c) & mask; ; i = (i + 1) & mask {
-		s := &x.slots[i]
+	t := indexTag(&k)
+	mask := uint32(len(x.slots) - 1)
+	for i := t & mask; ; i = (i + 1) & mask {
+		s := x.slots[i]
 		if s.v == 0 {
 			return 0, false
 		}
-		if s.a == a && s.b == b && s.c == c {
+		if s.tag == t && slab[s.v-1].k == k {
 			return s.v - 1, true
 		}
 	}
 }
 
-// put sets k's value to v (v < math.MaxUint32: a slab index).
-func (x *syncIndex) put(k syncKey, v uint32) {
+// put makes v (< math.MaxUint32) k's entry index; slab[v].k must be k
+// already. A k held is moved to v.
+func (x *syncIndex) put(k syncKey, v uint32, slab []syncEntry) {
 	if (x.n+1)*8 > len(x.slots)*indexMaxLoad {
 		x.resize(max(2*len(x.slots), indexMinSlots))
 	}
-	a, b, c := indexWords(&k)
-	mask := uint64(len(x.slots) - 1)
-	for i := indexHash(a, b, c) & mask; ; i = (i + 1) & mask {
+	t := indexTag(&k)
+	mask := uint32(len(x.slots) - 1)
+	for i := t & mask; ; i = (i + 1) & mask {
 		s := &x.slots[i]
 		if s.v == 0 {
-			*s = indexSlot{v: v + 1, c: c, a: a, b: b}
+			*s = indexSlot{tag: t, v: v + 1}
 			x.n++
 			return
 		}
-		if s.a == a && s.b == b && s.c == c {
+		if s.tag == t && slab[s.v-1].k == k {
 			s.v = v + 1
 			return
 		}
 	}
 }
 
-// del removes k, if held, moving back the keys of its run that can take
-// the hole (backward-shift deletion).
-func (x *syncIndex) del(k syncKey) {
+// del removes k, held as entry v, if so, moving back the keys of its run
+// that can take the hole (backward-shift deletion).
+func (x *syncIndex) del(k syncKey, v uint32) {
 	if x.n == 0 {
 		return
 	}
-	a, b, c := indexWords(&k)
-	mask := uint64(len(x.slots) - 1)
-	i := indexHash(a, b, c) & mask
-	for {
-		s := &x.slots[i]
-		if s.v == 0 {
+	t := indexTag(&k)
+	mask := uint32(len(x.slots) - 1)
+	i := t & mask
+	for ; x.slots[i] != (indexSlot{tag: t, v: v + 1}); i = (i + 1) & mask {
+		if x.slots[i].v == 0 {
 			return
 		}
-		if s.a == a && s.b == b && s.c == c {
-			break
-		}
-		i = (i + 1) & mask
 	}
 	// i is the hole. A key further in the run moves into it when the hole
 	// is on its probe path (its home is not after the hole); its slot is
 	// the new hole.
 	for j := (i + 1) & mask; x.slots[j].v != 0; j = (j + 1) & mask {
-		s := &x.slots[j]
-		if (j-indexHash(s.a, s.b, s.c))&mask >= (j-i)&mask {
-			x.slots[i] = *s
+		if (j-x.slots[j].tag)&mask >= (j-i)&mask {
+			x.slots[i] = x.slots[j]
 			i = j
 		}
 	}
@@ -127,26 +115,17 @@ func (x *syncIndex) del(k syncKey) {
 
 func (x *syncIndex) len() int { return x.n }
 
-// each calls yield with every key held and its value, starting at a random
-// slot (eviction samples its first keys), until yield returns false; it
-// is an iter.Seq2. yield must not put or del.
-func (x *syncIndex) each(yield func(k syncKey, v uint32) bool) {
+// each calls yield with the entry index of every key held, starting at a
+// random slot (eviction samples the first ones), until yield returns
+// false; it is an iter.Seq. yield must not put or del.
+func (x *syncIndex) each(yield func(v uint32) bool) {
 	if x.n == 0 {
 		return
 	}
-	mask := uint64(len(x.slots) - 1)
-	start := rand.Uint64() & mask
-	for o := range uint64(len(x.slots)) {
-		s := &x.slots[(start+o)&mask]
-		if s.v == 0 {
-			continue
-		}
-		var k syncKey
-		binary.LittleEndian.PutUint64(k.key[0:8], s.a)
-		binary.LittleEndian.PutUint64(k.key[8:16], s.b)
-		binary.LittleEndian.PutUint16(k.key[16:18], uint16(s.c))
-		k.zone = uint16(s.c >> 16)
-		if !yield(k, s.v-1) {
+	mask := uint32(len(x.slots) - 1)
+	start := rand.Uint32() & mask
+	for o := range uint32(len(x.slots)) {
+		if s := x.slots[(start+o)&mask]; s.v != 0 && !yield(s.v-1) {
 			return
 		}
 	}
@@ -168,16 +147,16 @@ func (x *syncIndex) reset(hint int) {
 }
 
 // resize moves the keys to a table of size slots (a power of two that
-// holds them).
+// holds them); a slot's tag gives its home, so no key is read.
 func (x *syncIndex) resize(size int) {
 	old := x.slots
 	x.slots = make([]indexSlot, size)
-	mask := uint64(size - 1)
+	mask := uint32(size - 1)
 	for _, s := range old {
 		if s.v == 0 {
 			continue
 		}
-		i := indexHash(s.a, s.b, s.c) & mask
+		i := s.tag & mask
 		for x.slots[i].v != 0 {
 			i = (i + 1) & mask
 		}

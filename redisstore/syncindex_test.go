@@ -18,29 +18,41 @@ func ipKey(zone uint16, n uint32) syncKey {
 	return k
 }
 
-// indexProbe is how far slot i is from its key's home slot.
-func indexProbe(x *syncIndex, i int) int {
-	s := x.slots[i]
-	mask := uint64(len(x.slots) - 1)
-	return int((uint64(i) - indexHash(s.a, s.b, s.c)) & mask)
+// indexSlab is a slab for an index under test: entry j holds key j.
+type indexSlab []syncEntry
+
+// add makes k's entry and returns its index.
+func (s *indexSlab) add(k syncKey) uint32 {
+	*s = append(*s, syncEntry{k: k})
+	return uint32(len(*s) - 1)
 }
 
-// checkIndex fails t unless x's count is right, no key is held twice and
-// every key is reachable (no empty slot between its home and its slot).
-func checkIndex(t testing.TB, x *syncIndex) {
+// indexProbe is how far slot i is from its key's home slot.
+func indexProbe(x *syncIndex, i int) int {
+	mask := uint32(len(x.slots) - 1)
+	return int((uint32(i) - x.slots[i].tag) & mask)
+}
+
+// checkIndex fails t unless x's count is right, every slot's tag is its
+// key's, no key is held twice and every key is reachable (no empty slot
+// between its home and its slot).
+func checkIndex(t testing.TB, x *syncIndex, slab []syncEntry) {
 	t.Helper()
 	n := 0
-	seen := map[indexSlot]bool{}
+	seen := map[syncKey]bool{}
 	for i, s := range x.slots {
 		if s.v == 0 {
 			continue
 		}
 		n++
-		if k := (indexSlot{a: s.a, b: s.b, c: s.c}); seen[k] {
-			t.Fatalf("slot %d: key held twice", i)
-		} else {
-			seen[k] = true
+		k := slab[s.v-1].k
+		if s.tag != indexTag(&k) {
+			t.Fatalf("slot %d: tag %x, its key's is %x", i, s.tag, indexTag(&k))
 		}
+		if seen[k] {
+			t.Fatalf("slot %d: key %v held twice", i, k)
+		}
+		seen[k] = true
 		for d := indexProbe(x, i); d > 0; d-- {
 			if x.slots[(i-d)&(len(x.slots)-1)].v == 0 {
 				t.Fatalf("slot %d: an empty slot %d before it on its probe path", i, d)
@@ -53,16 +65,17 @@ func checkIndex(t testing.TB, x *syncIndex) {
 }
 
 // checkModel fails t unless x holds exactly m (get, len and a whole each).
-func checkModel(t testing.TB, x *syncIndex, m map[syncKey]uint32, space []syncKey) {
+func checkModel(t testing.TB, x *syncIndex, slab []syncEntry, m map[syncKey]uint32, space []syncKey) {
 	t.Helper()
 	for _, k := range space {
-		v, ok := x.get(k)
+		v, ok := x.get(k, slab)
 		if w, wok := m[k]; ok != wok || v != w {
 			t.Fatalf("get(%v) = %d, %v; want %d, %v", k, v, ok, w, wok)
 		}
 	}
 	got := map[syncKey]uint32{}
-	for k, v := range x.each {
+	for v := range x.each {
+		k := slab[v].k
 		if _, dup := got[k]; dup {
 			t.Fatalf("each yields %v twice", k)
 		}
@@ -86,23 +99,25 @@ func TestSyncIndexModel(t *testing.T) {
 		space := make([]syncKey, size)
 		for i := range space {
 			space[i] = ipKey(uint16(r.IntN(3)), r.Uint32N(uint32(4*size)))
-			space[i].key[17] = byte(i) // distinct keys
-			space[i].key[16] = byte(i >> 8)
+			binary.BigEndian.PutUint16(space[i].key[16:18], uint16(i)) // distinct keys
 		}
 		var x syncIndex
+		var slab indexSlab
 		m := map[syncKey]uint32{}
 		for op := range 20 * size {
 			k := space[r.IntN(size)]
 			switch r.IntN(10) {
-			case 0, 1, 2, 3, 4:
-				v := r.Uint32N(1 << 31)
-				x.put(k, v)
+			case 0, 1, 2, 3, 4: // a new entry for k, held or not
+				v := slab.add(k)
+				x.put(k, v, slab)
 				m[k] = v
 			case 5, 6, 7:
-				x.del(k)
+				if v, ok := m[k]; ok || r.IntN(2) == 0 {
+					x.del(k, v) // a key not held, half the time
+				}
 				delete(m, k)
 			case 8:
-				v, ok := x.get(k)
+				v, ok := x.get(k, slab)
 				if w, wok := m[k]; ok != wok || v != w {
 					t.Fatalf("round %d op %d: get = %d, %v; want %d, %v", round, op, v, ok, w, wok)
 				}
@@ -113,11 +128,11 @@ func TestSyncIndexModel(t *testing.T) {
 				}
 			}
 			if op%(size/2+1) == 0 {
-				checkIndex(t, &x)
+				checkIndex(t, &x, slab)
 			}
 		}
-		checkIndex(t, &x)
-		checkModel(t, &x, m, space)
+		checkIndex(t, &x, slab)
+		checkModel(t, &x, slab, m, space)
 	}
 }
 
@@ -126,14 +141,13 @@ func TestSyncIndexModel(t *testing.T) {
 func TestSyncIndexWrap(t *testing.T) {
 	var x syncIndex
 	x.reset(0)
-	mask := uint64(len(x.slots) - 1)
+	mask := uint32(len(x.slots) - 1)
 	// Keys whose home is one of the last two slots or the first.
 	var keys []syncKey
-	homes := map[uint64]int{}
+	homes := map[uint32]int{}
 	for n := uint32(0); len(keys) < 9; n++ {
 		k := ipKey(7, n)
-		a, b, c := indexWords(&k)
-		h := indexHash(a, b, c) & mask
+		h := indexTag(&k) & mask
 		if (h == mask-1 || h == mask || h == 0) && homes[h] < 3 {
 			homes[h]++
 			keys = append(keys, k)
@@ -145,24 +159,68 @@ func TestSyncIndexWrap(t *testing.T) {
 		if len(x.slots) != int(mask+1) {
 			t.Fatalf("reset(0) made %d slots, want %d", len(x.slots), mask+1)
 		}
+		var slab indexSlab
 		m := map[syncKey]uint32{}
 		r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
-		for i, k := range keys {
-			x.put(k, uint32(i))
-			m[k] = uint32(i)
+		for _, k := range keys {
+			m[k] = slab.add(k)
+			x.put(k, m[k], slab)
 		}
 		if x.slots[0].v == 0 || x.slots[5].v == 0 {
 			t.Fatalf("round %d: the run does not wrap (slots 0 and 5 empty)", round)
 		}
-		checkIndex(t, &x)
+		checkIndex(t, &x, slab)
 		r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 		for _, k := range keys {
-			x.del(k)
+			x.del(k, m[k])
 			delete(m, k)
-			checkIndex(t, &x)
-			checkModel(t, &x, m, keys)
+			checkIndex(t, &x, slab)
+			checkModel(t, &x, slab, m, keys)
 		}
 	}
+}
+
+// TestSyncIndexTagCollision holds keys whose tags are equal (found among
+// 400,000: about 19 pairs by the birthday bound): the key check tells them
+// apart, in get, put and del.
+func TestSyncIndexTagCollision(t *testing.T) {
+	byTag := map[uint32]syncKey{}
+	var pairs [][2]syncKey
+	for n := range uint32(400_000) {
+		k := ipKey(3, n)
+		if o, ok := byTag[indexTag(&k)]; ok {
+			pairs = append(pairs, [2]syncKey{o, k})
+		}
+		byTag[indexTag(&k)] = k
+	}
+	if len(pairs) == 0 {
+		t.Fatal("no two of 400,000 keys share a tag")
+	}
+	var x syncIndex
+	var slab indexSlab
+	m := map[syncKey]uint32{}
+	var space []syncKey
+	for _, p := range pairs {
+		for _, k := range p {
+			m[k] = slab.add(k)
+			x.put(k, m[k], slab)
+			space = append(space, k)
+		}
+	}
+	checkIndex(t, &x, slab)
+	checkModel(t, &x, slab, m, space)
+	for i, p := range pairs {
+		k := p[i%2]
+		x.del(k, uint32(len(slab))) // no entry's: nothing removed
+		checkModel(t, &x, slab, m, space)
+		m[k] = slab.add(k)
+		x.put(k, m[k], slab)
+		x.del(p[1-i%2], m[p[1-i%2]])
+		delete(m, p[1-i%2])
+	}
+	checkIndex(t, &x, slab)
+	checkModel(t, &x, slab, m, space)
+	t.Logf("%d pairs of keys with one tag", len(pairs))
 }
 
 // indexProbes returns the sum and the longest of x's keys' distances from
@@ -186,29 +244,29 @@ func TestSyncIndexChurn(t *testing.T) {
 		t.Run(strconv.Itoa(live), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, uint64(live)))
 			var x syncIndex
-			keys := make([]syncKey, live)
+			slab := make([]syncEntry, live) // entry i holds key i, as a freed entry is reused
 			next := uint32(0)
-			for i := range keys {
-				keys[i] = ipKey(uint16(i%3), next)
+			for i := range slab {
+				slab[i].k = ipKey(uint16(i%3), next)
 				next++
-				x.put(keys[i], uint32(i))
+				x.put(slab[i].k, uint32(i), slab)
 			}
 			size := len(x.slots)
 			for range 1_000_000 {
 				i := r.IntN(live)
-				x.del(keys[i])
-				keys[i] = ipKey(uint16(r.IntN(3)), next)
+				x.del(slab[i].k, uint32(i))
+				slab[i].k = ipKey(uint16(r.IntN(3)), next)
 				next++
-				x.put(keys[i], uint32(i))
+				x.put(slab[i].k, uint32(i), slab)
 			}
 			if len(x.slots) != size || x.len() != live {
 				t.Fatalf("after churn: %d slots, %d keys; want %d, %d", len(x.slots), x.len(), size, live)
 			}
-			checkIndex(t, &x)
+			checkIndex(t, &x, slab)
 			sum, longest := indexProbes(&x)
 			fresh := syncIndex{slots: make([]indexSlot, size)}
-			for i, k := range keys {
-				fresh.put(k, uint32(i))
+			for i := range slab {
+				fresh.put(slab[i].k, uint32(i), slab)
 			}
 			fsum, flongest := indexProbes(&fresh)
 			// Linear probing's total displacement depends on the keys
@@ -230,27 +288,30 @@ func TestSyncIndexChurn(t *testing.T) {
 
 func TestSyncIndexAllocs(t *testing.T) {
 	var x syncIndex
+	var slab indexSlab
 	x.reset(2000)
 	for i := range 1000 {
-		x.put(ipKey(1, uint32(i)), uint32(i))
+		k := ipKey(1, uint32(i))
+		x.put(k, slab.add(k), slab)
 	}
-	in, out, n := ipKey(1, 500), ipKey(1, 5000), uint32(0)
+	in, out := ipKey(1, 500), ipKey(1, 5000)
+	outV, n := slab.add(out), uint32(0)
 	cases := map[string]func(){
-		"get hit": func() { v, _ := x.get(in); n += v },
+		"get hit": func() { v, _ := x.get(in, slab); n += v },
 		"get miss": func() {
-			if _, ok := x.get(out); ok {
+			if _, ok := x.get(out, slab); ok {
 				n++
 			}
 		},
 		"put new, del": func() {
-			x.put(out, 1)
-			x.del(out)
+			x.put(out, outV, slab)
+			x.del(out, outV)
 		},
-		"put update": func() { x.put(in, 500) },
+		"put update": func() { x.put(in, 500, slab) },
 		"each, stopped": func() {
 			seen := 0
-			for k := range x.each {
-				n += uint32(k.zone)
+			for v := range x.each {
+				n += v
 				if seen++; seen == 8 {
 					break
 				}
@@ -267,15 +328,17 @@ func TestSyncIndexAllocs(t *testing.T) {
 
 func TestSyncIndexEach(t *testing.T) {
 	var x syncIndex
+	var slab indexSlab
 	for i := range 1000 {
-		x.put(ipKey(2, uint32(i)), uint32(i))
+		k := ipKey(2, uint32(i))
+		x.put(k, slab.add(k), slab)
 	}
-	firsts := map[syncKey]bool{}
+	firsts := map[uint32]bool{}
 	for range 50 {
 		calls := 0
-		x.each(func(k syncKey, _ uint32) bool {
+		x.each(func(v uint32) bool {
 			if calls == 0 {
-				firsts[k] = true
+				firsts[v] = true
 			}
 			calls++
 			return calls < 3
@@ -294,26 +357,25 @@ func TestSyncIndexEach(t *testing.T) {
 // for a like number of keys and shrinks for far fewer.
 func TestSyncIndexReset(t *testing.T) {
 	var x syncIndex
+	var slab indexSlab
 	for i := range 10_000 {
-		x.put(ipKey(0, uint32(i)), uint32(i))
+		k := ipKey(0, uint32(i))
+		x.put(k, slab.add(k), slab)
 	}
 	big := len(x.slots)
 	x.reset(9_000)
 	if len(x.slots) != big || x.len() != 0 {
 		t.Fatalf("reset(9000): %d slots, %d keys; want %d, 0", len(x.slots), x.len(), big)
 	}
-	if _, ok := x.get(ipKey(0, 1)); ok {
-		t.Fatal("reset kept a key")
-	}
-	checkModel(t, &x, map[syncKey]uint32{}, []syncKey{ipKey(0, 1)})
+	checkModel(t, &x, slab, map[syncKey]uint32{}, []syncKey{ipKey(0, 1)})
 	x.reset(100)
 	if len(x.slots) >= big/4 {
 		t.Fatalf("reset(100): %d slots kept", len(x.slots))
 	}
 	for i := range 100 {
-		x.put(ipKey(0, uint32(i)), uint32(i))
+		x.put(slab[i].k, uint32(i), slab)
 	}
-	if v, ok := x.get(ipKey(0, 99)); !ok || v != 99 {
+	if v, ok := x.get(ipKey(0, 99), slab); !ok || v != 99 {
 		t.Fatalf("after reset: get = %d, %v", v, ok)
 	}
 }
@@ -325,7 +387,8 @@ func TestSyncIndexReset(t *testing.T) {
 // cache line of a 64 MB buffer, seven pages on from the last (Caddy's own
 // work between two requests: a key's lines and page are out of L1, L2 and
 // the TLB when it comes again); "flush" is that write alone, to subtract.
-// entry: cold, then the key's slab entry read, as the request path does.
+// The index's lookup reads the key in its slab entry; entry: cold, then
+// the entry read (its used field) as the request path does, by both.
 // hot: 1,024 of the keys over and over.
 func BenchmarkSyncIndexCold(b *testing.B) {
 	flush := make([]byte, 64<<20)
@@ -337,13 +400,14 @@ func BenchmarkSyncIndexCold(b *testing.B) {
 		var x syncIndex
 		for i := range keys {
 			keys[i] = ipKey(uint16(i%3), r.Uint32())
+			slab[i].k = keys[i]
 			m[keys[i]] = uint32(i)
-			x.put(keys[i], uint32(i))
+			x.put(keys[i], uint32(i), slab)
 		}
 		r.Shuffle(n, func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 		gets := map[string]func(syncKey) uint32{
 			"map":   func(k syncKey) uint32 { return m[k] },
-			"index": func(k syncKey) uint32 { v, _ := x.get(k); return v },
+			"index": func(k syncKey) uint32 { v, _ := x.get(k, slab); return v },
 		}
 		for _, mode := range []string{"cold", "entry", "hot"} {
 			span := n
