@@ -111,7 +111,7 @@ func secondOf(now int64) usedSec { return usedSec(max(now/1000-1_577_836_800, 0)
 
 type syncShard struct {
 	mu   sync.Mutex
-	m    map[syncKey]uint32 // index in slab
+	m    syncIndex // the keys' indices in slab (syncindex.go)
 	slab []syncEntry
 	free []uint32
 	// dirty lists the entries touched since the last sync took them: a
@@ -134,13 +134,13 @@ func (sh *syncShard) touch(i uint32) {
 
 // entry returns k's entry index, if kept. Called with sh's lock held.
 func (sh *syncShard) entry(k syncKey) (uint32, bool) {
-	i, ok := sh.m[k]
+	i, ok := sh.m.get(k, sh.slab)
 	return i, ok
 }
 
 // drop forgets entry i. Called with sh's lock held.
 func (sh *syncShard) drop(i uint32) {
-	delete(sh.m, sh.slab[i].k)
+	sh.m.del(sh.slab[i].k, i)
 	delete(sh.bare, i)
 	sh.slab[i] = syncEntry{}
 	sh.free = append(sh.free, i)
@@ -187,9 +187,6 @@ func newSyncs(s *Store) *syncs {
 	y := &syncs{s: s, regs: map[string][]syncReg{}, ids: map[string]uint16{},
 		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan chan struct{})}
 	y.names.Store(new([]string))
-	for i := range y.shards {
-		y.shards[i].m = map[syncKey]uint32{}
-	}
 	lv := []string{"redis", s.opts.Target}
 	y.syncsOK = storeMetrics.syncs.WithLabelValues(append(lv, "ok")...)
 	y.syncsFailed = storeMetrics.syncs.WithLabelValues(append(lv, "failed")...)
@@ -584,7 +581,7 @@ func (y *syncs) add(sh *syncShard, k syncKey, cfg syncCfg) uint32 {
 		sh.slab = append(sh.slab, syncEntry{})
 	}
 	sh.slab[j] = syncEntry{k: k, live: true}
-	sh.m[k] = j
+	sh.m.put(k, j, sh.slab)
 	y.keys[cfg.id].Add(1)
 	return j
 }
@@ -620,8 +617,8 @@ const evictSample = 8
 func (y *syncs) evictIn(sh *syncShard, zone uint16) bool {
 	victim, found := uint32(0), false
 	seen := 0
-	for k, j := range sh.m {
-		if k.zone != zone {
+	for j := range sh.m.each {
+		if sh.slab[j].k.zone != zone {
 			continue
 		}
 		if !found || sh.slab[j].used < sh.slab[victim].used {
