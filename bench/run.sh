@@ -31,7 +31,7 @@
 #
 # Knobs (environment): BENCH_ROUNDS (5), BENCH_DURATION (5, seconds),
 # BENCH_WARMUP (2), BENCH_CONNECTIONS (50), BENCH_THREADS (2),
-# BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare mem1
+# BENCH_PIPELINE (16), BENCH_TARGETS (all, space-separated names: bare barek mem1
 # mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka
 # redis3ka redislocal redisdeny rb_plain rb_pipe decide), BENCH_PROFILE
 # (targets to CPU-profile, none by default), BENCH_PROFILE_SECONDS (10),
@@ -67,7 +67,7 @@ GOBENCH=${BENCH_GO:-1}
 MAX_OTHER=${BENCH_MAX_OTHER:-0.3}
 RETRIES=${BENCH_RETRIES:-1}
 REDIS_OPTS=${BENCH_REDIS_OPTS:-}
-read -r -a TARGETS <<<"${BENCH_TARGETS:-bare mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka redis3ka redislocal redisdeny rb_plain rb_pipe decide}"
+read -r -a TARGETS <<<"${BENCH_TARGETS:-bare barek mem1 mem3 memconc memdeny redis1 redis3 redisconc redis1k redis3k redis1ka redis3ka redislocal redisdeny rb_plain rb_pipe decide}"
 KEYS=${BENCH_KEYS:-100000}
 export BENCH_KEYS=$KEYS # wrk-keys.lua reads it
 DECIDE_N=${BENCH_DECIDE_N:-40000}
@@ -151,13 +151,15 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 read -r P_REDIS P_ADMIN P_BARE P_MEM1 P_MEM3 P_MEMDENY P_REDIS1 P_REDIS3 P_REDISDENY P_MEMCONC P_REDISCONC P_REDIS1K P_REDIS3K P_REDISLOCAL P_REDIS1KA P_REDIS3KA <<<"$("$BT" ports 16)"
-declare -A PORT=([bare]=$P_BARE [mem1]=$P_MEM1 [mem3]=$P_MEM3 [memdeny]=$P_MEMDENY
+declare -A PORT=([bare]=$P_BARE [barek]=$P_BARE [mem1]=$P_MEM1 [mem3]=$P_MEM3 [memdeny]=$P_MEMDENY
 	[redis1]=$P_REDIS1 [redis3]=$P_REDIS3 [redisdeny]=$P_REDISDENY
 	[memconc]=$P_MEMCONC [redisconc]=$P_REDISCONC
 	[redis1k]=$P_REDIS1K [redis3k]=$P_REDIS3K [redislocal]=$P_REDISLOCAL
 	[redis1ka]=$P_REDIS1KA [redis3ka]=$P_REDIS3KA)
 # Targets whose load carries a key per client (wrk-keys.lua).
-declare -A KEYED=([redis1k]=1 [redis3k]=1 [redis1ka]=1 [redis3ka]=1)
+# barek is bare Caddy under that load: the many-key targets' baseline (the
+# script costs wrk more CPU per request, which it takes from Caddy).
+declare -A KEYED=([barek]=1 [redis1k]=1 [redis3k]=1 [redis1ka]=1 [redis3ka]=1)
 ADMIN=http://127.0.0.1:$P_ADMIN
 
 redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no --dir "$TMP" \

@@ -49,6 +49,7 @@ type target struct {
 
 var targets = []target{
 	{"bare", "bare Caddy `respond`", "ok"},
+	{"barek", "bare Caddy `respond`, a key per request (wrk-keys.lua)", "ok"},
 	{"mem1", "memstore, 1 zone, never refusing", "ok"},
 	{"mem3", "memstore, 3 zones, never refusing", "ok"},
 	{"memconc", "memstore, 1 zone + a concurrency zone, never refusing", "ok"},
