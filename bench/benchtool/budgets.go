@@ -92,17 +92,21 @@ var budgets = []budget{
 	{kind: redisUsAtMost, what: "3 zones", kase: "z3", bound: 10},
 }
 
+// against is what a ratioTo budget's other target is.
+func (b budget) against() string {
+	if b.versus == "" {
+		return "one zone"
+	}
+	return b.versus
+}
+
 // name is the budget as the report's table names it.
 func (b budget) name() string {
 	switch b.kind {
 	case ratioToBare:
 		return fmt.Sprintf("%s ≥ %.2f × bare", b.what, b.bound)
 	case ratioTo:
-		versus := b.versus
-		if versus == "" {
-			versus = "one zone"
-		}
-		return fmt.Sprintf("%s (≥ %.2f × %s)", b.what, b.bound, versus)
+		return fmt.Sprintf("%s (≥ %.2f × %s)", b.what, b.bound, b.against())
 	case fasterThan:
 		return fmt.Sprintf("refusals cheaper than allowing (%s)", b.what)
 	case allocsPerOp:
@@ -163,8 +167,8 @@ func (b budget) judge(st *stats, gb []goBench, mk []memKey) []verdict {
 		if math.IsNaN(v) {
 			return none
 		}
-		return []verdict{judged(b, fmt.Sprintf("%.2f × one zone (%s vs %s req/s)",
-			v, fmtRate(st.rps[b.target]), fmtRate(st.rps[b.other])), v >= b.bound)}
+		return []verdict{judged(b, fmt.Sprintf("%.2f × %s (%s vs %s req/s)",
+			v, b.against(), fmtRate(st.rps[b.target]), fmtRate(st.rps[b.other])), v >= b.bound)}
 	case fasterThan:
 		v := st.rps[b.target] / st.rps[b.other]
 		if math.IsNaN(v) {
