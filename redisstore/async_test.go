@@ -684,3 +684,86 @@ func TestSyncMemoryPerKey(t *testing.T) {
 		t.Fatalf("%.0f bytes per key, then %.0f: want at most 400, bounded by max_keys", perKey, float64(again-before)/n)
 	}
 }
+
+// TestSyncClusterMasterDown: with one master of a Cluster down, a sync's
+// keys on the live masters land, each charge once, sync after sync, and
+// the dead master's keys hold their charges; when it is back, they land
+// too. (A chunk failed whole for one node's keys would send the live keys'
+// charges again with each sync: counted several times.)
+func TestSyncClusterMasterDown(t *testing.T) {
+	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, Partial: true})
+	s := newClusterStore(t, c.Addrs(), testTimeout)
+	l := syncLimit(t, algorithms.FixedWindow, 1000, time.Hour)
+	release, err := s.SyncZone("down", l, time.Hour, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	y := s.async.Load()
+	const n, rounds = 60, 3
+	nodeOf := func(k algorithms.Key) int {
+		slot := int(hashSlotOf(k))
+		for i, r := range c.Slots {
+			if slot >= r[0] && slot <= r[1] {
+				return i
+			}
+		}
+		t.Fatalf("slot %d owned by no node", slot)
+		return -1
+	}
+	count := func(k algorithms.Key) int64 {
+		ck := countKey(s.Key("down", k), algorithms.WindowStart(time.Now().UnixMilli(), l.Window))
+		v, err := c.Nodes[nodeOf(k)].Client().Get(context.Background(), ck).Int64()
+		if err != nil && err != redis.Nil {
+			t.Fatalf("%s: %v", ck, err)
+		}
+		return v
+	}
+	onDead := 0
+	for i := range n {
+		takeOne(t, s, "down", testKey(i), l)
+		if nodeOf(testKey(i)) == 2 {
+			onDead++
+		}
+	}
+	y.syncNow()
+	if onDead == 0 || onDead == n {
+		t.Fatalf("%d of %d keys on the master to stop: the test needs some on each side", onDead, n)
+	}
+	c.Nodes[2].Stop()
+	for range rounds {
+		for i := range n {
+			takeOne(t, s, "down", testKey(i), l)
+		}
+		y.syncNow()
+	}
+	if st, _ := s.SyncStatus("down"); st.Held != int64(onDead*rounds) || st.Error == "" {
+		t.Fatalf("status %+v: want the dead master's %d charges held and the failure shown", st, onDead*rounds)
+	}
+	for i := range n {
+		if k := testKey(i); nodeOf(k) != 2 {
+			if got := count(k); got != 1+rounds {
+				t.Fatalf("key %d on a live master counts %d, want %d: each charge once", i, got, 1+rounds)
+			}
+		}
+	}
+	// Back (empty: nothing persisted): the held charges land.
+	c.Nodes[2].Restart(t)
+	c.WaitHealthy(t)
+	for try := 0; ; try++ {
+		y.syncNow()
+		if st, _ := s.SyncStatus("down"); st.Held == 0 && st.Error == "" {
+			break
+		} else if try == 50 {
+			t.Fatalf("status %+v: the held charges never landed", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := range n {
+		if k := testKey(i); nodeOf(k) == 2 {
+			if got := count(k); got != rounds {
+				t.Fatalf("key %d on the master back counts %d, want the %d held", i, got, rounds)
+			}
+		}
+	}
+}

@@ -49,30 +49,33 @@ type syncWire struct {
 
 // exchange sends items' charges and reads their counts (it sets each
 // item's reply or error), in pipelines of at most syncChunk items (so its
-// buffers stay that size); after a failed pipeline the rest is not sent.
-// It returns the first error.
+// buffers stay that size); after a pipeline whose every item failed, the
+// rest is not sent. It returns the first error.
 func (y *syncs) exchange(items []syncItem, now int64) error {
 	x := &y.wire
 	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(min(len(items), syncChunk))*syncKeyTimeout
-	var first error
+	var first, down error
 	for from := 0; from < len(items); from += syncChunk {
 		chunk := items[from:min(from+syncChunk, len(items))]
-		if first == nil {
-			x.plan(y, chunk, now)
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			first = x.run(ctx, y.s.client, chunk)
-			cancel()
-			clear(x.cmds)
-		}
-		if first != nil {
+		if down != nil {
 			for i := range chunk {
-				chunk[i].err = first
+				chunk[i].err = down // not sent
 			}
+			continue
+		}
+		x.plan(y, chunk, now)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		failed, err := x.run(ctx, y.s.client, chunk)
+		cancel()
+		clear(x.cmds)
+		if first == nil {
+			first = err
+		}
+		if failed == len(chunk) {
+			down = err // the rest is not sent: Redis (each node of it) failed them all
 		}
 	}
-	if first == nil {
-		y.expireLost(items, now, timeout)
-	}
+	y.expireLost(items, now, timeout)
 	return first
 }
 
@@ -81,27 +84,28 @@ func (y *syncs) exchange(items []syncItem, now int64) error {
 // once: a count without a TTL would outlive its window for good. What
 // this fails to set, the next sync of the key sets (syncItem.lost).
 func (y *syncs) expireLost(items []syncItem, now int64, timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	var pipe redis.Pipeliner
+	var lost []int
+	var cmds []*redis.BoolCmd
 	for i := range items {
-		if it := &items[i]; it.lost {
+		if it := &items[i]; it.lost && it.err == nil {
 			if pipe == nil {
 				pipe = y.s.client.Pipeline()
 			}
-			pipe.PExpire(context.Background(), countKey(y.s.Key((*y.names.Load())[it.k.zone], it.k.key), it.l),
-				time.Duration(max(it.l+keepFor(it.limit)-now, 1))*time.Millisecond)
+			lost = append(lost, i)
+			cmds = append(cmds, pipe.PExpire(ctx, countKey(y.s.Key((*y.names.Load())[it.k.zone], it.k.key), it.l),
+				time.Duration(max(it.l+keepFor(it.limit)-now, 1))*time.Millisecond))
 		}
 	}
 	if pipe == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if _, err := pipe.Exec(ctx); err != nil {
-		return
-	}
-	for i := range items {
-		if it := &items[i]; it.lost {
-			it.lost, it.created = false, true
+	_, _ = pipe.Exec(ctx)
+	for n, i := range lost {
+		if cmds[n].Err() == nil {
+			items[i].lost, items[i].created = false, true
 		}
 	}
 }
@@ -167,8 +171,11 @@ func (x *syncWire) add(i int, kind uint8, key []byte, start, units int64) {
 	x.ops = append(x.ops, syncOp{item: i, kind: kind, start: start, units: units, end: len(x.names)})
 }
 
-// run sends the planned ops in one pipeline and sets their items' replies.
-func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem) error {
+// run sends the planned ops in one pipeline and sets their items' replies,
+// or errors: an item fails with any of its commands (in a Cluster, those
+// of a failing node), the others stand. It returns how many failed, and
+// the first error.
+func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem) (int, error) {
 	pipe := c.Pipeline()
 	x.cmds = x.cmds[:0]
 	o := 0
@@ -187,17 +194,24 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 		}
 		x.cmds = append(x.cmds, cmd)
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return err
-	}
+	_, _ = pipe.Exec(ctx) // each command's error is its own
+	var first error
+	failed := 0
 	for n, op := range x.ops {
 		it := &items[op.item]
+		if err := x.cmds[n].Err(); err != nil && !errors.Is(err, redis.Nil) {
+			if it.err == nil {
+				it.err = err
+				failed++
+			}
+			if first == nil {
+				first = err
+			}
+			continue
+		}
 		switch cmd := x.cmds[n].(type) {
 		case *redis.IntCmd:
-			v, err := cmd.Result()
-			if err != nil {
-				return err
-			}
+			v := cmd.Val()
 			if op.start == it.l {
 				it.cur = v
 				if it.made && v == op.units {
@@ -207,9 +221,6 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 				it.prev = v
 			}
 		case *redis.BoolCmd:
-			if err := cmd.Err(); err != nil {
-				return err
-			}
 			if op.start == it.l {
 				it.created = true
 			}
@@ -219,7 +230,15 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 				v, err = 0, nil
 			}
 			if err != nil {
-				return fmt.Errorf("redis: the count %v: %w", cmd.Args()[1], err)
+				err = fmt.Errorf("redis: the count %v: %w", cmd.Args()[1], err)
+				if it.err == nil {
+					it.err = err
+					failed++
+				}
+				if first == nil {
+					first = err
+				}
+				continue
 			}
 			if op.kind == opCur {
 				it.cur = v
@@ -228,5 +247,5 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 			}
 		}
 	}
-	return nil
+	return failed, first
 }
