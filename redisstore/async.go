@@ -771,6 +771,7 @@ func (y *syncs) close() {
 type syncItem struct {
 	k     syncKey
 	j     uint32 // its entry
+	sh    uint8  // its shard
 	sent  [2]algorithms.WindowCharge
 	limit algorithms.Limit
 	l     int64 // the current window's start, by this instance's clock
@@ -812,7 +813,7 @@ func (y *syncs) syncOnce() {
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
 			l := *y.lims[e.k.zone].Load()
-			it := syncItem{k: e.k, j: j, sent: e.sent, limit: l, l: algorithms.WindowStart(now, l.Window)}
+			it := syncItem{k: e.k, j: j, sh: uint8(i), sent: e.sent, limit: l, l: algorithms.WindowStart(now, l.Window)}
 			cur := e.read && e.at == it.l
 			it.known, it.made = cur && e.prevFinal, cur && e.made
 			if sh.bare != nil {
@@ -839,10 +840,16 @@ func (y *syncs) syncOnce() {
 	}
 	err := y.exchange(items, now) // syncwire.go
 	finalAfter := (4*y.period() + finalAfter).Milliseconds()
+	var sh *syncShard // locked once per run of its items (listed shard by shard)
 	for i := range items {
 		it := &items[i]
-		sh := y.shard(&it.k)
-		sh.mu.Lock()
+		if next := &y.shards[it.sh]; next != sh {
+			if sh != nil {
+				sh.mu.Unlock()
+			}
+			sh = next
+			sh.mu.Lock()
+		}
 		// Its entry, unless dropped (for max_keys, or a reset) meanwhile.
 		e := &sh.slab[it.j]
 		kept := e.live && e.k == it.k
@@ -869,6 +876,8 @@ func (y *syncs) syncOnce() {
 				y.droppedUnits.Add(float64(n))
 			}
 		}
+	}
+	if sh != nil {
 		sh.mu.Unlock()
 	}
 	if err != nil {
