@@ -800,6 +800,45 @@ func (y *syncs) syncOnce() {
 		y.sweep(now)
 		y.swept = start
 	}
+	items := y.gather(now)
+	defer func() {
+		// The room of a backlog's sync (after an outage, a reload) is let
+		// go: the usual sync is a few thousand keys.
+		if cap(items) <= maxKeptItems {
+			y.items = items[:0]
+		} else {
+			y.items = nil
+		}
+	}()
+	if len(items) == 0 {
+		y.succeeded(start)
+		return
+	}
+	err := y.exchange(items, now) // syncwire.go
+	y.answer(items, now)
+	if err != nil {
+		if y.failures.Add(1) == 1 && y.s.opts.Logger != nil {
+			// Once per run of failures; the recovery is logged too.
+			y.s.opts.Logger.Warn("redis sync of the asynchronous zones failed; they go on deciding here and send their charges when a sync succeeds",
+				zap.String("target", y.s.opts.Target), zap.Int("keys", len(items)), zap.Error(err))
+		}
+		y.syncsFailed.Inc()
+		msg := err.Error()
+		y.lastErr.Store(&msg)
+	} else {
+		if n := y.failures.Load(); n > 0 && y.s.opts.Logger != nil {
+			y.s.opts.Logger.Info("redis sync of the asynchronous zones succeeded again",
+				zap.String("target", y.s.opts.Target), zap.Int64("failed_syncs", n), zap.Int("keys", len(items)))
+		}
+		y.succeeded(start)
+	}
+	y.runs.Add(1)
+}
+
+// gather takes the keys requested since the last sync (each shard's dirty
+// list), their unsent charges becoming sent, as the sync's items, listed
+// shard by shard.
+func (y *syncs) gather(now int64) []syncItem {
 	items := y.items[:0]
 	for i := range y.shards {
 		sh := &y.shards[i]
@@ -825,20 +864,12 @@ func (y *syncs) syncOnce() {
 		sh.spare = dirty[:0]
 		sh.mu.Unlock()
 	}
-	defer func() {
-		// The room of a backlog's sync (after an outage, a reload) is let
-		// go: the usual sync is a few thousand keys.
-		if cap(items) <= maxKeptItems {
-			y.items = items[:0]
-		} else {
-			y.items = nil
-		}
-	}()
-	if len(items) == 0 {
-		y.succeeded(start)
-		return
-	}
-	err := y.exchange(items, now) // syncwire.go
+	return items
+}
+
+// answer gives each item's entry its reply: the counts adopted, or on an
+// error the charges put back to be sent again.
+func (y *syncs) answer(items []syncItem, now int64) {
 	finalAfter := (4*y.period() + finalAfter).Milliseconds()
 	var sh *syncShard // locked once per run of its items (listed shard by shard)
 	for i := range items {
@@ -880,23 +911,6 @@ func (y *syncs) syncOnce() {
 	if sh != nil {
 		sh.mu.Unlock()
 	}
-	if err != nil {
-		if y.failures.Add(1) == 1 && y.s.opts.Logger != nil {
-			// Once per run of failures; the recovery is logged too.
-			y.s.opts.Logger.Warn("redis sync of the asynchronous zones failed; they go on deciding here and send their charges when a sync succeeds",
-				zap.String("target", y.s.opts.Target), zap.Int("keys", len(items)), zap.Error(err))
-		}
-		y.syncsFailed.Inc()
-		msg := err.Error()
-		y.lastErr.Store(&msg)
-	} else {
-		if n := y.failures.Load(); n > 0 && y.s.opts.Logger != nil {
-			y.s.opts.Logger.Info("redis sync of the asynchronous zones succeeded again",
-				zap.String("target", y.s.opts.Target), zap.Int64("failed_syncs", n), zap.Int("keys", len(items)))
-		}
-		y.succeeded(start)
-	}
-	y.runs.Add(1)
 }
 
 // adopt makes the counts a sync returned at now the key's state, its sent

@@ -167,30 +167,7 @@ func TestSyncExchangeCounts(t *testing.T) {
 					if it.created {
 						made[i] = ws
 					}
-					// Every count in Redis is the model's, with its TTL (but
-					// the one just lost: the next sync sets it).
-					for start, n := range model[i] {
-						ck := countKey(s.Key(zone, keys[i]), start)
-						keep := keepFor(l)
-						got, err := c.Get(ctx, ck).Int64()
-						if err == redis.Nil && start+keep <= now {
-							delete(model[i], start) // expired: it could decide no more
-							continue
-						}
-						if err != nil || got != n {
-							t.Fatalf("%s: %s holds %d (%v), want %d", alg, ck, got, err, n)
-						}
-						ttl, err := c.PTTL(ctx, ck).Result()
-						switch {
-						case err != nil:
-							t.Fatal(err)
-						case ttl == -2 && start+keep <= now:
-							delete(model[i], start) // expired meanwhile
-						// Set at an earlier step (this clock runs faster than Redis's).
-						case ttl < 0 || ttl.Milliseconds() > keep || ttl.Milliseconds() < start+keep-now-5000:
-							t.Fatalf("%s: %s has a TTL of %v, want at least %d ms, at most %d", alg, ck, ttl, start+keep-now, keep)
-						}
-					}
+					checkCounts(t, c, s.Key(zone, keys[i]), model[i], l, now)
 				}
 			}
 			release()
@@ -198,6 +175,35 @@ func TestSyncExchangeCounts(t *testing.T) {
 	}
 	if counted < 500 || lost < 5 || bare < 5 {
 		t.Fatalf("only %d charges counted, %d counts lost, %d bare: the sequences test too little", counted, lost, bare)
+	}
+}
+
+// checkCounts: every count of name in Redis is model's, with its TTL; the
+// counts expired (they could decide no more) leave model.
+func checkCounts(t *testing.T, c *redis.Client, name string, model map[int64]int64, l algorithms.Limit, now int64) {
+	t.Helper()
+	ctx := context.Background()
+	keep := keepFor(l)
+	for start, n := range model {
+		ck := countKey(name, start)
+		got, err := c.Get(ctx, ck).Int64()
+		if err == redis.Nil && start+keep <= now {
+			delete(model, start)
+			continue
+		}
+		if err != nil || got != n {
+			t.Fatalf("%s: %s holds %d (%v), want %d", l.Algorithm, ck, got, err, n)
+		}
+		ttl, err := c.PTTL(ctx, ck).Result()
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case ttl == -2 && start+keep <= now:
+			delete(model, start) // expired meanwhile
+		// Set at an earlier step (this clock runs faster than Redis's).
+		case ttl < 0 || ttl.Milliseconds() > keep || ttl.Milliseconds() < start+keep-now-5000:
+			t.Fatalf("%s: %s has a TTL of %v, want at least %d ms, at most %d", l.Algorithm, ck, ttl, start+keep-now, keep)
+		}
 	}
 }
 
