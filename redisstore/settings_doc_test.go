@@ -102,6 +102,24 @@ func TestRedisSettingsDoc(t *testing.T) {
 			if !take(t, s, req)[0].Allowed {
 				t.Fatal("refused after the reset")
 			}
+			// The asynchronous mode's syncs (INCRBY, PEXPIRE, GET) under the
+			// same rules: the counts land, nothing held back.
+			sl := syncLimit(t, algorithms.SlidingWindow, 5, time.Hour)
+			release, err := s.SyncZone("docsync", sl, time.Hour, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			for range 2 {
+				takeOne(t, s, "docsync", req.Key, sl)
+			}
+			s.async.Load().syncNow()
+			if st, _ := s.SyncStatus("docsync"); st.Error != "" || st.Held != 0 {
+				t.Fatalf("the sync under the documented rule: %+v", st)
+			}
+			if got := redisCount(t, srv, s, "docsync", req.Key, sl); got != 2 {
+				t.Fatalf("Redis counts %d of the sync zone's 2", got)
+			}
 			// The overrides' rules, as the section gives them, added.
 			ovArgs := []any{"ACL", "SETUSER", user}
 			for _, f := range strings.Fields(overrideRules.FindStringSubmatch(sec)[1]) {
