@@ -870,7 +870,7 @@ func (y *syncs) gather(now int64) []syncItem {
 // answer gives each item's entry its reply: the counts adopted, or on an
 // error the charges put back to be sent again.
 func (y *syncs) answer(items []syncItem, now int64) {
-	finalAfter := (4*y.period() + finalAfter).Milliseconds()
+	final := (4*y.period() + finalAfter).Milliseconds() // ms into a window
 	var sh *syncShard // locked once per run of its items (listed shard by shard)
 	for i := range items {
 		it := &items[i]
@@ -886,7 +886,7 @@ func (y *syncs) answer(items []syncItem, now int64) {
 		kept := e.live && e.k == it.k
 		switch {
 		case kept && it.err == nil:
-			e.adopt(it, now, finalAfter)
+			e.adopt(it, now, final)
 			switch {
 			case it.lost:
 				if sh.bare == nil {
