@@ -41,8 +41,8 @@ const (
 	// node): a pipeline's replies must all come within the client's read
 	// timeout.
 	syncChunk = 1000
-	// maxKeptItems bounds the items a sync keeps for the next one.
-	maxKeptItems = 16 * syncChunk
+	// syncLanes is how many such pipelines a sync has in flight at once.
+	syncLanes = 4
 	// minSyncTimeout is the least time a sync waits for its reply, and
 	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
 	// a while: a bound that did not grow with them could fail every sync).
@@ -170,9 +170,14 @@ type syncs struct {
 	// kick asks the loop for a sync now (tests, and Destruct's last one).
 	kick chan chan struct{}
 
-	swept    time.Time    // the last sweep (the loop's own)
-	items    []syncItem   // the last sync's, kept for their room (the loop's own)
-	wire     syncWire     // the exchange's buffers (the loop's own)
+	swept time.Time // the last sweep (the loop's own)
+	// lanes: the chunks of a sync in flight at once, each with its items
+	// and the exchange's buffers, kept for their room (the loop's own).
+	lanes [syncLanes]syncLane
+	// taken: the shards' dirty lists a sync gathers from, at: where it
+	// is (the loop's own).
+	taken    [syncShards][]uint32
+	at       struct{ sh, pos int }
 	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
 	failures atomic.Int64 // syncs failed since
 	lastErr  atomic.Pointer[string]
@@ -729,8 +734,16 @@ func (y *syncs) period() time.Duration {
 // run syncs every period until the store closes.
 func (y *syncs) run() {
 	defer close(y.done)
+	next := time.Now()
 	for {
-		t := time.NewTimer(y.period())
+		// Every period from one sync's start to the next; a sync that
+		// took longer is followed by the next at once.
+		next = next.Add(y.period())
+		wait := time.Until(next)
+		if wait < 0 {
+			next, wait = time.Now(), 0
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-y.stop:
 			t.Stop()
@@ -791,8 +804,12 @@ type syncItem struct {
 }
 
 // syncOnce sends the charges of every key requested since the last sync
-// and reads their counts back; now and then (sweepEvery) it forgets the
-// keys back to full and not requested since.
+// and reads their counts back, syncChunk keys per pipeline, syncLanes
+// pipelines at once (gather, exchange, answer: its buffers stay that size,
+// and a round trip's wait overlaps the others'); now and then
+// (sweepEvery) it forgets the keys back to full and not requested since.
+// After a pipeline whose every key failed, the rest is not sent: put back
+// for the next sync.
 func (y *syncs) syncOnce() {
 	start := time.Now()
 	now := start.UnixMilli()
@@ -800,27 +817,90 @@ func (y *syncs) syncOnce() {
 		y.sweep(now)
 		y.swept = start
 	}
-	items := y.gather(now)
-	defer func() {
-		// The room of a backlog's sync (after an outage, a reload) is let
-		// go: the usual sync is a few thousand keys.
-		if cap(items) <= maxKeptItems {
-			y.items = items[:0]
-		} else {
-			y.items = nil
+	y.takeDirty()
+	defer y.giveBack()
+	var first, down error
+	keys := 0
+	for {
+		n := 0
+		for ; n < syncLanes; n++ {
+			ln := &y.lanes[n]
+			if ln.items = y.gather(now, ln.items[:0]); len(ln.items) == 0 {
+				break
+			}
+			keys += len(ln.items)
 		}
-	}()
-	if len(items) == 0 {
+		if n == 0 {
+			break
+		}
+		if down == nil {
+			y.exchangeLanes(y.lanes[:n], now)
+		}
+		for i := range y.lanes[:n] {
+			ln := &y.lanes[i]
+			switch {
+			case down != nil:
+				for j := range ln.items {
+					ln.items[j].err = down // not sent
+				}
+			case ln.err != nil && first == nil:
+				first = ln.err
+			}
+			y.answer(ln.items, now)
+		}
+		for i := range y.lanes[:n] {
+			if ln := &y.lanes[i]; down == nil && ln.err != nil && failedAll(ln.items) {
+				down = ln.err
+			}
+		}
+	}
+	if keys == 0 {
 		y.succeeded(start)
 		return
 	}
-	err := y.exchange(items, now) // syncwire.go
-	y.answer(items, now)
+	y.report(start, keys, first)
+}
+
+// syncLane is a chunk of a sync in flight: its items, the exchange's
+// buffers and its error.
+type syncLane struct {
+	items []syncItem
+	wire  syncWire
+	err   error
+}
+
+// exchangeLanes exchanges each lane's items at once, a goroutine each
+// beside the loop's.
+func (y *syncs) exchangeLanes(lanes []syncLane, now int64) {
+	var wg sync.WaitGroup
+	for i := 1; i < len(lanes); i++ {
+		wg.Add(1)
+		go func(ln *syncLane) {
+			defer wg.Done()
+			ln.err = y.exchangeOn(&ln.wire, ln.items, now)
+		}(&lanes[i])
+	}
+	lanes[0].err = y.exchangeOn(&lanes[0].wire, lanes[0].items, now)
+	wg.Wait()
+}
+
+// failedAll reports whether every item of a sync failed.
+func failedAll(items []syncItem) bool {
+	for i := range items {
+		if items[i].err == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// report logs and counts a sync of keys that started at start.
+func (y *syncs) report(start time.Time, keys int, err error) {
 	if err != nil {
 		if y.failures.Add(1) == 1 && y.s.opts.Logger != nil {
 			// Once per run of failures; the recovery is logged too.
 			y.s.opts.Logger.Warn("redis sync of the asynchronous zones failed; they go on deciding here and send their charges when a sync succeeds",
-				zap.String("target", y.s.opts.Target), zap.Int("keys", len(items)), zap.Error(err))
+				zap.String("target", y.s.opts.Target), zap.Int("keys", keys), zap.Error(err))
 		}
 		y.syncsFailed.Inc()
 		msg := err.Error()
@@ -828,31 +908,62 @@ func (y *syncs) syncOnce() {
 	} else {
 		if n := y.failures.Load(); n > 0 && y.s.opts.Logger != nil {
 			y.s.opts.Logger.Info("redis sync of the asynchronous zones succeeded again",
-				zap.String("target", y.s.opts.Target), zap.Int64("failed_syncs", n), zap.Int("keys", len(items)))
+				zap.String("target", y.s.opts.Target), zap.Int64("failed_syncs", n), zap.Int("keys", keys))
 		}
 		y.succeeded(start)
 	}
 	y.runs.Add(1)
 }
 
-// gather takes the keys requested since the last sync (each shard's dirty
-// list), their unsent charges becoming sent, as the sync's items, listed
-// shard by shard.
-func (y *syncs) gather(now int64) []syncItem {
-	items := y.items[:0]
+// takeDirty takes each shard's list of the keys requested since the last
+// sync (its dirty list) for this sync to gather from. A key listed stays
+// touched until gathered: a request meanwhile adds to what the sync sends.
+func (y *syncs) takeDirty() {
 	for i := range y.shards {
 		sh := &y.shards[i]
 		sh.mu.Lock()
-		dirty := sh.dirty
+		y.taken[i] = sh.dirty
 		sh.dirty, sh.spare = sh.spare[:0], nil
-		for _, j := range dirty {
+		sh.mu.Unlock()
+	}
+	y.at.sh, y.at.pos = 0, 0
+}
+
+// giveBack returns the lists takeDirty took to their shards, for their room.
+func (y *syncs) giveBack() {
+	for i := range y.shards {
+		if y.taken[i] == nil {
+			continue
+		}
+		sh := &y.shards[i]
+		sh.mu.Lock()
+		sh.spare = y.taken[i][:0]
+		sh.mu.Unlock()
+		y.taken[i] = nil
+	}
+}
+
+// gather takes the next keys of the lists takeDirty took, at most
+// syncChunk, their unsent charges becoming sent, as a sync's items, listed
+// shard by shard, appended to items (none: none left).
+func (y *syncs) gather(now int64, items []syncItem) []syncItem {
+	for ; y.at.sh < syncShards && len(items) < syncChunk; y.at.sh, y.at.pos = y.at.sh+1, 0 {
+		list := y.taken[y.at.sh]
+		if y.at.pos >= len(list) {
+			continue
+		}
+		sh := &y.shards[y.at.sh]
+		sh.mu.Lock()
+		n := y.at.pos
+		for ; n < len(list) && len(items) < syncChunk; n++ {
+			j := list[n]
 			e := &sh.slab[j]
 			if !e.live || !e.touched {
-				continue // dropped for max_keys meanwhile
+				continue // dropped for max_keys meanwhile, or listed twice (its slot reused)
 			}
 			e.sent, e.unsent, e.touched = e.unsent, [2]algorithms.WindowCharge{}, false
 			l := *y.lims[e.k.zone].Load()
-			it := syncItem{k: e.k, j: j, sh: uint8(i), sent: e.sent, limit: l, l: algorithms.WindowStart(now, l.Window)}
+			it := syncItem{k: e.k, j: j, sh: uint8(y.at.sh), sent: e.sent, limit: l, l: algorithms.WindowStart(now, l.Window)}
 			cur := e.read && e.at == it.l
 			it.known, it.made = cur && e.prevFinal, cur && e.made
 			if sh.bare != nil {
@@ -860,9 +971,11 @@ func (y *syncs) gather(now int64) []syncItem {
 			}
 			items = append(items, it)
 		}
-		clear(dirty)
-		sh.spare = dirty[:0]
 		sh.mu.Unlock()
+		if n < len(list) {
+			y.at.pos = n
+			return items // the chunk is full: this shard's list goes on at n
+		}
 	}
 	return items
 }
@@ -871,7 +984,7 @@ func (y *syncs) gather(now int64) []syncItem {
 // error the charges put back to be sent again.
 func (y *syncs) answer(items []syncItem, now int64) {
 	final := (4*y.period() + finalAfter).Milliseconds() // ms into a window
-	var sh *syncShard // locked once per run of its items (listed shard by shard)
+	var sh *syncShard                                   // locked once per run of its items (listed shard by shard)
 	for i := range items {
 		it := &items[i]
 		if next := &y.shards[it.sh]; next != sh {

@@ -455,13 +455,13 @@ func TestSyncBesideExactZone(t *testing.T) {
 	}
 }
 
-// TestSyncBacklog: a sync of many keys (a backlog: here 3,000 keys in one
+// TestSyncBacklog: a sync of many keys (a backlog: here 8,500 keys in one
 // interval) runs as several bounded pipelines and lands every charge.
 func TestSyncBacklog(t *testing.T) {
 	srv := redistest.Start(t)
 	l := syncLimit(t, algorithms.FixedWindow, 5, time.Hour)
 	s := syncStore(t, srv.URL(), "backlog", l, 10000)
-	const n = 3000
+	const n = 2*syncLanes*syncChunk + 500 // three rounds of lanes, the last one partial
 	for i := range n {
 		takeOne(t, s, "backlog", algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i)}, l)
 	}

@@ -44,6 +44,8 @@ const (
 type syncWire struct {
 	ops   []syncOp
 	names []byte
+	strs  []string      // the ops' keys (views of names), for the commands' *string arguments
+	args  []interface{} // the commands' arguments, three per op
 	cmds  []redis.Cmder
 }
 
@@ -52,7 +54,11 @@ type syncWire struct {
 // buffers stay that size); after a pipeline whose every item failed, the
 // rest is not sent. It returns the first error.
 func (y *syncs) exchange(items []syncItem, now int64) error {
-	x := &y.wire
+	return y.exchangeOn(&y.lanes[0].wire, items, now)
+}
+
+// exchangeOn is exchange with x's buffers.
+func (y *syncs) exchangeOn(x *syncWire, items []syncItem, now int64) error {
 	timeout := max(y.s.timeout, minSyncTimeout) + time.Duration(min(len(items), syncChunk))*syncKeyTimeout
 	var first, down error
 	for from := 0; from < len(items); from += syncChunk {
@@ -68,6 +74,7 @@ func (y *syncs) exchange(items []syncItem, now int64) error {
 		failed, err := x.run(ctx, y.s.client, chunk)
 		cancel()
 		clear(x.cmds)
+		clear(x.args)
 		if first == nil {
 			first = err
 		}
@@ -176,24 +183,38 @@ func (x *syncWire) add(i int, kind uint8, key []byte, start, units int64) {
 // of a failing node), the others stand. It returns how many failed, and
 // the first error.
 func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syncItem) (int, error) {
-	pipe := c.Pipeline()
-	x.cmds = x.cmds[:0]
+	x.strs, x.cmds = x.strs[:0], x.cmds[:0]
 	o := 0
 	for _, op := range x.ops {
 		// (The names buffer is whole: plan is done.)
-		name := unsafe.String(&x.names[o], op.end-o)
+		x.strs = append(x.strs, unsafe.String(&x.names[o], op.end-o))
 		o = op.end
+	}
+	// The arguments are pointers (a key's *string, the units' *int64),
+	// which go-redis reads as their values, in a buffer kept: a command
+	// allocates only itself.
+	if n := 3 * len(x.ops); cap(x.args) < n {
+		x.args = make([]interface{}, n)
+	}
+	for n := range x.ops {
+		op, args := &x.ops[n], x.args[3*n:3*n+3:3*n+3]
+		args[1] = &x.strs[n]
 		var cmd redis.Cmder
 		switch op.kind {
 		case opAdd:
-			cmd = pipe.IncrBy(ctx, name, op.units)
+			args[0], args[2] = "incrby", &op.units
+			cmd = redis.NewIntCmd(ctx, args...)
 		case opExpire:
-			cmd = pipe.PExpire(ctx, name, time.Duration(op.units)*time.Millisecond)
+			args[0], args[2] = "pexpire", &op.units
+			cmd = redis.NewBoolCmd(ctx, args...)
 		default:
-			cmd = pipe.Get(ctx, name)
+			args[0] = "get"
+			cmd = redis.NewStringCmd(ctx, args[:2]...)
 		}
 		x.cmds = append(x.cmds, cmd)
 	}
+	pipe := c.Pipeline()
+	_ = pipe.BatchProcess(ctx, x.cmds...)
 	_, _ = pipe.Exec(ctx) // each command's error is its own
 	var first error
 	failed := 0
@@ -230,7 +251,7 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 				v, err = 0, nil
 			}
 			if err != nil {
-				err = fmt.Errorf("redis: the count %v: %w", cmd.Args()[1], err)
+				err = fmt.Errorf("redis: the count %s: %w", x.strs[n], err)
 				if it.err == nil {
 					it.err = err
 					failed++

@@ -1,0 +1,102 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/caddy-sluice/algorithms"
+	"github.com/sluicehq/caddy-sluice/internal/redistest"
+)
+
+// TestSyncChunksWhileRequested: syncs of more keys than one round of lanes
+// (syncLanes pipelines of syncChunk keys) run while goroutines keep
+// requesting those keys; a key waits, touched, in the list a sync took
+// until its chunk gathers it, and a request meanwhile adds to what that
+// chunk sends. After a last sync, Redis holds exactly what was admitted,
+// key by key: no charge lost between the lists, none sent twice.
+func TestSyncChunksWhileRequested(t *testing.T) {
+	srv := redistest.Start(t)
+	l := syncLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour)
+	const keys, workers, passes = syncLanes*syncChunk + 1500, 4, 3
+	s := syncStore(t, srv.URL(), "lanes", l, 2*keys)
+	y := s.async.Load()
+	key := func(i int) algorithms.Key {
+		return algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i), 0x33}
+	}
+	var admitted [keys]atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reqs := []algorithms.Request{{Zone: "lanes", Limit: l, Cost: 1}}
+			out := make([]algorithms.Decision, 1)
+			for p := range passes {
+				for i := range keys {
+					k := (i*7919 + w*1237 + p*31) % keys
+					reqs[0].Key = key(k)
+					if err := s.Take(context.Background(), reqs, out); err != nil {
+						t.Error(err)
+						return
+					}
+					if out[0].Allowed {
+						admitted[k].Add(1)
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	syncs := 0
+	for running := true; running; syncs++ {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		y.syncNow()
+	}
+	y.syncNow()
+	if st, _ := s.SyncStatus("lanes"); st.Error != "" || st.Held != 0 {
+		t.Fatalf("status %+v: want every charge landed", st)
+	}
+	// Each key's counts in Redis: its window's, and the one before in
+	// case the test crossed an hour.
+	ctx := context.Background()
+	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
+	pipe := srv.Client().Pipeline()
+	cmds := make([][2]*redis.StringCmd, keys)
+	for i := range keys {
+		name := s.Key("lanes", key(i))
+		cmds[i] = [2]*redis.StringCmd{pipe.Get(ctx, countKey(name, start)), pipe.Get(ctx, countKey(name, start-l.Window))}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	var total, want int64
+	for i := range keys {
+		var got int64
+		for _, c := range cmds[i] {
+			n, err := c.Int64()
+			if err != nil && err != redis.Nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+		if a := admitted[i].Load(); got != a {
+			t.Fatalf("key %d: Redis counts %d, %d admitted", i, got, a)
+		}
+		total += got
+		want += workers * passes
+	}
+	if total != want {
+		t.Fatalf("Redis counts %d in all, want %d (every request admitted)", total, want)
+	}
+	t.Logf("%d keys, %d requests, %d syncs while they ran", keys, total, syncs)
+}
