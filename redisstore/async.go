@@ -179,6 +179,9 @@ type syncs struct {
 	taken    [syncShards][]uint32
 	at       struct{ sh, pos int }
 	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
+	// slowest is the longest sync of late (ns; an eighth forgotten per
+	// sync): when syncs take longer than the interval, charges land later.
+	slowest atomic.Int64
 	failures atomic.Int64 // syncs failed since
 	lastErr  atomic.Pointer[string]
 	dropped  atomic.Int64
@@ -854,11 +857,21 @@ func (y *syncs) syncOnce() {
 			}
 		}
 	}
+	took, slowest := int64(time.Since(start)), y.slowest.Load()
+	y.slowest.Store(max(took, slowest-slowest/8))
 	if keys == 0 {
 		y.succeeded(start)
 		return
 	}
 	y.report(start, keys, first)
+}
+
+// finality is how long into a window a sliding window's previous count
+// is final (ms): 4 intervals, or 4 of the slowest syncs of late when
+// longer, and finalAfter: by then every instance's late charges for it,
+// sent by its next sync, have landed (each instance as slow as this one).
+func (y *syncs) finality() int64 {
+	return (4*max(y.period(), time.Duration(y.slowest.Load())) + finalAfter).Milliseconds()
 }
 
 // syncLane is a chunk of a sync in flight: its items, the exchange's
@@ -983,7 +996,7 @@ func (y *syncs) gather(now int64, items []syncItem) []syncItem {
 // answer gives each item's entry its reply: the counts adopted, or on an
 // error the charges put back to be sent again.
 func (y *syncs) answer(items []syncItem, now int64) {
-	final := (4*y.period() + finalAfter).Milliseconds() // ms into a window
+	final := y.finality()
 	var sh *syncShard                                   // locked once per run of its items (listed shard by shard)
 	for i := range items {
 		it := &items[i]

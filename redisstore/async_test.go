@@ -585,8 +585,9 @@ func TestSyncAdminPeekAndReset(t *testing.T) {
 
 // TestSyncPreviousCountReadUntilFinal: a sliding_window key's previous
 // count is read with each sync until a sync well into the window (4
-// intervals and 250 ms) has read it: from then on no instance adds to it,
-// and the syncs of the key cost one INCRBY, no GET.
+// intervals and 250 ms; 4 syncs' time when they are slower) has read it:
+// from then on no instance adds to it, and the syncs of the key cost one
+// INCRBY, no GET.
 func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 	srv := redistest.Start(t)
 	l := syncLimit(t, algorithms.SlidingWindow, 100, time.Minute)
@@ -635,6 +636,19 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 	}
 	if got := redisCount(t, srv, s, "final", k, l); got != 44 {
 		t.Fatalf("Redis counts %d, want 40 + 4", got)
+	}
+	// Syncs slower than the interval (a CPU-starved instance) put
+	// finality off: 4 of them. After syncs of a minute, a new key's
+	// previous count is read by every sync in this window.
+	y.slowest.Store(int64(time.Minute))
+	k2 := testKey(6)
+	for i := range 3 {
+		gets = srv.CommandCount(t, "get")
+		takeOne(t, s, "final", k2, l)
+		y.syncNow()
+		if got := srv.CommandCount(t, "get") - gets; got != 1 {
+			t.Fatalf("sync %d after slow syncs read %d counts, want the previous window's", i+1, got)
+		}
 	}
 }
 
