@@ -176,12 +176,12 @@ type syncs struct {
 	lanes [syncLanes]syncLane
 	// taken: the shards' dirty lists a sync gathers from, at: where it
 	// is (the loop's own).
-	taken    [syncShards][]uint32
-	at       struct{ sh, pos int }
-	lastOK   atomic.Int64 // Unix ns of the last successful sync's start
+	taken  [syncShards][]uint32
+	at     struct{ sh, pos int }
+	lastOK atomic.Int64 // Unix ns of the last successful sync's start
 	// slowest is the longest sync of late (ns; an eighth forgotten per
 	// sync): when syncs take longer than the interval, charges land later.
-	slowest atomic.Int64
+	slowest  atomic.Int64
 	failures atomic.Int64 // syncs failed since
 	lastErr  atomic.Pointer[string]
 	dropped  atomic.Int64
@@ -997,7 +997,7 @@ func (y *syncs) gather(now int64, items []syncItem) []syncItem {
 // error the charges put back to be sent again.
 func (y *syncs) answer(items []syncItem, now int64) {
 	final := y.finality()
-	var sh *syncShard                                   // locked once per run of its items (listed shard by shard)
+	var sh *syncShard // locked once per run of its items (listed shard by shard)
 	for i := range items {
 		it := &items[i]
 		if next := &y.shards[it.sh]; next != sh {
