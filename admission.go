@@ -133,6 +133,11 @@ func (a *admission) plan() error {
 	}
 	a.repl.r = r
 	repl := &a.repl
+	// Zones with the same key share their deriver (provisionZones): the
+	// request's key is derived once for a run of them.
+	var last *identity.Deriver
+	var lastTok identity.Token
+	var lastAmb *identity.Ambiguity
 	for i, z := range h.zones {
 		if len(z.matchers) > 0 {
 			match, err := z.matchers.AnyMatchWithError(r)
@@ -143,9 +148,11 @@ func (a *admission) plan() error {
 				continue
 			}
 		}
-		var tok identity.Token
-		var amb *identity.Ambiguity
-		tok, a.buf, amb = z.deriver.DeriveRequest(repl, r, a.buf)
+		tok, amb := lastTok, lastAmb
+		if z.deriver != last {
+			tok, a.buf, amb = z.deriver.DeriveRequest(repl, r, a.buf)
+			last, lastTok, lastAmb = z.deriver, tok, amb
+		}
 		if amb != nil {
 			if err := h.ambiguousKey(z, amb); err != nil {
 				return err

@@ -296,6 +296,12 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 			}
 			h.local = mod.(Store)
 		}
+		for _, o := range h.zones {
+			if o.deriver.Same(z.deriver) {
+				z.deriver = o.deriver // one derivation per request for both (plan)
+				break
+			}
+		}
 		h.zones = append(h.zones, z)
 	}
 	return nil

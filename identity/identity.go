@@ -205,6 +205,23 @@ func NewDeriver(cands []Candidate, v4bits, v6bits int) (*Deriver, error) {
 	return &Deriver{cands: cands, v4bits: v4bits, v6bits: v6bits}, nil
 }
 
+// Same reports whether d and o derive the same token from every request:
+// the same candidates in the same order, and the same prefix lengths.
+func (d *Deriver) Same(o *Deriver) bool {
+	if d == o {
+		return true
+	}
+	if d == nil || o == nil || d.v4bits != o.v4bits || d.v6bits != o.v6bits || len(d.cands) != len(o.cands) {
+		return false
+	}
+	for i := range d.cands {
+		if d.cands[i].raw != o.cands[i].raw {
+			return false
+		}
+	}
+	return true
+}
+
 // Derive returns the token of the first non-empty candidate, or the empty
 // token when every candidate is empty, every placeholder read through r (a
 // request field as Caddy's placeholder renders it: repeated values joined).

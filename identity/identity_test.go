@@ -614,3 +614,26 @@ func TestParseIPv4AsNetip(t *testing.T) {
 		}
 	}
 }
+
+// TestDeriverSame: derivers are the same when their candidates (in order)
+// and prefix lengths are; anything else tells them apart.
+func TestDeriverSame(t *testing.T) {
+	a := mustDeriver(t, 32, 64, "{http.request.header.X-Api-Key}", "{client_ip}")
+	for _, tc := range []struct {
+		d    *Deriver
+		same bool
+	}{
+		{a, true},
+		{mustDeriver(t, 32, 64, "{http.request.header.X-Api-Key}", "{client_ip}"), true},
+		{mustDeriver(t, 32, 64, "{client_ip}", "{http.request.header.X-Api-Key}"), false},
+		{mustDeriver(t, 32, 64, "{http.request.header.X-Api-Key}"), false},
+		{mustDeriver(t, 24, 64, "{http.request.header.X-Api-Key}", "{client_ip}"), false},
+		{mustDeriver(t, 32, 48, "{http.request.header.X-Api-Key}", "{client_ip}"), false},
+		{mustDeriver(t, 32, 64, "{http.request.header.X-Token}", "{client_ip}"), false},
+		{nil, false},
+	} {
+		if got := a.Same(tc.d); got != tc.same {
+			t.Errorf("Same(%+v) = %v, want %v", tc.d, got, tc.same)
+		}
+	}
+}
