@@ -189,6 +189,7 @@ type syncs struct {
 
 	syncsOK, syncsFailed, droppedUnits prometheus.Counter
 	lastSync                           prometheus.Gauge
+	duration                           prometheus.Observer
 }
 
 func newSyncs(s *Store) *syncs {
@@ -200,6 +201,7 @@ func newSyncs(s *Store) *syncs {
 	y.syncsFailed = storeMetrics.syncs.WithLabelValues(append(lv, "failed")...)
 	y.droppedUnits = storeMetrics.syncDropped.WithLabelValues(lv...)
 	y.lastSync = storeMetrics.syncLast.WithLabelValues(lv...)
+	y.duration = storeMetrics.syncDuration.WithLabelValues(lv...)
 	return y
 }
 
@@ -857,12 +859,13 @@ func (y *syncs) syncOnce() {
 			}
 		}
 	}
-	took, slowest := int64(time.Since(start)), y.slowest.Load()
-	y.slowest.Store(max(took, slowest-slowest/8))
+	took, slowest := time.Since(start), y.slowest.Load()
+	y.slowest.Store(max(int64(took), slowest-slowest/8))
 	if keys == 0 {
 		y.succeeded(start)
 		return
 	}
+	y.duration.Observe(took.Seconds())
 	y.report(start, keys, first)
 }
 

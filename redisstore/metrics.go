@@ -35,10 +35,11 @@ var storeMetrics = struct {
 	// allowanceUnits and allowanceDecisions: see allowance.go.
 	allowanceUnits     *prometheus.CounterVec
 	allowanceDecisions *prometheus.CounterVec
-	// syncs, syncDropped and syncLast: see async.go.
-	syncs       *prometheus.CounterVec
-	syncDropped *prometheus.CounterVec
-	syncLast    *prometheus.GaugeVec
+	// syncs, syncDropped, syncLast and syncDuration: see async.go.
+	syncs        *prometheus.CounterVec
+	syncDropped  *prometheus.CounterVec
+	syncLast     *prometheus.GaugeVec
+	syncDuration *prometheus.HistogramVec
 	// restarts and evictedKeys: see eviction.go.
 	restarts    *prometheus.CounterVec
 	evictedKeys *prometheus.CounterVec
@@ -107,6 +108,11 @@ func initStoreMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "sync_last_success_timestamp_seconds",
 			Help: "When the last successful sync of the asynchronous mode started (Unix seconds): time() minus it is the lag of the counts this instance decides on.",
 		}, []string{"store", "target"})
+		storeMetrics.syncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "sync_duration_seconds",
+			Help:    "How long each sync of the asynchronous mode that had keys to send took, from its start to its last reply. Syncs longer than the interval mean the counts this instance decides on are older than the interval (a sync follows the last at once then) and a sliding window's previous count is read for longer (4 of the slowest recent syncs into a window, not 4 intervals).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"store", "target"})
 		storeMetrics.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_restarts_total",
 			Help: "Restarts (or failovers) of a Redis master the store's watch saw (its run_id changed), by whether its data survived (data kept or lost: lost gives every key a fresh limit).",
@@ -128,7 +134,7 @@ func registerStoreMetrics(registry *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{storeMetrics.circuitState, storeMetrics.fastFailures, storeMetrics.circuitOpens, storeMetrics.circuitFailures, storeMetrics.denyHits, storeMetrics.unknownDecisions, storeMetrics.notSent, storeMetrics.lateReplies,
 		storeMetrics.refundsLost, storeMetrics.leaseFailures, storeMetrics.allowanceUnits, storeMetrics.allowanceDecisions, storeMetrics.restarts, storeMetrics.evictedKeys,
-		storeMetrics.syncs, storeMetrics.syncDropped, storeMetrics.syncLast} {
+		storeMetrics.syncs, storeMetrics.syncDropped, storeMetrics.syncLast, storeMetrics.syncDuration} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

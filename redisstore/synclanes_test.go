@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
@@ -99,4 +100,32 @@ func TestSyncChunksWhileRequested(t *testing.T) {
 		t.Fatalf("Redis counts %d in all, want %d (every request admitted)", total, want)
 	}
 	t.Logf("%d keys, %d requests, %d syncs while they ran", keys, total, syncs)
+	// Each sync that sent keys is timed: caddy_rate_limit_sync_duration_seconds.
+	n, sum := syncDurations(t, s.opts.Target)
+	if runs := y.runs.Load(); n != uint64(runs) || runs < 1 || sum <= 0 {
+		t.Fatalf("sync_duration_seconds counts %d syncs taking %gs, want the %d that sent keys", n, sum, runs)
+	}
+}
+
+// syncDurations is what sync_duration_seconds holds for target's store:
+// the syncs timed and their seconds in all.
+func syncDurations(t *testing.T, target string) (uint64, float64) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(storeMetrics.syncDuration)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "target" && lp.GetValue() == target {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	t.Fatalf("no sync_duration_seconds series for %s", target)
+	return 0, 0
 }
