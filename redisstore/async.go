@@ -41,7 +41,8 @@ const (
 	// node): a pipeline's replies must all come within the client's read
 	// timeout.
 	syncChunk = 1000
-	// syncLanes is how many such pipelines a sync has in flight at once.
+	// syncLanes is how many such pipelines a sync has in flight at once
+	// (fewer with a small pool_size: connConfig.syncLanes).
 	syncLanes = 4
 	// minSyncTimeout is the least time a sync waits for its reply, and
 	// syncKeyTimeout what it adds per key (a sync of many keys takes Redis
@@ -826,9 +827,13 @@ func (y *syncs) syncOnce() {
 	defer y.giveBack()
 	var first, down error
 	keys := 0
+	lanes := y.s.opts.SyncLanes
+	if lanes <= 0 || lanes > syncLanes {
+		lanes = syncLanes
+	}
 	for {
 		n := 0
-		for ; n < syncLanes; n++ {
+		for ; n < lanes; n++ {
 			ln := &y.lanes[n]
 			if ln.items = y.gather(now, ln.items[:0]); len(ln.items) == 0 {
 				break

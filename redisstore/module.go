@@ -245,7 +245,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	opts.Target, opts.Node, opts.Logger, opts.Workers = cfg.describe(), cfg.node(), r.logger, cfg.workers()
+	opts.Target, opts.Node, opts.Logger, opts.Workers, opts.SyncLanes = cfg.describe(), cfg.node(), r.logger, cfg.workers(), cfg.syncLanes()
 	client, cluster, err := cfg.newClient()
 	if err != nil {
 		return err
@@ -566,6 +566,17 @@ func (c connConfig) workers() int {
 // (batch.go; within pool_size when it is set), with buffers for a batch of
 // maxPipeline calls (a call is about 150 bytes each way) rather than
 // go-redis's 128 KiB default.
+// syncLanes is how many pipelines a sync of the asynchronous mode runs at
+// once: syncLanes, or with a pool_size set, what the pool holds beside the
+// decisions' workers (at least one), so that a sync never makes decisions
+// wait for a connection.
+func (c connConfig) syncLanes() int {
+	if c.PoolSize <= 0 {
+		return syncLanes // the pipeline pool spills to go-redis's default pool (10 per CPU)
+	}
+	return max(1, min(syncLanes, c.PoolSize-c.workers()))
+}
+
 func (c connConfig) pipelines() (poolSize, readBuf, writeBuf int) {
 	n := 2 * c.workers()
 	if c.PoolSize > 0 {

@@ -86,6 +86,7 @@ type storeOptions struct {
 	Node        string        // for the node label of a standalone or Sentinel store's breaker
 	Logger      *zap.Logger   // state changes; nil: none
 	Workers     int           // pipeline workers; 0: defaultWorkers
+	SyncLanes   int           // pipelines a sync of the asynchronous mode runs at once; 0: syncLanes
 	Grace       time.Duration // how long past its deadline a sent call waits for its reply (batch.go)
 }
 

@@ -129,3 +129,28 @@ func syncDurations(t *testing.T, target string) (uint64, float64) {
 	t.Fatalf("no sync_duration_seconds series for %s", target)
 	return 0, 0
 }
+
+// TestSyncLanesLeaveWorkersTheirConnections: with a pool_size set, a sync
+// runs only as many pipelines at once as the pool holds beside the
+// decisions' workers (at least one); unset, the full syncLanes (go-redis
+// spills a pipeline beyond its pipeline pool to the main pool, 10
+// connections per CPU, at once).
+func TestSyncLanesLeaveWorkersTheirConnections(t *testing.T) {
+	for _, tc := range []struct {
+		pool, pipelines, want int
+	}{
+		{0, 0, syncLanes},
+		{0, 8, syncLanes},
+		{100, 0, syncLanes},
+		{5, 0, 3},
+		{4, 0, 2},
+		{4, 3, 1},
+		{2, 0, 1},
+		{1, 0, 1},
+	} {
+		c := connConfig{PoolSize: tc.pool, Pipelines: tc.pipelines}
+		if got := c.syncLanes(); got != tc.want {
+			t.Errorf("pool_size %d, pipelines %d: %d lanes, want %d", tc.pool, tc.pipelines, got, tc.want)
+		}
+	}
+}
