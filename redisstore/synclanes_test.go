@@ -25,6 +25,9 @@ func TestSyncChunksWhileRequested(t *testing.T) {
 	l := syncLimit(t, algorithms.FixedWindow, 1_000_000, time.Hour)
 	const keys, workers, passes = syncLanes*syncChunk + 1500, 4, 3
 	s := syncStore(t, srv.URL(), "lanes", l, 2*keys)
+	// (An earlier test's Redis may have had this port: the series is
+	// the target's, so count from here.)
+	n0, sum0 := syncDurations(t, s.opts.Target)
 	y := s.async.Load()
 	key := func(i int) algorithms.Key {
 		return algorithms.Key{1, byte(algorithms.KeyHash), byte(i >> 16), byte(i >> 8), byte(i), 0x33}
@@ -102,13 +105,14 @@ func TestSyncChunksWhileRequested(t *testing.T) {
 	t.Logf("%d keys, %d requests, %d syncs while they ran", keys, total, syncs)
 	// Each sync that sent keys is timed: caddy_rate_limit_sync_duration_seconds.
 	n, sum := syncDurations(t, s.opts.Target)
+	n, sum = n-n0, sum-sum0
 	if runs := y.runs.Load(); n != uint64(runs) || runs < 1 || sum <= 0 {
 		t.Fatalf("sync_duration_seconds counts %d syncs taking %gs, want the %d that sent keys", n, sum, runs)
 	}
 }
 
-// syncDurations is what sync_duration_seconds holds for target's store:
-// the syncs timed and their seconds in all.
+// syncDurations is what sync_duration_seconds holds for target's stores:
+// the syncs timed and their seconds in all (none: zero).
 func syncDurations(t *testing.T, target string) (uint64, float64) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -126,8 +130,7 @@ func syncDurations(t *testing.T, target string) (uint64, float64) {
 			}
 		}
 	}
-	t.Fatalf("no sync_duration_seconds series for %s", target)
-	return 0, 0
+	return 0, 0 // none yet
 }
 
 // TestSyncLanesLeaveWorkersTheirConnections: with a pool_size set, a sync
