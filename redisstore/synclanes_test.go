@@ -70,29 +70,9 @@ func TestSyncChunksWhileRequested(t *testing.T) {
 	if st, _ := s.SyncStatus("lanes"); st.Error != "" || st.Held != 0 {
 		t.Fatalf("status %+v: want every charge landed", st)
 	}
-	// Each key's counts in Redis: its window's, and the one before in
-	// case the test crossed an hour.
-	ctx := context.Background()
-	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
-	pipe := srv.Client().Pipeline()
-	cmds := make([][2]*redis.StringCmd, keys)
-	for i := range keys {
-		name := s.Key("lanes", key(i))
-		cmds[i] = [2]*redis.StringCmd{pipe.Get(ctx, countKey(name, start)), pipe.Get(ctx, countKey(name, start-l.Window))}
-	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		t.Fatal(err)
-	}
+	counts := windowCounts(t, srv, s, "lanes", keys, key, l)
 	var total, want int64
-	for i := range keys {
-		var got int64
-		for _, c := range cmds[i] {
-			n, err := c.Int64()
-			if err != nil && err != redis.Nil {
-				t.Fatal(err)
-			}
-			got += n
-		}
+	for i, got := range counts {
 		if a := admitted[i].Load(); got != a {
 			t.Fatalf("key %d: Redis counts %d, %d admitted", i, got, a)
 		}
@@ -109,6 +89,35 @@ func TestSyncChunksWhileRequested(t *testing.T) {
 	if runs := y.runs.Load(); n != uint64(runs) || runs < 1 || sum <= 0 {
 		t.Fatalf("sync_duration_seconds counts %d syncs taking %gs, want the %d that sent keys", n, sum, runs)
 	}
+}
+
+// windowCounts is what Redis counts for each of n keys of zone (key(i)
+// the i-th), in the current window and the one before (in case the test
+// crossed a window's end).
+func windowCounts(t *testing.T, srv *redistest.Server, s *Store, zone string, n int, key func(int) algorithms.Key, l algorithms.Limit) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
+	pipe := srv.Client().Pipeline()
+	cmds := make([][2]*redis.StringCmd, n)
+	for i := range n {
+		name := s.Key(zone, key(i))
+		cmds[i] = [2]*redis.StringCmd{pipe.Get(ctx, countKey(name, start)), pipe.Get(ctx, countKey(name, start-l.Window))}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	counts := make([]int64, n)
+	for i := range n {
+		for _, c := range cmds[i] {
+			v, err := c.Int64()
+			if err != nil && err != redis.Nil {
+				t.Fatal(err)
+			}
+			counts[i] += v
+		}
+	}
+	return counts
 }
 
 // syncDurations is what sync_duration_seconds holds for target's stores:

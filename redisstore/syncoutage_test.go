@@ -1,11 +1,8 @@
 package redisstore
 
 import (
-	"context"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/caddy-sluice/algorithms"
 	"github.com/sluicehq/caddy-sluice/internal/redistest"
@@ -52,26 +49,7 @@ func TestSyncOutageManyKeys(t *testing.T) {
 	if st, _ := s.SyncStatus("outmany"); st.Held != 0 || st.Dropped != 0 {
 		t.Fatalf("status %+v: want nothing held or dropped", st)
 	}
-	ctx := context.Background()
-	start := algorithms.WindowStart(time.Now().UnixMilli(), l.Window)
-	pipe := srv.Client().Pipeline()
-	cmds := make([][2]*redis.StringCmd, keys)
-	for i := range keys {
-		name := s.Key("outmany", key(i))
-		cmds[i] = [2]*redis.StringCmd{pipe.Get(ctx, countKey(name, start)), pipe.Get(ctx, countKey(name, start-l.Window))}
-	}
-	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		t.Fatal(err)
-	}
-	for i := range keys {
-		var got int64
-		for _, c := range cmds[i] {
-			n, err := c.Int64()
-			if err != nil && err != redis.Nil {
-				t.Fatal(err)
-			}
-			got += n
-		}
+	for i, got := range windowCounts(t, srv, s, "outmany", keys, key, l) {
 		// The restart without persistence lost the first sync's 1
 		// (a restart keeping its data: 3).
 		if got != 2 && got != 3 {

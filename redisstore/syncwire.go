@@ -218,16 +218,19 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 	_, _ = pipe.Exec(ctx) // each command's error is its own
 	var first error
 	failed := 0
+	fail := func(it *syncItem, err error) { // an item fails with its first error
+		if it.err == nil {
+			it.err = err
+			failed++
+		}
+		if first == nil {
+			first = err
+		}
+	}
 	for n, op := range x.ops {
 		it := &items[op.item]
 		if err := x.cmds[n].Err(); err != nil && !errors.Is(err, redis.Nil) {
-			if it.err == nil {
-				it.err = err
-				failed++
-			}
-			if first == nil {
-				first = err
-			}
+			fail(it, err)
 			continue
 		}
 		switch cmd := x.cmds[n].(type) {
@@ -251,14 +254,7 @@ func (x *syncWire) run(ctx context.Context, c redis.UniversalClient, items []syn
 				v, err = 0, nil
 			}
 			if err != nil {
-				err = fmt.Errorf("redis: the count %s: %w", x.strs[n], err)
-				if it.err == nil {
-					it.err = err
-					failed++
-				}
-				if first == nil {
-					first = err
-				}
+				fail(it, fmt.Errorf("redis: the count %s: %w", x.strs[n], err))
 				continue
 			}
 			if op.kind == opCur {
