@@ -615,10 +615,14 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 		t.Fatal(err)
 	}
 	y := s.async.Load()
-	gets := srv.CommandCount(t, "get")
-	takeOne(t, s, "final", k, l)
-	y.syncNow()
-	if got := srv.CommandCount(t, "get") - gets; got != 1 {
+	// reads: the counts a sync after one request of key reads (GETs).
+	reads := func(key algorithms.Key) int64 {
+		gets := srv.CommandCount(t, "get")
+		takeOne(t, s, "final", key, l)
+		y.syncNow()
+		return srv.CommandCount(t, "get") - gets
+	}
+	if got := reads(k); got != 1 {
 		t.Fatalf("the first sync read %d counts, want the previous window's", got)
 	}
 	out, found := make([]algorithms.Decision, 1), make([]bool, 1)
@@ -630,10 +634,7 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 		t.Fatalf("the view %+v does not count the previous window's 40", out[0])
 	}
 	for i := range 3 {
-		gets = srv.CommandCount(t, "get")
-		takeOne(t, s, "final", k, l)
-		y.syncNow()
-		if got := srv.CommandCount(t, "get") - gets; got != 0 {
+		if got := reads(k); got != 0 {
 			t.Fatalf("sync %d read %d counts, want none: the previous count is final", i+2, got)
 		}
 	}
@@ -646,10 +647,7 @@ func TestSyncPreviousCountReadUntilFinal(t *testing.T) {
 	y.slowest.Store(int64(time.Minute))
 	k2 := testKey(6)
 	for i := range 3 {
-		gets = srv.CommandCount(t, "get")
-		takeOne(t, s, "final", k2, l)
-		y.syncNow()
-		if got := srv.CommandCount(t, "get") - gets; got != 1 {
+		if got := reads(k2); got != 1 {
 			t.Fatalf("sync %d after slow syncs read %d counts, want the previous window's", i+1, got)
 		}
 	}
